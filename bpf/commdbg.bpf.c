@@ -1,0 +1,543 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * commdbg kernel side: capture and emit, no policy.
+ *
+ * call_enter / call_exit are attached as uprobe_multi links, one per (probe
+ * spec, library file); the cookie (events.h) says which symbol fired and which
+ * argument slot holds what.  Exact counters live in `counters` and never
+ * depend on ring-buffer delivery; records go to `events` and may be dropped,
+ * each drop counted by cause in `drops`.
+ */
+#include "vmlinux.h"
+
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "events.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#define SIGSTOP 19
+
+/* tgid -> CD_TRACE_* flags.  Only these processes are counted or recorded. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u32);
+} traced SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct cd_count_key);
+	__type(value, struct cd_count_val);
+} counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct cd_comm_key);
+	__type(value, struct cd_comm_val);
+} comms SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 8 << 20); /* userspace resizes before load */
+} events SEC(".maps");
+
+/* tgid -> records lost to a full ring buffer, so each process reports its own. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u64);
+} proc_drops SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CD_DROP_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} drops SEC(".maps");
+
+/* What a return probe needs of its entry: kept per thread, popped on return. */
+struct inflight_slot {
+	__u64 cookie;
+	__u64 ts;
+	__u64 out_ptr; /* user address the call writes a new comm to */
+	__u64 a0, a1, a2; /* role-specific arguments (see events.h cookie slots) */
+	struct cd_count_key ckey;
+	__u32 counted;
+	__u32 pad;
+};
+
+struct thread_state {
+	__u32 depth;	   /* open return-probed calls */
+	__u32 group_depth; /* ncclGroupStart nesting */
+	struct inflight_slot s[CD_MAX_INFLIGHT];
+	__u8 unique_id[CD_UNIQUE_ID_BYTES]; /* of the open CommInitRank */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct thread_state);
+} threads SEC(".maps");
+
+/* Zeroed templates: values too large for the 512-byte BPF stack. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct thread_state);
+} thread_zero SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cd_comm_val);
+} comm_scratch SEC(".maps");
+
+/* ncclDataType_t -> bytes per element; 0 for values NCCL does not define.
+ * A switch, not a table: clang 14 leaves a static const table in a .rodata
+ * that libbpf cannot size. */
+static __always_inline __u64 dtype_size(__u32 dtype)
+{
+	switch (dtype) {
+	case 0: case 1: case 10: case 11: /* int8 uint8 fp8e4m3 fp8e5m2 */
+		return 1;
+	case 6: case 9: /* float16 bfloat16 */
+		return 2;
+	case 2: case 3: case 7: /* int32 uint32 float32 */
+		return 4;
+	case 4: case 5: case 8: /* int64 uint64 float64 */
+		return 8;
+	default:
+		return 0;
+	}
+}
+
+static __always_inline void count_drop(__u32 cause)
+{
+	__u64 *v = bpf_map_lookup_elem(&drops, &cause);
+
+	if (v)
+		*v += 1;
+}
+
+static __always_inline void count_ringbuf_drop(__u32 tgid)
+{
+	__u64 *v = bpf_map_lookup_elem(&proc_drops, &tgid);
+
+	count_drop(CD_DROP_RINGBUF_FULL);
+	if (v) {
+		__sync_fetch_and_add(v, 1);
+	} else {
+		__u64 one = 1;
+
+		if (bpf_map_update_elem(&proc_drops, &tgid, &one, BPF_NOEXIST)) {
+			v = bpf_map_lookup_elem(&proc_drops, &tgid);
+			if (v)
+				__sync_fetch_and_add(v, 1);
+		}
+	}
+}
+
+static __always_inline __u64 slot_arg(const __u64 *args, __u32 slot)
+{
+	return slot < CD_NUM_ARGS ? args[slot & 7] : 0;
+}
+
+static __always_inline struct thread_state *thread_get(__u32 tid)
+{
+	struct thread_state *st = bpf_map_lookup_elem(&threads, &tid);
+	__u32 zero = 0;
+
+	if (st)
+		return st;
+	st = bpf_map_lookup_elem(&thread_zero, &zero);
+	if (!st)
+		return 0;
+	bpf_map_update_elem(&threads, &tid, st, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&threads, &tid);
+}
+
+static __always_inline void count_call(struct cd_count_key *key, __u64 elements, __u64 bytes)
+{
+	struct cd_count_val *v = bpf_map_lookup_elem(&counters, key);
+
+	if (!v) {
+		struct cd_count_val zero = {};
+
+		bpf_map_update_elem(&counters, key, &zero, BPF_NOEXIST);
+		v = bpf_map_lookup_elem(&counters, key);
+		if (!v) {
+			count_drop(CD_DROP_COUNTER_FULL);
+			return;
+		}
+	}
+	__sync_fetch_and_add(&v->calls, 1);
+	__sync_fetch_and_add(&v->elements, elements);
+	__sync_fetch_and_add(&v->bytes, bytes);
+}
+
+static __always_inline void emit_enter(struct pt_regs *ctx, __u32 tgid, __u32 tid, __u64 ts,
+				       __u64 cookie, __u64 sp, const __u64 *args, __u32 group_depth,
+				       const bool with_id)
+{
+	const __u32 size = sizeof(struct cd_call_enter) + (with_id ? CD_UNIQUE_ID_BYTES : 0);
+	struct cd_call_enter *e = bpf_ringbuf_reserve(&events, size, 0);
+
+	if (!e) {
+		count_ringbuf_drop(tgid);
+		return;
+	}
+	e->h.kind = CD_EV_CALL_ENTER;
+	e->h.size = size;
+	e->h.tail_kind = with_id ? CD_TAIL_UNIQUE_ID : CD_TAIL_NONE;
+	e->h.tail_len = with_id ? CD_UNIQUE_ID_BYTES : 0;
+	e->h.tgid = tgid;
+	e->h.tid = tid;
+	e->h.ts_ns = ts;
+	e->cookie = cookie;
+	e->ip = PT_REGS_IP(ctx);
+	e->sp = sp;
+	__builtin_memcpy(e->args, args, sizeof(e->args));
+	e->group_depth = group_depth;
+	e->pad = 0;
+	if (with_id && bpf_probe_read_user((void *)(e + 1), CD_UNIQUE_ID_BYTES, (void *)(sp + 8)))
+		__builtin_memset((void *)(e + 1), 0, CD_UNIQUE_ID_BYTES);
+	bpf_ringbuf_submit(e, 0);
+}
+
+SEC("uprobe.multi")
+int call_enter(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	__u32 *flags = bpf_map_lookup_elem(&traced, &tgid);
+	struct thread_state *st = 0;
+	__u64 cookie, sp, ts, args[CD_NUM_ARGS] = {};
+	__u32 role, group_depth = 0;
+
+	if (!flags)
+		return 0;
+	cookie = bpf_get_attach_cookie(ctx);
+	role = CD_COOKIE_ROLE(cookie);
+	ts = bpf_ktime_get_ns();
+	sp = PT_REGS_SP(ctx);
+	args[0] = PT_REGS_PARM1(ctx);
+	args[1] = PT_REGS_PARM2(ctx);
+	args[2] = PT_REGS_PARM3(ctx);
+	args[3] = PT_REGS_PARM4(ctx);
+	args[4] = PT_REGS_PARM5(ctx);
+	args[5] = PT_REGS_PARM6(ctx);
+	/* sp points at the return address; stack arguments start at sp+8 */
+	if (bpf_probe_read_user(&args[6], 2 * sizeof(__u64), (void *)(sp + 8)))
+		args[6] = args[7] = 0;
+
+	if (role == CD_ROLE_GROUP_START || role == CD_ROLE_GROUP_END || CD_COOKIE_RET(cookie)) {
+		st = thread_get(tid);
+		if (st) {
+			if (role == CD_ROLE_GROUP_START)
+				st->group_depth++;
+			else if (role == CD_ROLE_GROUP_END && st->group_depth > 0)
+				st->group_depth--;
+			group_depth = st->group_depth;
+		}
+	}
+
+	struct cd_count_key key = {
+		.tgid = tgid,
+		.sym = CD_COOKIE_SYM(cookie),
+		.comm = slot_arg(args, CD_COOKIE_COMM(cookie)),
+		.dtype = 0xffffffffu,
+	};
+	__u64 elements = 0, bytes = 0;
+
+	if (role == CD_ROLE_COLLECTIVE) {
+		__u32 ds = CD_COOKIE_DTYPE(cookie);
+
+		elements = slot_arg(args, CD_COOKIE_COUNT(cookie));
+		if (ds < CD_NUM_ARGS) {
+			key.dtype = (__u32)args[ds & 7];
+			bytes = elements * dtype_size(key.dtype);
+		}
+	}
+	if (*flags & CD_TRACE_COUNT)
+		count_call(&key, elements, bytes);
+
+	if (CD_COOKIE_RET(cookie) && st) {
+		__u32 d = st->depth;
+
+		if (d < CD_MAX_INFLIGHT) {
+			struct inflight_slot *s = &st->s[d & (CD_MAX_INFLIGHT - 1)];
+
+			s->cookie = cookie;
+			s->ts = ts;
+			s->out_ptr = slot_arg(args, CD_COOKIE_OUT(cookie));
+			s->a0 = slot_arg(args, CD_COOKIE_COUNT(cookie));
+			s->a1 = slot_arg(args, CD_COOKIE_PEER(cookie));
+			s->a2 = slot_arg(args, CD_COOKIE_COMM(cookie));
+			s->ckey = key;
+			s->counted = !!(*flags & CD_TRACE_COUNT);
+			st->depth = d + 1;
+			if (CD_COOKIE_TAIL(cookie) == CD_TAIL_UNIQUE_ID &&
+			    bpf_probe_read_user(st->unique_id, CD_UNIQUE_ID_BYTES, (void *)(sp + 8)))
+				count_drop(CD_DROP_READ_FAULT);
+		} else {
+			count_drop(CD_DROP_INFLIGHT_DEEP);
+		}
+	}
+
+	if (!(*flags & CD_TRACE_RECORDS))
+		return 0;
+
+	/* Constant sizes per branch: the verifier must see the tail's bounds. */
+	if (CD_COOKIE_TAIL(cookie) == CD_TAIL_UNIQUE_ID)
+		emit_enter(ctx, tgid, tid, ts, cookie, sp, args, group_depth, true);
+	else
+		emit_enter(ctx, tgid, tid, ts, cookie, sp, args, group_depth, false);
+	return 0;
+}
+
+/* Remember a communicator created by the call that just returned. */
+static __always_inline void note_comm(__u32 tgid, struct inflight_slot *s, struct thread_state *st,
+				      __u64 comm, __u32 role, __s32 split_index)
+{
+	struct cd_comm_key k = {.tgid = tgid, .comm = comm};
+	__u32 zero = 0;
+	struct cd_comm_val *v = bpf_map_lookup_elem(&comm_scratch, &zero);
+
+	if (!v)
+		return;
+	__builtin_memset(v, 0, sizeof(*v));
+	v->created_ns = s->ts;
+	if (role == CD_ROLE_COMM_INIT) {
+		v->origin = CD_COMM_FROM_ID;
+		v->nranks = (__s32)s->a0;
+		v->rank = (__s32)s->a1;
+		__builtin_memcpy(v->unique_id, st->unique_id, CD_UNIQUE_ID_BYTES);
+	} else {
+		v->origin = CD_COMM_FROM_SPLIT;
+		v->nranks = -1;
+		v->rank = -1;
+		v->key = (__s32)s->a0;
+		v->color = (__s32)s->a1;
+		v->parent = s->a2;
+		v->split_index = split_index;
+	}
+	if (bpf_map_update_elem(&comms, &k, v, BPF_ANY))
+		count_drop(CD_DROP_COMM_FULL);
+}
+
+SEC("uretprobe.multi")
+int call_exit(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	__u32 *flags = bpf_map_lookup_elem(&traced, &tgid);
+	struct thread_state *st;
+	struct inflight_slot *s;
+	__u64 cookie, out = 0;
+	__s64 ret;
+	__u32 d, role;
+	__s32 split_index = -1;
+
+	if (!flags)
+		return 0;
+	st = bpf_map_lookup_elem(&threads, &tid);
+	if (!st || st->depth == 0 || st->depth > CD_MAX_INFLIGHT)
+		return 0;
+	d = st->depth - 1;
+	st->depth = d;
+	s = &st->s[d & (CD_MAX_INFLIGHT - 1)];
+	cookie = s->cookie;
+	role = CD_COOKIE_ROLE(cookie);
+	ret = (__s64)PT_REGS_RC(ctx);
+	/* ncclResult_t is a 32-bit enum: the upper half of rax is garbage */
+	ret = (__s32)ret;
+
+	if (ret != 0 && s->counted) {
+		struct cd_count_val *v = bpf_map_lookup_elem(&counters, &s->ckey);
+
+		if (v)
+			__sync_fetch_and_add(&v->errors, 1);
+	}
+
+	if (s->out_ptr && role != CD_ROLE_COMM_END) {
+		if (bpf_probe_read_user(&out, sizeof(out), (void *)s->out_ptr))
+			out = 0;
+	}
+	if (role == CD_ROLE_COMM_SPLIT) {
+		/* Every rank splits a parent in the same order, also ranks that get
+		 * no child (NCCL_SPLIT_NOCOLOR): the n-th split is the same on all. */
+		struct cd_comm_key pk = {.tgid = tgid, .comm = s->a2};
+		struct cd_comm_val *pv = bpf_map_lookup_elem(&comms, &pk);
+
+		split_index = pv ? (__s32)__sync_fetch_and_add(&pv->nsplits, 1) : -1;
+	}
+	if (ret == 0 && out &&
+	    (role == CD_ROLE_COMM_SPLIT ||
+	     (role == CD_ROLE_COMM_INIT && CD_COOKIE_TAIL(cookie) == CD_TAIL_UNIQUE_ID)))
+		note_comm(tgid, s, st, out, role, split_index);
+	if (ret == 0 && role == CD_ROLE_COMM_INIT && CD_COOKIE_TAIL(cookie) == CD_TAIL_COMM_LIST &&
+	    s->out_ptr) {
+		/* ncclCommInitAll(comms, ndev, devlist): one comm per device */
+		__u32 zero = 0;
+		struct cd_comm_val *v = bpf_map_lookup_elem(&comm_scratch, &zero);
+		__u64 n = s->a0 < CD_MAX_COMM_LIST ? s->a0 : CD_MAX_COMM_LIST;
+
+		if (v) {
+			__builtin_memset(v, 0, sizeof(*v));
+			for (__u32 i = 0; i < CD_MAX_COMM_LIST; i++) {
+				__u64 c = 0;
+				struct cd_comm_key k = {.tgid = tgid};
+
+				if (i >= n)
+					break;
+				if (bpf_probe_read_user(&c, sizeof(c), (void *)(s->out_ptr + 8 * i)) || !c)
+					continue;
+				k.comm = c;
+				v->origin = CD_COMM_FROM_ALL;
+				v->nranks = (__s32)n;
+				v->rank = (__s32)i;
+				v->created_ns = s->ts;
+				bpf_map_update_elem(&comms, &k, v, BPF_ANY);
+			}
+		}
+	}
+	if (role == CD_ROLE_COMM_END && s->a2) {
+		struct cd_comm_key k = {.tgid = tgid, .comm = s->a2};
+		struct cd_comm_val *v = bpf_map_lookup_elem(&comms, &k);
+
+		if (v)
+			v->destroyed = 1;
+	}
+
+	if (!(*flags & CD_TRACE_RECORDS))
+		return 0;
+	struct cd_call_exit *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+
+	if (!e) {
+		count_ringbuf_drop(tgid);
+		return 0;
+	}
+	e->h.kind = CD_EV_CALL_EXIT;
+	e->h.size = sizeof(*e);
+	e->h.tail_kind = CD_TAIL_NONE;
+	e->h.tail_len = 0;
+	e->h.tgid = tgid;
+	e->h.tid = tid;
+	e->h.ts_ns = bpf_ktime_get_ns();
+	e->cookie = cookie;
+	e->enter_ts_ns = s->ts;
+	e->ret = ret;
+	e->out_value = out;
+	e->depth = d;
+	e->pad = 0;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+/*
+ * The dynamic loader calls _dl_debug_state() after every change to its link
+ * map, once the new objects are mapped and before their constructors run.
+ * For processes traced with CD_TRACE_DL_STOP the thread is stopped here so
+ * that userspace can attach to a freshly mapped libnccl before its first
+ * call; userspace sends SIGCONT once attached (a watchdog does it if
+ * userspace dies).  The signal goes first: a SIGCONT can then never precede
+ * the stop it is meant to end.
+ */
+SEC("uprobe")
+int dl_debug_state(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32;
+	__u32 *flags = bpf_map_lookup_elem(&traced, &tgid);
+	struct cd_dl_change *e;
+	__u32 stopped = 0;
+
+	if (!flags)
+		return 0;
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		/* no event, so nobody would resume it: do not stop */
+		count_drop(CD_DROP_DL_EVENT);
+		return 0;
+	}
+	if ((*flags & CD_TRACE_DL_STOP) && bpf_send_signal_thread(SIGSTOP) == 0)
+		stopped = 1;
+	e->h.kind = CD_EV_DL_CHANGE;
+	e->h.size = sizeof(*e);
+	e->h.tail_kind = CD_TAIL_NONE;
+	e->h.tail_len = 0;
+	e->h.tgid = tgid;
+	e->h.tid = (__u32)pid_tgid;
+	e->h.ts_ns = bpf_ktime_get_ns();
+	e->stopped = stopped;
+	e->pad = 0;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+static __always_inline void emit_proc(__u32 kind, __u32 tgid, __u32 parent, __s32 code)
+{
+	struct cd_proc *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+
+	if (!e) {
+		count_drop(CD_DROP_RINGBUF_FULL);
+		return;
+	}
+	e->h.kind = kind;
+	e->h.size = sizeof(*e);
+	e->h.tail_kind = CD_TAIL_NONE;
+	e->h.tail_len = 0;
+	e->h.tgid = tgid;
+	e->h.tid = tgid;
+	e->h.ts_ns = bpf_ktime_get_ns();
+	e->parent_tgid = parent;
+	e->exit_code = code;
+	bpf_ringbuf_submit(e, 0);
+}
+
+/* Children of a followed process are traced from their first instruction. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 ptgid = BPF_CORE_READ(parent, tgid);
+	__u32 ctgid = BPF_CORE_READ(child, tgid);
+	__u32 *flags, f;
+
+	if (ptgid == ctgid)
+		return 0; /* a new thread */
+	flags = bpf_map_lookup_elem(&traced, &ptgid);
+	if (!flags || !(*flags & CD_TRACE_FOLLOW))
+		return 0;
+	f = *flags;
+	bpf_map_update_elem(&traced, &ctgid, &f, BPF_ANY);
+	emit_proc(CD_EV_PROC_FORK, ctgid, ptgid, 0);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_exit, struct task_struct *p)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+
+	bpf_map_delete_elem(&threads, &tid);
+	if (!bpf_map_lookup_elem(&traced, &tgid))
+		return 0;
+	/* live drops to 0 when the last thread of the group exits */
+	if (BPF_CORE_READ(p, signal, live.counter) != 0)
+		return 0;
+	bpf_map_delete_elem(&traced, &tgid);
+	emit_proc(CD_EV_PROC_EXIT, tgid, 0, BPF_CORE_READ(p, exit_code));
+	return 0;
+}

@@ -1,0 +1,220 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The one contract between the BPF programs and userspace.
+ *
+ * Fixed-width fields, explicit padding, sizes checked on both sides.  Every
+ * record in the ring buffer starts with struct cd_header; `size` covers the
+ * header, the fixed body and the variable-length tail, so a reader can skip
+ * kinds it does not know and a newer kernel side can append tails (a Python
+ * stack, a communicator id) without breaking an older reader.
+ */
+#ifndef COMMDBG_EVENTS_H
+#define COMMDBG_EVENTS_H
+
+#ifdef __bpf__
+/* vmlinux.h provides __u8.. __u64 */
+#else
+/* The kernel's own definitions: own typedefs (__u64 as uint64_t) would clash
+ * with <linux/types.h>, which libbpf.h and <sys/stat.h> pull in. */
+#include <linux/types.h>
+#include <stdint.h>
+#endif
+
+#define CD_ABI_VERSION 1
+
+/* ---- probe cookies ------------------------------------------------------
+ * A probe spec is data; the cookie carries what the BPF program needs of it:
+ * which symbol fired (an index into userspace's symbol table) and which
+ * argument slot holds what.  Arg slots: 0..5 are the integer registers,
+ * 6 and 7 the first two stack words (sp+8, sp+16).  A slot value of 0xf
+ * means "not present".
+ *
+ *  bits  0..19  symbol id      (index into the session's symbol table)
+ *  bits 20..23  role           (enum cd_role)
+ *  bits 24..27  count slot
+ *  bits 28..31  datatype slot
+ *  bits 32..35  comm slot
+ *  bits 36..39  reduction-op slot
+ *  bits 40..43  root/peer slot
+ *  bits 44..47  out-pointer slot (communicator written by an init/split)
+ *  bits 48..51  tail source    (enum cd_tail_kind captured at entry)
+ *  bits 52..55  collective kind (enum cd_coll, for kernel counters)
+ *  bit  56      return probe wanted (only for symbols that cannot throw)
+ */
+#define CD_SLOT_NONE 0xfu
+#define CD_COOKIE_SYM(c) ((__u32)((c)&0xfffffu))
+#define CD_COOKIE_ROLE(c) ((__u32)(((c) >> 20) & 0xfu))
+#define CD_COOKIE_COUNT(c) ((__u32)(((c) >> 24) & 0xfu))
+#define CD_COOKIE_DTYPE(c) ((__u32)(((c) >> 28) & 0xfu))
+#define CD_COOKIE_COMM(c) ((__u32)(((c) >> 32) & 0xfu))
+#define CD_COOKIE_REDOP(c) ((__u32)(((c) >> 36) & 0xfu))
+#define CD_COOKIE_PEER(c) ((__u32)(((c) >> 40) & 0xfu))
+#define CD_COOKIE_OUT(c) ((__u32)(((c) >> 44) & 0xfu))
+#define CD_COOKIE_TAIL(c) ((__u32)(((c) >> 48) & 0xfu))
+#define CD_COOKIE_COLL(c) ((__u32)(((c) >> 52) & 0xfu))
+#define CD_COOKIE_RET(c) ((__u32)(((c) >> 56) & 0x1u))
+
+/* What a probed symbol is.  New roles (python frame, fsdp hook) append. */
+enum cd_role {
+	CD_ROLE_COLLECTIVE = 1, /* a collective or p2p call: counted */
+	CD_ROLE_OP = 2,		/* framework dispatch (aten op) */
+	CD_ROLE_ANNOTATION = 3, /* module / phase boundary */
+	CD_ROLE_COMM_INIT = 4,	/* creates a communicator from a unique id */
+	CD_ROLE_COMM_SPLIT = 5, /* creates a communicator from a parent */
+	CD_ROLE_COMM_END = 6,	/* destroys / aborts / finalizes */
+	CD_ROLE_GROUP_START = 7,
+	CD_ROLE_GROUP_END = 8,
+	CD_ROLE_OTHER = 9, /* traced, not counted */
+};
+
+/* Collective kinds, shared by layers (nccl, c10d).  Index of comm_counts. */
+enum cd_coll {
+	CD_COLL_NONE = 0,
+	CD_COLL_ALL_REDUCE = 1,
+	CD_COLL_ALL_GATHER = 2,
+	CD_COLL_REDUCE_SCATTER = 3,
+	CD_COLL_BROADCAST = 4,
+	CD_COLL_REDUCE = 5,
+	CD_COLL_ALL_TO_ALL = 6,
+	CD_COLL_GATHER = 7,
+	CD_COLL_SCATTER = 8,
+	CD_COLL_SEND = 9,
+	CD_COLL_RECV = 10,
+	CD_COLL_BARRIER = 11,
+	CD_COLL_MAX = 12,
+};
+
+/* Variable-length tails an event may carry. */
+enum cd_tail_kind {
+	CD_TAIL_NONE = 0,
+	CD_TAIL_UNIQUE_ID = 1, /* 128-byte ncclUniqueId read from sp+8 */
+	CD_TAIL_COMM_LIST = 2, /* up to CD_MAX_COMM_LIST comm pointers (InitAll) */
+	CD_TAIL_PY_STACK = 3,  /* reserved: CPython frames (code ptr, self ptr) */
+};
+
+#define CD_UNIQUE_ID_BYTES 128
+#define CD_MAX_COMM_LIST 16
+#define CD_NUM_ARGS 8
+
+/* ---- ring-buffer records ---------------------------------------------- */
+
+enum cd_event_kind {
+	CD_EV_CALL_ENTER = 1, /* a probed symbol was entered */
+	CD_EV_CALL_EXIT = 2,  /* a return-probed symbol returned */
+	CD_EV_DL_CHANGE = 3,  /* the dynamic loader changed the link map */
+	CD_EV_PROC_FORK = 4,  /* a traced process forked a traced child */
+	CD_EV_PROC_EXIT = 5,  /* a traced process exited */
+};
+
+struct cd_header {
+	__u16 kind;	 /* enum cd_event_kind */
+	__u16 size;	 /* bytes: header + body + tail */
+	__u16 tail_kind; /* enum cd_tail_kind */
+	__u16 tail_len;	 /* bytes of tail after the body */
+	__u32 tgid;
+	__u32 tid;
+	__u64 ts_ns; /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
+};
+
+struct cd_call_enter {
+	struct cd_header h;
+	__u64 cookie;
+	__u64 ip;		  /* probed address in the process */
+	__u64 sp;		  /* user stack pointer at entry: nesting */
+	__u64 args[CD_NUM_ARGS]; /* 6 registers, then sp+8, sp+16 */
+	__u32 group_depth;	  /* ncclGroupStart nesting of this thread */
+	__u32 pad;
+	/* tail follows */
+};
+
+struct cd_call_exit {
+	struct cd_header h;
+	__u64 cookie;
+	__u64 enter_ts_ns;
+	__s64 ret;	/* raw return register */
+	__u64 out_value; /* *out pointer after return (new comm), or 0 */
+	__u32 depth;	/* inflight depth at entry (pairs enter/exit) */
+	__u32 pad;
+	/* tail follows (CD_TAIL_COMM_LIST for InitAll) */
+};
+
+struct cd_dl_change {
+	struct cd_header h;
+	__u32 stopped; /* 1: the process was sent SIGSTOP and waits for SIGCONT */
+	__u32 pad;
+};
+
+struct cd_proc {
+	struct cd_header h;
+	__u32 parent_tgid; /* fork: parent; exit: 0 */
+	__s32 exit_code;   /* exit: task->exit_code */
+};
+
+/* Largest record the kernel side ever emits: enter + unique id. */
+#define CD_MAX_RECORD (sizeof(struct cd_call_enter) + CD_UNIQUE_ID_BYTES)
+
+/* ---- maps shared with userspace ---------------------------------------- */
+
+/* traced_tgids value flags */
+#define CD_TRACE_COUNT (1u << 0)   /* update exact counters */
+#define CD_TRACE_RECORDS (1u << 1) /* emit ring-buffer records */
+#define CD_TRACE_FOLLOW (1u << 2)  /* children inherit the flags */
+#define CD_TRACE_DL_STOP (1u << 3) /* stop at loader changes until resumed */
+
+/* Exact per-process counters: never depend on ring-buffer delivery. */
+struct cd_count_key {
+	__u32 tgid;
+	__u32 sym; /* symbol id (cookie bits 0..19) */
+	__u64 comm;
+	__u32 dtype; /* 0xffffffff: none */
+	__u32 pad;
+};
+
+struct cd_count_val {
+	__u64 calls;
+	__u64 elements; /* sum of the count argument */
+	__u64 bytes;	/* elements * datatype size (0 for unknown types) */
+	__u64 errors;	/* calls that returned non-zero (return probes only) */
+};
+
+/* Communicators, kept in the kernel so that they survive record drops. */
+struct cd_comm_key {
+	__u32 tgid;
+	__u32 pad;
+	__u64 comm;
+};
+
+enum cd_comm_origin {
+	CD_COMM_FROM_ID = 1,	/* CommInitRank / InitRankConfig */
+	CD_COMM_FROM_SPLIT = 2, /* CommSplit */
+	CD_COMM_FROM_ALL = 3,	/* CommInitAll */
+};
+
+struct cd_comm_val {
+	__u32 origin; /* enum cd_comm_origin */
+	__s32 nranks; /* InitRank: argument; split: unknown (-1) */
+	__s32 rank;   /* InitRank: argument; InitAll: index */
+	__s32 color;  /* split */
+	__s32 key;    /* split */
+	__u32 destroyed;
+	__u32 nsplits;	   /* splits of this comm seen so far */
+	__s32 split_index; /* split: n-th split of the parent (-1: parent unknown) */
+	__u64 parent; /* split: parent comm pointer */
+	__u64 created_ns;
+	__u8 unique_id[CD_UNIQUE_ID_BYTES];
+};
+
+/* Kernel-side losses, by cause (per-CPU array index). */
+enum cd_drop_cause {
+	CD_DROP_RINGBUF_FULL = 0,   /* record not emitted: ring buffer full */
+	CD_DROP_COUNTER_FULL = 1,   /* counter map full: call not counted */
+	CD_DROP_INFLIGHT_DEEP = 2,  /* return state not saved: nesting too deep */
+	CD_DROP_COMM_FULL = 3,	    /* communicator map full */
+	CD_DROP_DL_EVENT = 4,	    /* loader event lost: not stopped */
+	CD_DROP_READ_FAULT = 5,	    /* user memory unreadable */
+	CD_DROP_MAX = 6,
+};
+
+#define CD_MAX_INFLIGHT 8
+
+#endif /* COMMDBG_EVENTS_H */

@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "common.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "report.hpp"
+
+namespace commdbg::cli {
+
+std::atomic<int> g_stop_signal{0};
+
+namespace {
+void on_stop(int sig) { g_stop_signal = sig; }
+}  // namespace
+
+void install_stop_handlers() {
+    struct sigaction sa {};
+    sa.sa_handler = on_stop;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;  // no SA_RESTART: interrupt the poll
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+}
+
+void add_trace_options(CLI::App* app, TraceCliOptions& o) {
+    app->add_option("--json", o.json_file, "Write the JSON dump (comm_counts, records, communicators, ...) to FILE, atomically");
+    app->add_option("--table", o.table_file, "Write the table to FILE (no colour)");
+    app->add_option("--trace", o.trace_file, "Write a Chrome/Perfetto trace (trace event JSON) to FILE");
+    app->add_option("--noise-level", o.noise_level,
+                    "0 collectives only, 1 + ops (default), 2 + module annotations, 3 + trivial ops")
+        ->check(CLI::Range(0, 3));
+    app->add_option("--max-records", o.max_records, "Records retained per process; past it they are counted as dropped")
+        ->check(CLI::PositiveNumber);
+    app->add_option("--max-depth", o.max_depth, "Nesting depth retained per thread")->check(CLI::PositiveNumber);
+    app->add_option("--ringbuf-kb", o.ringbuf_kb, "Kernel ring-buffer size in KiB (records past it are dropped and counted)")
+        ->check(CLI::Range(4, 1 << 20));
+    app->add_option("--probes", o.probes,
+                    "Probe specs to use: built-in names (see `commdbg probes list`) or JSON files; default: all built-ins")
+        ->delimiter(',');
+    app->add_flag("--counts-only", o.counts_only, "Exact counters only, no per-call records (lowest overhead)");
+}
+
+SessionOptions session_options(const TraceCliOptions& o) {
+    SessionOptions s;
+    s.ringbuf_bytes = o.ringbuf_kb * 1024;
+    s.limits.max_records = o.max_records;
+    s.limits.max_depth = o.max_depth;
+    s.probes = o.probes;
+    s.records = !o.counts_only;
+    return s;
+}
+
+void print_messages(TraceSession& s) {
+    for (const auto& m : s.take_messages()) std::cerr << "commdbg: note: " << m << "\n";
+}
+
+int emit_outputs(TraceSession& s, const TraceCliOptions& o) {
+    print_messages(s);
+    auto reports = s.reports();
+    const auto& syms = s.symbols();
+    if (s.decode_errors())
+        std::cerr << "commdbg: warning: " << s.decode_errors() << " malformed records were discarded\n";
+    bool color = isatty(STDOUT_FILENO);
+    std::string table_text;
+    for (const auto& r : reports) {
+        if (reports.size() > 1)
+            table_text += "== pid " + std::to_string(r.pid) + ": " + r.command + " ==\n";
+        table_text += render_table(r, syms, o.noise_level, false);
+        if (reports.size() > 1) table_text += "\n";
+    }
+    if (color) {
+        for (const auto& r : reports) {
+            if (reports.size() > 1) std::cout << "== pid " << r.pid << ": " << r.command << " ==\n";
+            std::cout << render_table(r, syms, o.noise_level, true);
+            if (reports.size() > 1) std::cout << "\n";
+        }
+    } else {
+        std::cout << table_text;
+    }
+    std::cout.flush();
+    int rc = 0;
+    auto write = [&](const std::string& path, const std::string& content, const char* what) {
+        if (path.empty()) return;
+        try {
+            write_file_atomic(path, content);
+        } catch (const std::exception& e) {
+            std::cerr << "commdbg: writing the " << what << ": " << e.what() << "\n";
+            rc = 1;
+        }
+    };
+    write(o.table_file, table_text, "table");
+    if (!o.json_file.empty()) write(o.json_file, to_json(reports, syms, o.noise_level).dump(2) + "\n", "JSON dump");
+    if (!o.trace_file.empty()) write(o.trace_file, chrome_trace(reports, syms).dump() + "\n", "trace");
+    return rc;
+}
+
+}  // namespace commdbg::cli

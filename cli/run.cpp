@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: Apache-2.0
+// commdbg run -- CMD ARGS...: start CMD traced from its first instruction,
+// with every process it forks, until it exits; exit with its status.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <iostream>
+
+#include "commands.hpp"
+
+namespace commdbg::cli {
+
+namespace {
+
+struct RunOptions {
+    std::vector<std::string> command;
+    TraceCliOptions trace;
+};
+
+// PATH lookup as execvp does it, so the loader probe goes on the right interpreter.
+std::string resolve_exe(const std::string& cmd) {
+    if (cmd.find('/') != std::string::npos) return cmd;
+    const char* path = getenv("PATH");
+    std::string p = path ? path : "/usr/local/bin:/usr/bin:/bin";
+    size_t start = 0;
+    while (start <= p.size()) {
+        size_t end = p.find(':', start);
+        if (end == std::string::npos) end = p.size();
+        std::string cand = (end > start ? p.substr(start, end - start) : ".") + "/" + cmd;
+        if (access(cand.c_str(), X_OK) == 0) return cand;
+        start = end + 1;
+    }
+    return cmd;
+}
+
+int exit_status(int wstatus) {
+    if (WIFEXITED(wstatus)) return WEXITSTATUS(wstatus);
+    if (WIFSIGNALED(wstatus)) return 128 + WTERMSIG(wstatus);
+    return 1;
+}
+
+int run_command(const RunOptions& o) {
+    const std::string who = "commdbg: run " + o.command.front();
+    auto session = TraceSession::create(session_options(o.trace));
+    if (!session) {
+        std::cerr << who << ": " << session.error() << "\n";
+        return 1;
+    }
+    TraceSession& s = *session.value();
+    std::string exe = resolve_exe(o.command.front());
+    if (auto r = s.prepare_exec(exe); !r) std::cerr << "commdbg: note: " << r.error() << "\n";
+
+    // The child waits on `go` until it is in the filter, then execs; `err`
+    // (close-on-exec) carries an exec failure back.
+    int go[2], err[2];
+    if (pipe2(go, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) {
+        std::cerr << who << ": pipe: " << std::strerror(errno) << "\n";
+        return 1;
+    }
+    pid_t child = fork();
+    if (child < 0) {
+        std::cerr << who << ": fork: " << std::strerror(errno) << "\n";
+        return 1;
+    }
+    if (child == 0) {
+        close(go[1]);
+        close(err[0]);
+        char c;
+        if (read(go[0], &c, 1) != 1) _exit(127);
+        std::vector<char*> argv;
+        for (const auto& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
+        argv.push_back(nullptr);
+        execvp(argv[0], argv.data());
+        int e = errno;
+        (void)!write(err[1], &e, sizeof(e));
+        _exit(127);
+    }
+    close(go[0]);
+    close(err[1]);
+    if (auto r = s.add_process(child, /*follow=*/true, /*dl_stop=*/true); !r) {
+        std::cerr << who << ": " << r.error() << "\n";
+        kill(child, SIGKILL);
+        waitpid(child, nullptr, 0);
+        return 1;
+    }
+    (void)!write(go[1], "x", 1);
+    close(go[1]);
+    int exec_errno = 0;
+    if (read(err[0], &exec_errno, sizeof(exec_errno)) == sizeof(exec_errno)) {
+        waitpid(child, nullptr, 0);
+        std::cerr << who << ": cannot execute: " << std::strerror(exec_errno)
+                  << (exec_errno == ENOENT ? " — check the command name and PATH" : "") << "\n";
+        return 127;
+    }
+    close(err[0]);
+
+    install_stop_handlers();
+    // Ctrl-C reaches the child through the terminal; we wait for it to end.
+    signal(SIGINT, SIG_IGN);
+    int wstatus = 0;
+    bool forwarded = false;
+    for (;;) {
+        s.poll(50);
+        if (g_stop_signal && !forwarded) {
+            kill(child, g_stop_signal.load());
+            forwarded = true;
+        }
+        pid_t w = waitpid(child, &wstatus, WNOHANG);
+        if (w == child) break;
+        if (w < 0 && errno != EINTR) break;
+    }
+    s.mark_exited(child, wstatus);
+    s.drain();
+    int rc = emit_outputs(s, o.trace);
+    int status = exit_status(wstatus);
+    return rc && status == 0 ? rc : status;
+}
+
+}  // namespace
+
+void register_run(CLI::App& app) {
+    auto opts = std::make_shared<RunOptions>();
+    CLI::App* sub = app.add_subcommand("run", "Start a command traced from its first instruction (and every process "
+                                              "it forks); print what it saw; exit with its status");
+    add_trace_options(sub, opts->trace);
+    sub->add_option("command", opts->command, "Command and arguments (after --)")->required();
+    sub->positionals_at_end();
+    sub->callback([opts] { throw CommandDone(run_command(*opts)); });
+}
+
+}  // namespace commdbg::cli

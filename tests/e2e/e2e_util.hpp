@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: Apache-2.0
+// Helpers for tests that run commdbg for real: root, BPF, real uprobes.
+// Without them the tests skip with the reason, except under CI=true, where a
+// missing capability is a failure: CI runs as root and must exercise BPF.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace commdbg::e2e {
+
+// Empty when BPF tracing can run here, else why not.
+std::string bpf_unavailable_reason();
+bool in_ci();
+
+#define REQUIRE_BPF()                                                              \
+    do {                                                                           \
+        std::string why_ = ::commdbg::e2e::bpf_unavailable_reason();               \
+        if (!why_.empty()) {                                                       \
+            if (::commdbg::e2e::in_ci()) FAIL() << "CI=true but " << why_;         \
+            GTEST_SKIP() << why_;                                                  \
+        }                                                                          \
+    } while (0)
+
+// Real NCCL present?  Under CI a missing real library is a failure too:
+// the acceptance tests name it.
+#define REQUIRE_REAL_NCCL()                                                        \
+    do {                                                                           \
+        if (!std::filesystem::exists(REAL_NCCL_DIR "/libnccl.so.2")) {             \
+            if (::commdbg::e2e::in_ci()) FAIL() << "CI=true but no " REAL_NCCL_DIR "/libnccl.so.2"; \
+            GTEST_SKIP() << "real NCCL not installed at " REAL_NCCL_DIR;           \
+        }                                                                          \
+    } while (0)
+
+struct ProcResult {
+    int status = -1;  // exit status (128+sig when killed)
+    std::string out;
+    std::string err;
+};
+
+// Runs argv with extra environment, captures stdout/stderr; kills it after timeout_s.
+ProcResult run(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {},
+               int timeout_s = 120);
+
+// A child left running; kill()ed in the destructor if still alive.
+class Background {
+public:
+    Background(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {});
+    ~Background();
+    int pid() const { return pid_; }
+    // Blocks until stdout has a line containing `needle` (or timeout); returns the line.
+    std::string wait_for_line(const std::string& needle, int timeout_s = 30);
+    ProcResult wait(int timeout_s = 120);
+
+private:
+    int pid_ = -1;
+    int out_fd_ = -1, err_fd_ = -1;
+    std::string out_, err_;
+    bool done_ = false;
+    ProcResult result_;
+};
+
+class TempDir {
+public:
+    TempDir();
+    ~TempDir();
+    std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+private:
+    std::filesystem::path dir_;
+};
+
+nlohmann::json read_json(const std::string& path);
+
+std::string commdbg_bin();
+std::string testprog(const std::string& name);
+// LD_LIBRARY_PATH for the stub or the real libnccl.so.2.
+std::map<std::string, std::string> nccl_env(bool real);
+
+// BPF links of ours still present (bpftool link show), by program name.
+int count_links_of_programs(const std::vector<std::string>& names);
+
+}  // namespace commdbg::e2e

@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "events.hpp"
+
+using namespace commdbg;
+
+namespace {
+
+template <typename T>
+std::vector<uint8_t> bytes_of(const T& v, size_t tail = 0, uint8_t fill = 0) {
+    std::vector<uint8_t> b(sizeof(T) + tail, fill);
+    std::memcpy(b.data(), &v, sizeof(T));
+    return b;
+}
+
+cd_header header(uint16_t kind, size_t size, uint16_t tail_kind = CD_TAIL_NONE,
+                 uint16_t tail_len = 0) {
+    cd_header h{};
+    h.kind = kind;
+    h.size = static_cast<uint16_t>(size);
+    h.tail_kind = tail_kind;
+    h.tail_len = tail_len;
+    h.tgid = 100;
+    h.tid = 101;
+    h.ts_ns = 5555;
+    return h;
+}
+
+cd_call_enter enter_rec() {
+    cd_call_enter e{};
+    e.h = header(CD_EV_CALL_ENTER, sizeof(e));
+    e.cookie = 0x0123456789abcdefull;
+    e.ip = 0x7000;
+    e.sp = 0x7ffd0000;
+    for (int i = 0; i < CD_NUM_ARGS; ++i) e.args[i] = 10 + i;
+    e.group_depth = 2;
+    return e;
+}
+
+}  // namespace
+
+TEST(Decode, CallEnterCopiesEveryField) {
+    auto b = bytes_of(enter_rec());
+    auto r = decode(b);
+    ASSERT_TRUE(r.event);
+    const auto& e = std::get<CallEnter>(*r.event);
+    EXPECT_EQ(e.tgid, 100u);
+    EXPECT_EQ(e.tid, 101u);
+    EXPECT_EQ(e.ts_ns, 5555u);
+    EXPECT_EQ(e.cookie, 0x0123456789abcdefull);
+    EXPECT_EQ(e.ip, 0x7000u);
+    EXPECT_EQ(e.sp, 0x7ffd0000u);
+    EXPECT_EQ(e.args[7], 17u);
+    EXPECT_EQ(e.group_depth, 2u);
+    EXPECT_FALSE(e.has_unique_id);
+}
+
+TEST(Decode, CallEnterWithUniqueIdTailCopiesTheId) {
+    auto rec = enter_rec();
+    rec.h = header(CD_EV_CALL_ENTER, sizeof(rec) + 128, CD_TAIL_UNIQUE_ID, 128);
+    auto b = bytes_of(rec, 128);
+    for (int i = 0; i < 128; ++i) b[sizeof(rec) + i] = static_cast<uint8_t>(200 + i);
+    auto r = decode(b);
+    ASSERT_TRUE(r.event);
+    const auto& e = std::get<CallEnter>(*r.event);
+    EXPECT_TRUE(e.has_unique_id);
+    EXPECT_EQ(e.unique_id[0], 200);
+    EXPECT_EQ(e.unique_id[127], static_cast<uint8_t>(200 + 127));
+}
+
+TEST(Decode, DecodesFromAnUnalignedBuffer) {
+    auto b = bytes_of(enter_rec());
+    std::vector<uint8_t> shifted(b.size() + 1);
+    std::memcpy(shifted.data() + 1, b.data(), b.size());
+    auto r = decode(std::span<const uint8_t>(shifted).subspan(1));
+    ASSERT_TRUE(r.event);
+    EXPECT_EQ(std::get<CallEnter>(*r.event).sp, 0x7ffd0000u);
+}
+
+TEST(Decode, CallExitDlChangeForkAndExit) {
+    cd_call_exit x{};
+    x.h = header(CD_EV_CALL_EXIT, sizeof(x));
+    x.cookie = 7;
+    x.enter_ts_ns = 4444;
+    x.ret = -4;
+    x.out_value = 0xdead;
+    x.depth = 1;
+    auto r = decode(bytes_of(x));
+    ASSERT_TRUE(r.event);
+    const auto& e = std::get<CallExit>(*r.event);
+    EXPECT_EQ(e.enter_ts_ns, 4444u);
+    EXPECT_EQ(e.ret, -4);
+    EXPECT_EQ(e.out_value, 0xdeadu);
+    EXPECT_EQ(e.depth, 1u);
+
+    cd_dl_change d{};
+    d.h = header(CD_EV_DL_CHANGE, sizeof(d));
+    d.stopped = 1;
+    r = decode(bytes_of(d));
+    ASSERT_TRUE(r.event);
+    EXPECT_TRUE(std::get<DlChange>(*r.event).stopped);
+
+    cd_proc f{};
+    f.h = header(CD_EV_PROC_FORK, sizeof(f));
+    f.parent_tgid = 99;
+    r = decode(bytes_of(f));
+    ASSERT_TRUE(r.event);
+    EXPECT_EQ(std::get<ProcFork>(*r.event).parent_tgid, 99u);
+    EXPECT_EQ(std::get<ProcFork>(*r.event).tgid, 100u);
+
+    cd_proc p{};
+    p.h = header(CD_EV_PROC_EXIT, sizeof(p));
+    p.exit_code = 256;
+    r = decode(bytes_of(p));
+    ASSERT_TRUE(r.event);
+    EXPECT_EQ(std::get<ProcExit>(*r.event).exit_code, 256);
+    EXPECT_EQ(std::get<ProcExit>(*r.event).ts_ns, 5555u);
+}
+
+TEST(Decode, ShorterThanHeaderIsTruncated) {
+    auto b = bytes_of(enter_rec());
+    auto r = decode(std::span<const uint8_t>(b.data(), sizeof(cd_header) - 1));
+    EXPECT_FALSE(r.event);
+    EXPECT_EQ(r.error, DecodeError::Truncated);
+}
+
+TEST(Decode, SizeBeyondBufferOrBelowStructIsBadSize) {
+    auto b = bytes_of(enter_rec());
+    auto r = decode(std::span<const uint8_t>(b.data(), b.size() - 8));
+    EXPECT_EQ(r.error, DecodeError::BadSize);
+    EXPECT_FALSE(r.event);
+
+    auto small = enter_rec();
+    small.h.size = sizeof(cd_call_enter) - 8;
+    r = decode(bytes_of(small));
+    EXPECT_FALSE(r.event);
+    EXPECT_EQ(r.error, DecodeError::BadSize);
+}
+
+TEST(Decode, UnknownKindIsReported) {
+    auto rec = enter_rec();
+    rec.h.kind = 77;
+    auto r = decode(bytes_of(rec));
+    EXPECT_FALSE(r.event);
+    EXPECT_EQ(r.error, DecodeError::UnknownKind);
+}
+
+TEST(Decode, InconsistentTailsAreBadTail) {
+    // tail_len disagrees with size
+    auto rec = enter_rec();
+    rec.h = header(CD_EV_CALL_ENTER, sizeof(rec) + 128, CD_TAIL_UNIQUE_ID, 64);
+    auto r = decode(bytes_of(rec, 128));
+    EXPECT_FALSE(r.event);
+    EXPECT_EQ(r.error, DecodeError::BadTail);
+    // unique id tail of the wrong length
+    rec.h = header(CD_EV_CALL_ENTER, sizeof(rec) + 64, CD_TAIL_UNIQUE_ID, 64);
+    r = decode(bytes_of(rec, 64));
+    EXPECT_FALSE(r.event);
+    EXPECT_EQ(r.error, DecodeError::BadTail);
+    // bytes after the body with no tail kind
+    rec.h = header(CD_EV_CALL_ENTER, sizeof(rec) + 8, CD_TAIL_NONE, 0);
+    r = decode(bytes_of(rec, 8));
+    EXPECT_EQ(r.error, DecodeError::BadTail);
+}
+
+TEST(Decode, UnknownTailKindOfRightLengthIsSkipped) {
+    auto rec = enter_rec();
+    rec.h = header(CD_EV_CALL_ENTER, sizeof(rec) + 16, 9, 16);
+    auto r = decode(bytes_of(rec, 16));
+    ASSERT_TRUE(r.event);
+    EXPECT_FALSE(std::get<CallEnter>(*r.event).has_unique_id);
+}
+
+TEST(Decode, ErrorsHaveMessages) {
+    for (auto e : {DecodeError::Truncated, DecodeError::BadSize, DecodeError::UnknownKind,
+                   DecodeError::BadTail})
+        EXPECT_GT(std::strlen(to_string(e)), 5u);
+}

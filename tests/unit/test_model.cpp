@@ -1,0 +1,345 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <gtest/gtest.h>
+
+#include "model.hpp"
+
+using namespace commdbg;
+
+namespace {
+
+constexpr uint32_t kPid = 4242;
+constexpr uint32_t kTid = 4242;
+
+SymbolInfo nccl(const char* name, cd_coll coll, ArgSlots slots, cd_role role = CD_ROLE_COLLECTIVE) {
+    SymbolInfo s;
+    s.name = name;
+    s.layer = "nccl";
+    s.role = role;
+    s.coll = coll;
+    s.slots = slots;
+    s.return_probe = true;
+    return s;
+}
+
+SymbolInfo frame_sym(const char* name, const char* layer, cd_role role, cd_coll coll = CD_COLL_NONE) {
+    SymbolInfo s;
+    s.name = name;
+    s.layer = layer;
+    s.role = role;
+    s.coll = coll;
+    return s;
+}
+
+struct Fixture {
+    SymbolTable t;
+    uint32_t allreduce = t.intern(nccl("ncclAllReduce", CD_COLL_ALL_REDUCE, {2, 3, 5, 4}));
+    uint32_t group_start = t.intern(nccl("ncclGroupStart", CD_COLL_NONE, {}, CD_ROLE_GROUP_START));
+    uint32_t init = t.intern(nccl("ncclCommInitRank", CD_COLL_NONE,
+                                  {CD_SLOT_NONE, CD_SLOT_NONE, CD_SLOT_NONE, CD_SLOT_NONE,
+                                   CD_SLOT_NONE, 0},
+                                  CD_ROLE_COMM_INIT));
+    uint32_t c10d_allreduce = t.intern(frame_sym("c10d::ProcessGroupGloo::allreduce", "c10d",
+                                                 CD_ROLE_COLLECTIVE, CD_COLL_ALL_REDUCE));
+    uint32_t mm = t.intern(frame_sym("aten::mm", "aten", CD_ROLE_OP));
+    uint32_t add = t.intern(frame_sym("aten::add.Tensor", "aten", CD_ROLE_OP));
+    uint32_t module = t.intern(frame_sym("Linear", "python", CD_ROLE_ANNOTATION));
+
+    CallEnter enter(uint32_t sym, uint64_t ts, uint64_t sp, uint32_t tid = kTid,
+                    uint32_t pid = kPid) const {
+        CallEnter e;
+        e.tgid = pid;
+        e.tid = tid;
+        e.ts_ns = ts;
+        e.sp = sp;
+        e.cookie = make_cookie(sym, *t.find(sym));
+        return e;
+    }
+    static CallExit exit_of(const CallEnter& e, uint64_t ts, int64_t ret = 0, uint64_t out = 0) {
+        CallExit x;
+        x.tgid = e.tgid;
+        x.tid = e.tid;
+        x.ts_ns = ts;
+        x.cookie = e.cookie;
+        x.enter_ts_ns = e.ts_ns;
+        x.ret = ret;
+        x.out_value = out;
+        return x;
+    }
+};
+
+std::vector<uint32_t> children(const ProcessTree& p, uint32_t idx) {
+    std::vector<uint32_t> out;
+    for (uint32_t c = p.records()[idx].first_child; c != kNoRecord;
+         c = p.records()[c].next_sibling)
+        out.push_back(c);
+    return out;
+}
+
+}  // namespace
+
+TEST(Model, NestsFramesBySpAndLinksNcclLeavesUnderTheOpenFrame) {
+    Fixture f;
+    TraceModel m(f.t);
+    m.on_event(f.enter(f.mm, 100, 1000));
+    m.on_event(f.enter(f.c10d_allreduce, 200, 900));
+    auto nc = f.enter(f.allreduce, 300, 800);
+    m.on_event(nc);
+    m.on_event(Fixture::exit_of(nc, 350));
+    m.on_event(f.enter(f.add, 400, 1000));  // same sp as mm: mm (and all above it) returned
+
+    const ProcessTree* p = m.process(kPid);
+    ASSERT_NE(p, nullptr);
+    ASSERT_EQ(p->records().size(), 4u);
+    ASSERT_EQ(p->roots(), (std::vector<uint32_t>{0, 3}));
+    EXPECT_EQ(children(*p, 0), std::vector<uint32_t>{1});
+    EXPECT_EQ(children(*p, 1), std::vector<uint32_t>{2});
+    EXPECT_EQ(p->records()[2].parent, 1u);
+    EXPECT_EQ(p->records()[0].kind, RecordKind::Op);
+    EXPECT_EQ(p->records()[1].kind, RecordKind::Collective);
+    // Closed by the sp rule: end is the popping entry's ts, marked inferred.
+    EXPECT_EQ(p->records()[0].end_ns, 400u);
+    EXPECT_TRUE(p->records()[0].has(kEndInferred));
+    EXPECT_EQ(p->records()[1].end_ns, 400u);
+    // The leaf's end came from its exit.
+    EXPECT_EQ(p->records()[2].end_ns, 350u);
+    EXPECT_FALSE(p->records()[2].has(kEndInferred));
+    EXPECT_EQ(host_enqueue_ns(p->records()[2]), 50u);
+    EXPECT_EQ(p->records()[3].end_ns, 0u);
+    EXPECT_EQ(p->nested_collectives(), 1u);
+    EXPECT_EQ(p->unmatched_exits(), 0u);
+}
+
+TEST(Model, LeavesAreNeverPushedSoTheNextCallIsASibling) {
+    Fixture f;
+    TraceModel m(f.t);
+    m.on_event(f.enter(f.mm, 100, 1000));
+    m.on_event(f.enter(f.allreduce, 200, 900));  // no exit yet
+    m.on_event(f.enter(f.allreduce, 300, 900));
+    const ProcessTree* p = m.process(kPid);
+    EXPECT_EQ(children(*p, 0), (std::vector<uint32_t>{1, 2}));
+}
+
+TEST(Model, CollectiveArgsAreDecodedFromTheSymbolSlots) {
+    Fixture f;
+    TraceModel m(f.t);
+    auto e = f.enter(f.allreduce, 100, 1000);
+    e.args = {0x1000, 0x2000, 1024, 7, 0, 0xc0ffee, 0, 0};
+    e.group_depth = 1;
+    m.on_event(e);
+    m.on_event(Fixture::exit_of(e, 3200, 0));
+    const Record& r = m.process(kPid)->records()[0];
+    EXPECT_TRUE(r.has(kHasCount) && r.has(kHasDtype) && r.has(kHasRedop) && r.has(kHasComm));
+    EXPECT_FALSE(r.has(kHasPeer));
+    EXPECT_EQ(r.count, 1024u);
+    EXPECT_EQ(r.dtype, 7u);
+    EXPECT_EQ(r.redop, 0u);
+    EXPECT_EQ(r.comm, 0xc0ffeeu);
+    EXPECT_EQ(r.group_depth, 1);
+    EXPECT_EQ(r.coll, CD_COLL_ALL_REDUCE);
+    EXPECT_TRUE(r.has(kHasRet));
+    EXPECT_EQ(host_enqueue_ns(r), 3100u);
+}
+
+TEST(Model, CommInitExitRecordsTheNewCommunicator) {
+    Fixture f;
+    TraceModel m(f.t);
+    auto e = f.enter(f.init, 100, 1000);
+    m.on_event(e);
+    m.on_event(Fixture::exit_of(e, 900, 0, 0xabc0));
+    const Record& r = m.process(kPid)->records()[0];
+    EXPECT_EQ(r.kind, RecordKind::Collective);
+    EXPECT_EQ(r.coll, CD_COLL_NONE);
+    EXPECT_TRUE(r.has(kHasNewComm));
+    EXPECT_EQ(r.new_comm, 0xabc0u);
+}
+
+TEST(Model, UnmatchedExitsAreCountedAndIgnored) {
+    Fixture f;
+    TraceModel m(f.t);
+    auto e = f.enter(f.allreduce, 100, 1000);
+    m.on_event(e);
+    auto wrong = Fixture::exit_of(e, 200);
+    wrong.enter_ts_ns = 99;  // not the open call
+    m.on_event(wrong);
+    auto other_tid = Fixture::exit_of(e, 200);
+    other_tid.tid = 7;
+    m.on_event(other_tid);
+    const ProcessTree* p = m.process(kPid);
+    EXPECT_EQ(p->unmatched_exits(), 2u);
+    EXPECT_EQ(p->records()[0].end_ns, 0u);
+    m.on_event(Fixture::exit_of(e, 300));
+    EXPECT_EQ(p->records()[0].end_ns, 300u);
+    m.on_event(Fixture::exit_of(e, 400));  // a second exit for the same call
+    EXPECT_EQ(p->unmatched_exits(), 3u);
+    EXPECT_EQ(p->records()[0].end_ns, 300u);
+}
+
+TEST(Model, MissingExitKeepsLeafEndUnknownAndALateExitIsUnmatched) {
+    Fixture f;
+    TraceModel m(f.t);
+    auto lost = f.enter(f.allreduce, 100, 900);
+    m.on_event(lost);
+    m.on_event(f.enter(f.mm, 200, 1000));  // sp above the leaf: the leaf returned
+    m.on_event(Fixture::exit_of(lost, 300));
+    const ProcessTree* p = m.process(kPid);
+    EXPECT_EQ(p->records()[0].end_ns, 0u);
+    EXPECT_FALSE(host_enqueue_ns(p->records()[0]));
+    EXPECT_EQ(p->unmatched_exits(), 1u);
+}
+
+TEST(Model, GroupStartEndAreNotRecordsAndTheirExitsAreExpected) {
+    Fixture f;
+    TraceModel m(f.t);
+    auto g = f.enter(f.group_start, 100, 1000);
+    m.on_event(g);
+    m.on_event(Fixture::exit_of(g, 110));
+    const ProcessTree* p = m.process(kPid);
+    EXPECT_TRUE(p->records().empty());
+    EXPECT_EQ(p->unmatched_exits(), 0u);
+    EXPECT_EQ(p->calls(f.group_start), 1u);
+}
+
+// Pin: the budget keeps the first 200,000 records and counts the rest; the
+// per-symbol counts stay exact.
+TEST(Model, DefaultBudgetRetains200kOf250kAndCountsStayExact) {
+    Fixture f;
+    TraceModel m(f.t);
+    for (uint64_t i = 0; i < 250000; ++i) {
+        auto e = f.enter(f.allreduce, 1000 + 10 * i, 5000);
+        m.on_event(e);
+        m.on_event(Fixture::exit_of(e, 1005 + 10 * i));
+    }
+    const ProcessTree* p = m.process(kPid);
+    EXPECT_EQ(p->records().size(), 200000u);
+    EXPECT_EQ(p->dropped(DropCause::Budget), 50000u);
+    EXPECT_EQ(p->dropped(DropCause::Depth), 0u);
+    EXPECT_EQ(p->calls(f.allreduce), 250000u);
+    EXPECT_EQ(p->coll_counts().at("nccl.all_reduce"), 250000u);
+    EXPECT_EQ(p->unmatched_exits(), 0u);  // exits of dropped calls are consumed
+    ASSERT_TRUE(p->incomplete_warning());
+    EXPECT_NE(p->incomplete_warning()->find("50000 of 250000"), std::string::npos);
+    EXPECT_LE(p->records().capacity(), 200000u);
+}
+
+TEST(Model, DepthLimitDropsDeepCallsButKeepsTheStackConsistent) {
+    Fixture f;
+    TraceModel m(f.t, ModelLimits{.max_records = 1000, .max_depth = 3});
+    for (uint64_t d = 0; d < 5; ++d) m.on_event(f.enter(f.mm, 100 + d, 1000 - 100 * d));
+    m.on_event(f.enter(f.allreduce, 200, 400));  // depth 5: dropped
+    // Return to depth 1 (sp 900 pops depths 1..4): a sibling of record 1.
+    m.on_event(f.enter(f.add, 300, 900));
+    m.on_event(f.enter(f.add, 400, 1000));  // back at top level: a root
+    const ProcessTree* p = m.process(kPid);
+    EXPECT_EQ(p->dropped(DropCause::Depth), 3u);
+    ASSERT_EQ(p->records().size(), 5u);
+    EXPECT_EQ(p->roots(), (std::vector<uint32_t>{0, 4}));
+    EXPECT_EQ(children(*p, 0), (std::vector<uint32_t>{1, 3}));
+    EXPECT_EQ(children(*p, 1), std::vector<uint32_t>{2});
+    EXPECT_TRUE(children(*p, 2).empty());
+    EXPECT_NE(p->incomplete_warning()->find("depth: 3"), std::string::npos);
+}
+
+TEST(Model, ADroppedCollectiveFrameStillCountsNesting) {
+    Fixture f;
+    TraceModel m(f.t, ModelLimits{.max_records = 1, .max_depth = 128});
+    m.on_event(f.enter(f.mm, 100, 1000));              // retained
+    m.on_event(f.enter(f.c10d_allreduce, 200, 1000));  // dropped (budget), pops mm
+    m.on_event(f.enter(f.allreduce, 300, 900));        // dropped, nested in the placeholder
+    m.on_event(f.enter(f.allreduce, 400, 1100));       // pops the placeholder: not nested
+    const ProcessTree* p = m.process(kPid);
+    EXPECT_EQ(p->records().size(), 1u);
+    EXPECT_EQ(p->dropped(DropCause::Budget), 3u);
+    EXPECT_EQ(p->nested_collectives(), 1u);
+    EXPECT_EQ(p->records()[0].end_ns, 200u);
+}
+
+TEST(Model, InterleavedThreadsKeepSeparateStacks) {
+    Fixture f;
+    TraceModel m(f.t);
+    m.on_event(f.enter(f.mm, 100, 1000, 1));
+    m.on_event(f.enter(f.mm, 110, 5000, 2));
+    m.on_event(f.enter(f.allreduce, 120, 900, 1));
+    m.on_event(f.enter(f.allreduce, 130, 4900, 2));
+    m.on_event(f.enter(f.add, 140, 1000, 1));  // pops thread 1's mm only
+    m.on_event(f.enter(f.allreduce, 150, 4900, 2));
+    const ProcessTree* p = m.process(kPid);
+    EXPECT_EQ(p->threads(), (std::vector<uint32_t>{1, 2}));
+    EXPECT_EQ(p->roots(), (std::vector<uint32_t>{0, 1, 4}));
+    EXPECT_EQ(children(*p, 0), std::vector<uint32_t>{2});
+    EXPECT_EQ(children(*p, 1), (std::vector<uint32_t>{3, 5}));
+    EXPECT_EQ(p->records()[0].end_ns, 140u);
+    EXPECT_EQ(p->records()[1].end_ns, 0u);
+}
+
+TEST(Model, FramesEnteredBeforeAttachLeaveTheirChildrenAsRoots) {
+    Fixture f;
+    TraceModel m(f.t);
+    // We attached inside a frame at sp ~2000 that we never saw.
+    m.on_event(f.enter(f.mm, 100, 1500));
+    m.on_event(f.enter(f.add, 200, 1500));
+    m.on_event(f.enter(f.mm, 300, 3000));  // above the unseen caller
+    const ProcessTree* p = m.process(kPid);
+    EXPECT_EQ(p->roots(), (std::vector<uint32_t>{0, 1, 2}));
+}
+
+TEST(Model, ProcExitClosesOpenFramesAndRecordsTheExitCode) {
+    Fixture f;
+    TraceModel m(f.t);
+    m.on_event(f.enter(f.mm, 100, 1000));
+    m.on_event(f.enter(f.add, 200, 900));
+    m.on_event(f.enter(f.allreduce, 300, 800));
+    m.on_event(ProcExit{kPid, 1000, 256});
+    const ProcessTree* p = m.process(kPid);
+    EXPECT_EQ(p->records()[0].end_ns, 1000u);
+    EXPECT_EQ(p->records()[1].end_ns, 1000u);
+    EXPECT_TRUE(p->records()[1].has(kEndInferred));
+    EXPECT_EQ(p->records()[2].end_ns, 0u);  // a leaf without exit stays unknown
+    EXPECT_TRUE(p->exited());
+    EXPECT_EQ(p->exit_code(), 256);
+}
+
+TEST(Model, ForkRecordsTheParentAndPidsAreSorted) {
+    Fixture f;
+    TraceModel m(f.t);
+    m.on_event(f.enter(f.mm, 100, 1000, 9, 9));
+    m.on_event(ProcFork{5, 9, 150});
+    EXPECT_EQ(m.pids(), (std::vector<uint32_t>{5, 9}));
+    EXPECT_EQ(m.process(5)->parent_pid(), 9u);
+    EXPECT_EQ(m.process(1), nullptr);
+}
+
+TEST(Model, UnknownSymbolsAreCountedNotRecorded) {
+    Fixture f;
+    TraceModel m(f.t);
+    auto e = f.enter(f.mm, 100, 1000);
+    e.cookie = 999;
+    m.on_event(e);
+    EXPECT_EQ(m.process(kPid)->unknown_symbols(), 1u);
+    EXPECT_TRUE(m.process(kPid)->records().empty());
+}
+
+TEST(Model, WindowResetEmptiesTheModelKeepsLimitsAndOpenNesting) {
+    Fixture f;
+    TraceModel m(f.t, ModelLimits{.max_records = 2, .max_depth = 128});
+    m.on_event(f.enter(f.c10d_allreduce, 100, 1000));
+    m.on_event(f.enter(f.allreduce, 200, 900));
+    m.on_event(f.enter(f.mm, 300, 5000, 1, 77));
+    m.on_event(ProcExit{77, 400, 0});
+    m.reset();
+    EXPECT_EQ(m.pids(), std::vector<uint32_t>{kPid});  // the exited process is forgotten
+    const ProcessTree* p = m.process(kPid);
+    EXPECT_TRUE(p->records().empty());
+    EXPECT_TRUE(p->roots().empty());
+    EXPECT_EQ(p->nested_collectives(), 0u);
+    EXPECT_EQ(p->calls(f.allreduce), 0u);
+    EXPECT_TRUE(p->threads().empty());
+    // The c10d frame is still open: a collective inside it is nested, and a root now.
+    m.on_event(f.enter(f.allreduce, 500, 900));
+    EXPECT_EQ(p->nested_collectives(), 1u);
+    EXPECT_EQ(p->roots(), std::vector<uint32_t>{0});
+    m.on_event(f.enter(f.allreduce, 600, 900));
+    m.on_event(f.enter(f.allreduce, 700, 900));
+    EXPECT_EQ(p->records().size(), 2u);  // max_records kept across the reset
+    EXPECT_EQ(p->dropped(DropCause::Budget), 1u);
+    EXPECT_EQ(m.limits().max_records, 2u);
+}

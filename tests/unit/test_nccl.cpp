@@ -1,0 +1,124 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <gtest/gtest.h>
+
+#include <array>
+
+#include "nccl.hpp"
+#include "symbol_table.hpp"
+
+using namespace commdbg;
+
+namespace {
+
+std::array<uint8_t, CD_UNIQUE_ID_BYTES> id_from(uint8_t (*f)(int)) {
+    std::array<uint8_t, CD_UNIQUE_ID_BYTES> id{};
+    for (int i = 0; i < CD_UNIQUE_ID_BYTES; ++i) id[i] = f(i);
+    return id;
+}
+
+}  // namespace
+
+TEST(Nccl, DatatypeSizesAndNamesFollowNcclH) {
+    const uint32_t sizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+    const char* names[] = {"int8",    "uint8",   "int32",   "uint32",   "int64",   "uint64",
+                           "float16", "float32", "float64", "bfloat16", "fp8e4m3", "fp8e5m2"};
+    for (uint64_t t = 0; t < 12; ++t) {
+        EXPECT_EQ(nccl_datatype_size(t), sizes[t]) << t;
+        EXPECT_EQ(nccl_datatype_name(t), names[t]) << t;
+    }
+    EXPECT_FALSE(nccl_datatype_size(12));
+    EXPECT_FALSE(nccl_datatype_name(12));
+    EXPECT_FALSE(nccl_datatype_size(~0ull));
+}
+
+TEST(Nccl, RedopNamesAndUserOpsUnnamed) {
+    EXPECT_EQ(nccl_redop_name(0), "sum");
+    EXPECT_EQ(nccl_redop_name(1), "prod");
+    EXPECT_EQ(nccl_redop_name(2), "max");
+    EXPECT_EQ(nccl_redop_name(3), "min");
+    EXPECT_EQ(nccl_redop_name(4), "avg");
+    EXPECT_FALSE(nccl_redop_name(5));
+}
+
+TEST(Nccl, CollNamesAreCommCountsSuffixes) {
+    EXPECT_EQ(coll_name(CD_COLL_ALL_REDUCE), "all_reduce");
+    EXPECT_EQ(coll_name(CD_COLL_ALL_GATHER), "all_gather");
+    EXPECT_EQ(coll_name(CD_COLL_REDUCE_SCATTER), "reduce_scatter");
+    EXPECT_EQ(coll_name(CD_COLL_BROADCAST), "broadcast");
+    EXPECT_EQ(coll_name(CD_COLL_REDUCE), "reduce");
+    EXPECT_EQ(coll_name(CD_COLL_ALL_TO_ALL), "all_to_all");
+    EXPECT_EQ(coll_name(CD_COLL_GATHER), "gather");
+    EXPECT_EQ(coll_name(CD_COLL_SCATTER), "scatter");
+    EXPECT_EQ(coll_name(CD_COLL_SEND), "send");
+    EXPECT_EQ(coll_name(CD_COLL_RECV), "recv");
+    EXPECT_EQ(coll_name(CD_COLL_BARRIER), "barrier");
+}
+
+// Expected values computed independently (python3, 64-bit DJB2a with each
+// byte taken as a signed char, as NCCL's getHash does on x86-64).
+TEST(Nccl, CommHashMatchesNcclGetHash) {
+    auto zero = id_from([](int) -> uint8_t { return 0; });
+    EXPECT_EQ(nccl_comm_hash(zero), 0x90116b2eaa8b6505ull);
+    auto low = id_from([](int i) -> uint8_t { return i & 0x7f; });
+    EXPECT_EQ(nccl_comm_hash(low), 0xbf47c767cbdf3105ull);
+}
+
+TEST(Nccl, CommHashSignExtendsBytesAbove0x7f) {
+    auto id = id_from([](int i) -> uint8_t { return (i * 7 + 3) % 256; });
+    EXPECT_EQ(nccl_comm_hash(id), 0x7cf8d8b1c466da05ull);
+    // What an unsigned-char implementation would compute: must differ.
+    EXPECT_NE(nccl_comm_hash(id), 0x65e6256f15c8ee05ull);
+}
+
+TEST(Nccl, SplitIdIsDeterministicAndSeparatesInputs) {
+    uint64_t a = nccl_split_comm_id(0x1234, 0, 0);
+    EXPECT_EQ(a, nccl_split_comm_id(0x1234, 0, 0));
+    EXPECT_NE(a, nccl_split_comm_id(0x1234, 1, 0));
+    EXPECT_NE(a, nccl_split_comm_id(0x1234, 0, 1));
+    EXPECT_NE(a, nccl_split_comm_id(0x1235, 0, 0));
+    EXPECT_NE(nccl_split_comm_id(0x1234, -1, 0), nccl_split_comm_id(0x1234, 0, 0));
+}
+
+TEST(SymbolTable, CookiePacksEveryFieldWhereEventsHSaysSo) {
+    SymbolInfo s;
+    s.name = "ncclReduce";
+    s.layer = "nccl";
+    s.role = CD_ROLE_COLLECTIVE;
+    s.coll = CD_COLL_REDUCE;
+    s.slots = {2, 3, 6, 4, 5, CD_SLOT_NONE};
+    s.tail = CD_TAIL_UNIQUE_ID;
+    s.return_probe = true;
+    uint64_t c = make_cookie(0xabcde, s);
+    EXPECT_EQ(CD_COOKIE_SYM(c), 0xabcdeu);
+    EXPECT_EQ(CD_COOKIE_ROLE(c), static_cast<uint32_t>(CD_ROLE_COLLECTIVE));
+    EXPECT_EQ(CD_COOKIE_COUNT(c), 2u);
+    EXPECT_EQ(CD_COOKIE_DTYPE(c), 3u);
+    EXPECT_EQ(CD_COOKIE_COMM(c), 6u);
+    EXPECT_EQ(CD_COOKIE_REDOP(c), 4u);
+    EXPECT_EQ(CD_COOKIE_PEER(c), 5u);
+    EXPECT_EQ(CD_COOKIE_OUT(c), CD_SLOT_NONE);
+    EXPECT_EQ(CD_COOKIE_TAIL(c), static_cast<uint32_t>(CD_TAIL_UNIQUE_ID));
+    EXPECT_EQ(CD_COOKIE_COLL(c), static_cast<uint32_t>(CD_COLL_REDUCE));
+    EXPECT_EQ(CD_COOKIE_RET(c), 1u);
+    EXPECT_EQ(c >> 57, 0u);
+    s.return_probe = false;
+    EXPECT_EQ(CD_COOKIE_RET(make_cookie(1, s)), 0u);
+}
+
+TEST(SymbolTable, InternDedupsOnLayerAndName) {
+    SymbolTable t;
+    SymbolInfo a;
+    a.name = "allreduce";
+    a.layer = "c10d";
+    SymbolInfo b = a;
+    b.layer = "nccl";
+    uint32_t ia = t.intern(a);
+    uint32_t ib = t.intern(b);
+    EXPECT_NE(ia, ib);
+    EXPECT_EQ(t.intern(a), ia);
+    EXPECT_EQ(t.size(), 2u);
+    ASSERT_NE(t.find(ib), nullptr);
+    EXPECT_EQ(t.find(ib)->layer, "nccl");
+    EXPECT_EQ(t.from_cookie(make_cookie(ia, a))->layer, "c10d");
+    EXPECT_EQ(t.find(2), nullptr);
+}

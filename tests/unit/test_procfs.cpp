@@ -1,0 +1,266 @@
+// SPDX-License-Identifier: Apache-2.0
+// procfs readers on a fake /proc tree written here, and on this test's own process.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "procfs.hpp"
+
+namespace fs = std::filesystem;
+using namespace commdbg;
+using namespace std::string_literals;
+
+namespace {
+
+void write_file(const fs::path& p, const std::string& data) {
+    fs::create_directories(p.parent_path());
+    std::ofstream f(p, std::ios::binary | std::ios::trunc);
+    f.write(data.data(), static_cast<std::streamsize>(data.size()));
+}
+
+class FakeProc : public ::testing::Test {
+protected:
+    void SetUp() override {
+        char tmpl[] = "/tmp/commdbg_proc_XXXXXX";
+        ASSERT_NE(mkdtemp(tmpl), nullptr);
+        root_ = tmpl;
+        proc_ = root_ + "/proc";
+        files_ = root_ + "/files";
+        fs::create_directories(files_);
+    }
+    void TearDown() override {
+        std::error_code ec;
+        fs::remove_all(root_, ec);
+    }
+    std::string root_, proc_, files_;
+};
+
+constexpr const char* kMaps =
+    "55d0a0000000-55d0a0001000 r--p 00000000 08:01 131 /usr/bin/python3.11\n"
+    "7f0000000000-7f0000021000 rw-p 00000000 00:00 0 \n"
+    "7f1000000000-7f1000200000 r-xp 00010000 fd:02 4242                       /opt/my libs/libnccl.so.2\n"
+    "7f2000000000-7f2000001000 r-xp 00002000 103:0a 77 /usr/lib/libold.so (deleted)\n"
+    "7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]\n";
+
+TEST_F(FakeProc, MapsParsesPathsWithSpacesDeletedAndPseudoEntries) {
+    write_file(proc_ + "/100/maps", kMaps);
+    auto maps = read_maps(100, proc_);
+    ASSERT_TRUE(maps.ok()) << maps.error();
+    ASSERT_EQ(maps->size(), 5u);
+    const MapEntry& py = (*maps)[0];
+    EXPECT_EQ(py.start, 0x55d0a0000000u);
+    EXPECT_EQ(py.end, 0x55d0a0001000u);
+    EXPECT_EQ(py.perms, "r--p");
+    EXPECT_EQ(py.dev_major, 8u);
+    EXPECT_EQ(py.dev_minor, 1u);
+    EXPECT_EQ(py.inode, 131u);
+    EXPECT_EQ(py.path, "/usr/bin/python3.11");
+    EXPECT_EQ((*maps)[1].path, "");
+    const MapEntry& nccl = (*maps)[2];
+    EXPECT_EQ(nccl.path, "/opt/my libs/libnccl.so.2");
+    EXPECT_EQ(nccl.offset, 0x10000u);
+    EXPECT_EQ(nccl.dev_major, 0xfdu);
+    EXPECT_EQ(nccl.dev_minor, 2u);
+    EXPECT_FALSE(nccl.deleted);
+    const MapEntry& old = (*maps)[3];
+    EXPECT_EQ(old.path, "/usr/lib/libold.so");
+    EXPECT_TRUE(old.deleted);
+    EXPECT_EQ(old.dev_major, 0x103u);
+    EXPECT_EQ(old.dev_minor, 0xau);
+    EXPECT_EQ((*maps)[4].path, "[stack]");
+}
+
+TEST_F(FakeProc, MapsOfMissingPidSaysNoSuchProcess) {
+    auto maps = read_maps(4242, proc_);
+    ASSERT_FALSE(maps.ok());
+    EXPECT_NE(maps.error().find("no such process"), std::string::npos) << maps.error();
+    EXPECT_NE(maps.error().find("4242"), std::string::npos) << maps.error();
+}
+
+TEST_F(FakeProc, MalformedMapsLineIsAnErrorNamingTheLine) {
+    write_file(proc_ + "/100/maps", "7f00-7f01 r-xp 0 08:01 1 /a\nthis is not a maps line\n");
+    auto maps = read_maps(100, proc_);
+    ASSERT_FALSE(maps.ok());
+    EXPECT_NE(maps.error().find(":2:"), std::string::npos) << maps.error();
+}
+
+TEST_F(FakeProc, MappedFilesDedupsByInodeFiltersAndFallsBackToPlainPath) {
+    std::string a = files_ + "/libnccl.so.2", link = files_ + "/libnccl.so", b = files_ + "/libc.so.6";
+    write_file(a, "x");
+    write_file(b, "y");
+    fs::create_hard_link(a, link);  // same inode, second name
+    std::string maps_text = "1000-2000 r--p 00000000 00:00 5 " + a + "\n" +
+                            "2000-3000 r-xp 00001000 00:00 5 " + a + "\n" +
+                            "3000-4000 r-xp 00000000 00:00 5 " + link + "\n" +
+                            "4000-5000 r-xp 00000000 00:00 6 " + b + "\n" +
+                            "5000-6000 rw-p 00000000 00:00 0 [heap]\n";
+    write_file(proc_ + "/7/maps", maps_text);
+    auto maps = read_maps(7, proc_);
+    ASSERT_TRUE(maps.ok()) << maps.error();
+
+    auto all = mapped_files(*maps, 7, [](std::string_view) { return true; }, proc_);
+    ASSERT_EQ(all.size(), 2u);
+    EXPECT_EQ(all[0].path, a);
+    EXPECT_EQ(all[0].open_path, a) << "no <proc>/7/root: falls back to the path itself";
+    struct stat st {};
+    ASSERT_EQ(stat(a.c_str(), &st), 0);
+    EXPECT_EQ(all[0].dev, st.st_dev);
+    EXPECT_EQ(all[0].inode, st.st_ino);
+    EXPECT_EQ(all[1].path, b);
+
+    auto nccl = mapped_files(*maps, 7, is_libnccl_path, proc_);
+    ASSERT_EQ(nccl.size(), 1u);
+    EXPECT_EQ(nccl[0].path, a);
+}
+
+TEST_F(FakeProc, MappedFilesOpensThroughTheProcessRoot) {
+    // <proc>/7/root stands in for another mount namespace: the file exists only there.
+    fs::create_directories(proc_ + "/7");
+    fs::create_directory_symlink(files_, proc_ + "/7/root");
+    write_file(files_ + "/opt/libnccl.so.2", "x");
+    write_file(proc_ + "/7/maps", "1000-2000 r-xp 00000000 00:00 5 /opt/libnccl.so.2\n");
+    auto maps = read_maps(7, proc_);
+    ASSERT_TRUE(maps.ok()) << maps.error();
+    auto files = mapped_files(*maps, 7, is_libnccl_path, proc_);
+    ASSERT_EQ(files.size(), 1u);
+    EXPECT_EQ(files[0].path, "/opt/libnccl.so.2");
+    EXPECT_EQ(files[0].open_path, proc_ + "/7/root/opt/libnccl.so.2");
+}
+
+TEST_F(FakeProc, DeletedMappingIsNotResolvedToANewFileAtTheSamePath) {
+    // The library was replaced on disk: the path now names a different file.
+    std::string lib = files_ + "/libnccl.so.2";
+    write_file(lib, "new");
+    write_file(proc_ + "/7/maps", "1000-2000 r-xp 00000000 08:01 99 " + lib + " (deleted)\n");
+    auto maps = read_maps(7, proc_);
+    ASSERT_TRUE(maps.ok()) << maps.error();
+    auto files = mapped_files(*maps, 7, is_libnccl_path, proc_);
+    ASSERT_EQ(files.size(), 1u);
+    EXPECT_TRUE(files[0].deleted);
+    EXPECT_EQ(files[0].open_path, proc_ + "/7/map_files/1000-2000");
+    EXPECT_EQ(files[0].inode, 99u);
+}
+
+TEST(ProcfsNames, LibncclCoreMatchesButPluginsDoNot) {
+    EXPECT_TRUE(is_libnccl_path("/usr/local/cuda/lib64/libnccl.so.2"));
+    EXPECT_TRUE(is_libnccl_path("/x/libnccl.so"));
+    EXPECT_TRUE(is_libnccl_path("libnccl.so.2.21.5"));
+    EXPECT_TRUE(is_libnccl_path("/opt/my dir/libnccl.so.2"));
+    EXPECT_FALSE(is_libnccl_path("/usr/lib/libnccl-net.so"));
+    EXPECT_FALSE(is_libnccl_path("/usr/lib/libnccl-net-ofi.so"));
+    EXPECT_FALSE(is_libnccl_path("/usr/lib/libnccl-tuner.so"));
+    EXPECT_FALSE(is_libnccl_path("/usr/lib/libnccl-profiler-inspector.so"));
+    EXPECT_FALSE(is_libnccl_path("/usr/lib/libnccl_static.a"));
+    EXPECT_FALSE(is_libnccl_path("/usr/lib/libncclx/libc.so.6"));
+    EXPECT_FALSE(is_libnccl_path("/usr/lib/libc.so.6"));
+    EXPECT_FALSE(is_libnccl_path(""));
+}
+
+std::string stat_line(int pid, const std::string& comm, char state, int ppid, unsigned long flags) {
+    return std::to_string(pid) + " (" + comm + ") " + state + " " + std::to_string(ppid) + " 0 0 0 -1 " +
+           std::to_string(flags) + " 0 0 0 0 0 0 0 0 20 0 1 0 9 0 0\n";
+}
+
+TEST_F(FakeProc, ProcessWithSpacesAndParensInComm) {
+    write_file(proc_ + "/300/stat", stat_line(300, "py (worker) 1", 'S', 12, 0x400100));
+    write_file(proc_ + "/300/status", "Name:\tpy\nState:\tS\nUid:\t1000\t1000\t1000\t1000\nGid:\t5\n");
+    write_file(proc_ + "/300/cmdline", "python3\0train.py\0--lr\0001e-3\0"s);
+    auto p = read_process(300, proc_);
+    ASSERT_TRUE(p.ok()) << p.error();
+    EXPECT_EQ(p->pid, 300);
+    EXPECT_EQ(p->comm, "py (worker) 1");
+    EXPECT_EQ(p->state, 'S');
+    EXPECT_EQ(p->ppid, 12);
+    EXPECT_EQ(p->uid, 1000u);
+    EXPECT_EQ(p->cmdline, "python3 train.py --lr 1e-3");
+    EXPECT_FALSE(p->kernel_thread);
+}
+
+TEST_F(FakeProc, KernelThreadIsRecognisedByPfKthreadFlag) {
+    write_file(proc_ + "/2/stat", stat_line(2, "kthreadd", 'S', 0, 2129984));
+    write_file(proc_ + "/2/status", "Name:\tkthreadd\nUid:\t0\t0\t0\t0\n");
+    write_file(proc_ + "/2/cmdline", "");
+    auto p = read_process(2, proc_);
+    ASSERT_TRUE(p.ok()) << p.error();
+    EXPECT_TRUE(p->kernel_thread);
+    EXPECT_EQ(p->cmdline, "");
+    // A user process whose cmdline is empty (e.g. exec'd with argv[0] NULL) is not one.
+    write_file(proc_ + "/3/stat", stat_line(3, "odd", 'R', 1, 0x400100));
+    write_file(proc_ + "/3/status", "Name:\todd\nUid:\t0\t0\t0\t0\n");
+    write_file(proc_ + "/3/cmdline", "");
+    auto q = read_process(3, proc_);
+    ASSERT_TRUE(q.ok()) << q.error();
+    EXPECT_FALSE(q->kernel_thread);
+}
+
+TEST_F(FakeProc, MissingPidSaysNoSuchProcess) {
+    for (int pid : {999999, 0, -5}) {
+        auto p = read_process(pid, proc_);
+        ASSERT_FALSE(p.ok());
+        EXPECT_NE(p.error().find("no such process — check the pid"), std::string::npos) << p.error();
+    }
+}
+
+TEST_F(FakeProc, UnreadableStatSaysPermissionDenied) {
+    if (geteuid() == 0) GTEST_SKIP() << "root reads mode-000 files";
+    write_file(proc_ + "/5/stat", stat_line(5, "x", 'S', 1, 0));
+    chmod((proc_ + "/5/stat").c_str(), 0);
+    auto p = read_process(5, proc_);
+    ASSERT_FALSE(p.ok());
+    EXPECT_NE(p.error().find("permission denied"), std::string::npos) << p.error();
+}
+
+TEST_F(FakeProc, EnvironKeepsOnlyAllowedKeysFirstDefinitionWins) {
+    write_file(proc_ + "/8/environ",
+               "NCCL_DEBUG=INFO\0SECRET=x\0RANK=3\0NCCL_DEBUG=WARN\0WEIRD\0EMPTY=\0"s);
+    auto env = read_environ(8, {"NCCL_DEBUG", "RANK", "EMPTY", "ABSENT"}, proc_);
+    std::map<std::string, std::string> want{{"NCCL_DEBUG", "INFO"}, {"RANK", "3"}, {"EMPTY", ""}};
+    EXPECT_EQ(env, want);
+    EXPECT_TRUE(read_environ(9, {"RANK"}, proc_).empty());
+}
+
+TEST(ProcfsReal, OwnMapsIncludeLibcAndResolveThroughProcRoot) {
+    auto maps = read_maps(getpid());
+    ASSERT_TRUE(maps.ok()) << maps.error();
+    auto is_libc = [](std::string_view p) {
+        auto b = p.substr(p.rfind('/') + 1);
+        return b.starts_with("libc.so") || b.starts_with("libc-");
+    };
+    auto libc = mapped_files(*maps, getpid(), is_libc);
+    ASSERT_EQ(libc.size(), 1u);
+    EXPECT_EQ(libc[0].open_path, "/proc/" + std::to_string(getpid()) + "/root" + libc[0].path);
+    struct stat st {};
+    ASSERT_EQ(stat(libc[0].path.c_str(), &st), 0);
+    EXPECT_EQ(libc[0].inode, st.st_ino);
+}
+
+TEST(ProcfsReal, OwnProcessHasOurUidAndIsNotAKernelThread) {
+    auto p = read_process(getpid());
+    ASSERT_TRUE(p.ok()) << p.error();
+    EXPECT_EQ(p->uid, getuid());
+    EXPECT_EQ(p->ppid, getppid());
+    EXPECT_FALSE(p->kernel_thread);
+    EXPECT_FALSE(p->cmdline.empty());
+    EXPECT_EQ(p->state, 'R');
+}
+
+TEST(ProcfsReal, KthreaddIsAKernelThread) {
+    auto p = read_process(2);
+    if (!p.ok() || p->comm != "kthreadd") GTEST_SKIP() << "pid 2 is not kthreadd (pid namespace?)";
+    EXPECT_TRUE(p->kernel_thread);
+    EXPECT_EQ(p->cmdline, "");
+}
+
+TEST(ProcfsReal, OwnEnvironIsReadable) {
+    const char* path = std::getenv("PATH");
+    if (!path) GTEST_SKIP() << "PATH unset";
+    auto env = read_environ(getpid(), {"PATH"});
+    EXPECT_EQ(env["PATH"], path);
+}
+
+}  // namespace

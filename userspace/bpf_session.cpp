@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "bpf_session.hpp"
+
+#include <unistd.h>
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "commdbg_bpf.skel.h"
+
+namespace commdbg {
+
+void LinkDeleter::operator()(bpf_link* l) const {
+    if (l) bpf_link__destroy(l);
+}
+
+std::string bpf_error_message(const std::string& what, int err) {
+    err = err < 0 ? -err : err;
+    constexpr int kENOTSUPP = 524;  // kernel-internal, no strerror text
+    if (err == kENOTSUPP) return what + ": the kernel cannot place a uprobe on that instruction";
+    std::string msg = what + ": " + std::strerror(err);
+    if ((err == EACCES || err == EINVAL) && geteuid() == 0 && what.find("loading") != std::string::npos)
+        msg += " — the kernel's verifier rejected a BPF program (COMMDBG_DEBUG_LIBBPF=1 shows its log); please report it";
+    else if (err == EPERM || err == EACCES)
+        msg += " — run as root (commdbg needs CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN to load and attach probes)";
+    else if (err == ENOSYS || err == EOPNOTSUPP)
+        msg += " — this kernel lacks a BPF feature commdbg needs (uprobe_multi links: Linux >= 6.6, BTF)";
+    return msg;
+}
+
+namespace {
+
+int quiet_print(enum libbpf_print_level level, const char* fmt, va_list args) {
+    // libbpf's own chatter only with COMMDBG_DEBUG_LIBBPF=1; our errors carry the message.
+    static const bool verbose = getenv("COMMDBG_DEBUG_LIBBPF") != nullptr;
+    if (!verbose && level != LIBBPF_WARN) return 0;
+    if (!verbose) return 0;
+    return vfprintf(stderr, fmt, args);
+}
+
+size_t round_ringbuf(size_t bytes) {
+    size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    size_t n = page;
+    while (n < bytes) n <<= 1;
+    return n;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<BpfSession>> BpfSession::open(const BpfOptions& opts) {
+    using R = Result<std::unique_ptr<BpfSession>>;
+    libbpf_set_print(quiet_print);
+    std::unique_ptr<BpfSession> s(new BpfSession());
+    s->skel_ = commdbg_bpf__open();
+    if (!s->skel_) return R::fail(bpf_error_message("commdbg: opening the BPF object", errno));
+    s->ringbuf_bytes_ = round_ringbuf(opts.ringbuf_bytes);
+    bpf_map__set_max_entries(s->skel_->maps.events, s->ringbuf_bytes_);
+    // Attached per library later, never by the skeleton.
+    bpf_program__set_autoattach(s->skel_->progs.call_enter, false);
+    bpf_program__set_autoattach(s->skel_->progs.call_exit, false);
+    bpf_program__set_autoattach(s->skel_->progs.dl_debug_state, false);
+    if (int err = commdbg_bpf__load(s->skel_))
+        return R::fail(bpf_error_message("commdbg: loading the BPF programs", err));
+    for (bpf_program* p : {s->skel_->progs.on_fork, s->skel_->progs.on_exit}) {
+        bpf_link* l = bpf_program__attach(p);
+        if (!l)
+            return R::fail(bpf_error_message(std::string("commdbg: attaching ") + bpf_program__name(p), errno));
+        s->tracepoints_.emplace_back(l);
+    }
+    s->rb_ = ring_buffer__new(bpf_map__fd(s->skel_->maps.events), &BpfSession::on_ring_record, s.get(), nullptr);
+    if (!s->rb_) return R::fail(bpf_error_message("commdbg: opening the ring buffer", errno));
+    return R(std::move(s));
+}
+
+BpfSession::~BpfSession() {
+    if (rb_) ring_buffer__free(rb_);
+    tracepoints_.clear();
+    if (skel_) commdbg_bpf__destroy(skel_);
+}
+
+int BpfSession::on_ring_record(void* ctx, void* data, size_t size) {
+    auto* self = static_cast<BpfSession*>(ctx);
+    if (self->handler_) self->handler_(std::span<const uint8_t>(static_cast<const uint8_t*>(data), size));
+    return 0;
+}
+
+int BpfSession::poll(int timeout_ms) { return ring_buffer__poll(rb_, timeout_ms); }
+
+Result<bool> BpfSession::trace_process(uint32_t tgid, uint32_t flags) {
+    if (bpf_map__update_elem(skel_->maps.traced, &tgid, sizeof(tgid), &flags, sizeof(flags), BPF_ANY))
+        return Result<bool>::fail(bpf_error_message("commdbg: adding pid " + std::to_string(tgid) + " to the trace filter", errno));
+    return true;
+}
+
+void BpfSession::untrace_process(uint32_t tgid) {
+    bpf_map__delete_elem(skel_->maps.traced, &tgid, sizeof(tgid), 0);
+}
+
+bool BpfSession::is_traced(uint32_t tgid) const {
+    uint32_t flags = 0;
+    return bpf_map__lookup_elem(skel_->maps.traced, &tgid, sizeof(tgid), &flags, sizeof(flags), 0) == 0;
+}
+
+namespace {
+
+template <typename K, typename V>
+std::vector<std::pair<K, V>> dump_map(const bpf_map* map) {
+    std::vector<std::pair<K, V>> out;
+    K key{}, next{};
+    const K* prev = nullptr;
+    while (bpf_map__get_next_key(map, prev, &next, sizeof(K)) == 0) {
+        V val{};
+        if (bpf_map__lookup_elem(map, &next, sizeof(K), &val, sizeof(V), 0) == 0) out.emplace_back(next, val);
+        key = next;
+        prev = &key;
+    }
+    return out;
+}
+
+}  // namespace
+
+std::vector<CounterEntry> BpfSession::counters() const {
+    std::vector<CounterEntry> out;
+    for (auto& [k, v] : dump_map<cd_count_key, cd_count_val>(skel_->maps.counters)) out.push_back({k, v});
+    return out;
+}
+
+std::vector<CommEntry> BpfSession::comms() const {
+    std::vector<CommEntry> out;
+    for (auto& [k, v] : dump_map<cd_comm_key, cd_comm_val>(skel_->maps.comms)) out.push_back({k, v});
+    return out;
+}
+
+std::array<uint64_t, CD_DROP_MAX> BpfSession::drops() const {
+    std::array<uint64_t, CD_DROP_MAX> out{};
+    int ncpu = libbpf_num_possible_cpus();
+    if (ncpu <= 0) return out;
+    std::vector<uint64_t> per_cpu(static_cast<size_t>(ncpu));
+    for (uint32_t i = 0; i < CD_DROP_MAX; ++i) {
+        if (bpf_map__lookup_elem(skel_->maps.drops, &i, sizeof(i), per_cpu.data(), per_cpu.size() * sizeof(uint64_t), 0))
+            continue;
+        for (uint64_t v : per_cpu) out[i] += v;
+    }
+    return out;
+}
+
+uint64_t BpfSession::ringbuf_drops_of(uint32_t tgid) const {
+    uint64_t v = 0;
+    bpf_map__lookup_elem(skel_->maps.proc_drops, &tgid, sizeof(tgid), &v, sizeof(v), 0);
+    return v;
+}
+
+void BpfSession::forget_process(uint32_t tgid) {
+    bpf_map__delete_elem(skel_->maps.proc_drops, &tgid, sizeof(tgid), 0);
+    for (auto& e : counters())
+        if (e.key.tgid == tgid) bpf_map__delete_elem(skel_->maps.counters, &e.key, sizeof(e.key), 0);
+    for (auto& e : comms())
+        if (e.key.tgid == tgid) bpf_map__delete_elem(skel_->maps.comms, &e.key, sizeof(e.key), 0);
+}
+
+bpf_program* BpfSession::enter_program() const { return skel_->progs.call_enter; }
+bpf_program* BpfSession::exit_program() const { return skel_->progs.call_exit; }
+bpf_program* BpfSession::dl_program() const { return skel_->progs.dl_debug_state; }
+
+}  // namespace commdbg

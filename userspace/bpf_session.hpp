@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+// RAII over the loaded BPF object: maps, the ring buffer and the programs that
+// other components attach.  Nothing here knows about specs or processes.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "events.h"
+#include "result.hpp"
+
+struct commdbg_bpf;
+struct ring_buffer;
+struct bpf_program;
+struct bpf_link;
+
+namespace commdbg {
+
+struct BpfOptions {
+    size_t ringbuf_bytes = 8u << 20;  // rounded up to a power of two >= one page
+};
+
+struct CounterEntry {
+    cd_count_key key;
+    cd_count_val val;
+};
+
+struct CommEntry {
+    cd_comm_key key;
+    cd_comm_val val;
+};
+
+struct LinkDeleter {
+    void operator()(bpf_link* l) const;
+};
+using LinkPtr = std::unique_ptr<bpf_link, LinkDeleter>;
+
+class BpfSession {
+public:
+    using EventHandler = std::function<void(std::span<const uint8_t>)>;
+
+    // Loads the programs and attaches the process fork/exit tracepoints.
+    static Result<std::unique_ptr<BpfSession>> open(const BpfOptions& opts);
+    ~BpfSession();
+    BpfSession(const BpfSession&) = delete;
+    BpfSession& operator=(const BpfSession&) = delete;
+
+    Result<bool> trace_process(uint32_t tgid, uint32_t flags);
+    void untrace_process(uint32_t tgid);
+    bool is_traced(uint32_t tgid) const;
+
+    void set_event_handler(EventHandler h) { handler_ = std::move(h); }
+    // Delivers ready records to the handler; returns how many, or -errno.
+    int poll(int timeout_ms);
+
+    std::vector<CounterEntry> counters() const;
+    std::vector<CommEntry> comms() const;
+    std::array<uint64_t, CD_DROP_MAX> drops() const;
+    uint64_t ringbuf_drops_of(uint32_t tgid) const;  // records `tgid` lost to a full ring buffer
+    // Removes a process's counters and communicators (e.g. after it exited).
+    void forget_process(uint32_t tgid);
+
+    bpf_program* enter_program() const;
+    bpf_program* exit_program() const;
+    bpf_program* dl_program() const;
+    size_t ringbuf_bytes() const { return ringbuf_bytes_; }
+
+private:
+    BpfSession() = default;
+    static int on_ring_record(void* ctx, void* data, size_t size);
+
+    commdbg_bpf* skel_ = nullptr;
+    ring_buffer* rb_ = nullptr;
+    std::vector<LinkPtr> tracepoints_;
+    EventHandler handler_;
+    size_t ringbuf_bytes_ = 0;
+};
+
+// A message a user can act on for a failed BPF operation (`what`), from errno.
+std::string bpf_error_message(const std::string& what, int err);
+
+}  // namespace commdbg

@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: Apache-2.0
+// bytes -> Event.  libbpf-tools' habit: reject a record shorter than its
+// struct, copy it into a local (no unaligned reads of the ring buffer), decode.
+#include <cstring>
+
+#include "events.hpp"
+
+namespace commdbg {
+
+namespace {
+
+DecodeResult fail(DecodeError e) {
+    DecodeResult r;
+    r.error = e;
+    return r;
+}
+
+DecodeResult ok(Event ev) {
+    DecodeResult r;
+    r.event.emplace(std::move(ev));
+    return r;
+}
+
+size_t body_size(uint16_t kind) {
+    switch (kind) {
+    case CD_EV_CALL_ENTER: return sizeof(cd_call_enter);
+    case CD_EV_CALL_EXIT: return sizeof(cd_call_exit);
+    case CD_EV_DL_CHANGE: return sizeof(cd_dl_change);
+    case CD_EV_PROC_FORK:
+    case CD_EV_PROC_EXIT: return sizeof(cd_proc);
+    default: return 0;
+    }
+}
+
+// A tail must fill exactly the bytes after the body and have the length its
+// kind implies.  Unknown tail kinds (a newer kernel side) are skipped.
+bool tail_ok(const cd_header& h, size_t body) {
+    if (h.tail_len != h.size - body) return false;
+    switch (h.tail_kind) {
+    case CD_TAIL_NONE: return h.tail_len == 0;
+    case CD_TAIL_UNIQUE_ID: return h.tail_len == CD_UNIQUE_ID_BYTES;
+    case CD_TAIL_COMM_LIST:
+        return h.tail_len % sizeof(uint64_t) == 0 &&
+               h.tail_len <= CD_MAX_COMM_LIST * sizeof(uint64_t);
+    default: return true;
+    }
+}
+
+}  // namespace
+
+const char* to_string(DecodeError e) {
+    switch (e) {
+    case DecodeError::Truncated: return "truncated record (shorter than the header)";
+    case DecodeError::BadSize: return "record size inconsistent with its kind or buffer";
+    case DecodeError::UnknownKind: return "unknown record kind";
+    case DecodeError::BadTail: return "tail length inconsistent with its kind or the record size";
+    }
+    return "unknown decode error";
+}
+
+DecodeResult decode(std::span<const uint8_t> bytes) {
+    cd_header h;
+    if (bytes.size() < sizeof(h)) return fail(DecodeError::Truncated);
+    std::memcpy(&h, bytes.data(), sizeof(h));
+    size_t body = body_size(h.kind);
+    if (body == 0) return fail(DecodeError::UnknownKind);
+    if (h.size > bytes.size() || h.size < body) return fail(DecodeError::BadSize);
+    if (!tail_ok(h, body)) return fail(DecodeError::BadTail);
+
+    switch (h.kind) {
+    case CD_EV_CALL_ENTER: {
+        cd_call_enter e;
+        std::memcpy(&e, bytes.data(), sizeof(e));
+        CallEnter out;
+        out.tgid = h.tgid;
+        out.tid = h.tid;
+        out.ts_ns = h.ts_ns;
+        out.cookie = e.cookie;
+        out.ip = e.ip;
+        out.sp = e.sp;
+        std::memcpy(out.args.data(), e.args, sizeof(e.args));
+        out.group_depth = e.group_depth;
+        if (h.tail_kind == CD_TAIL_UNIQUE_ID) {
+            out.has_unique_id = true;
+            std::memcpy(out.unique_id.data(), bytes.data() + body, CD_UNIQUE_ID_BYTES);
+        }
+        return ok(out);
+    }
+    case CD_EV_CALL_EXIT: {
+        cd_call_exit e;
+        std::memcpy(&e, bytes.data(), sizeof(e));
+        CallExit out;
+        out.tgid = h.tgid;
+        out.tid = h.tid;
+        out.ts_ns = h.ts_ns;
+        out.cookie = e.cookie;
+        out.enter_ts_ns = e.enter_ts_ns;
+        out.ret = e.ret;
+        out.out_value = e.out_value;
+        out.depth = e.depth;
+        return ok(out);
+    }
+    case CD_EV_DL_CHANGE: {
+        cd_dl_change e;
+        std::memcpy(&e, bytes.data(), sizeof(e));
+        return ok(DlChange{h.tgid, h.tid, h.ts_ns, e.stopped != 0});
+    }
+    case CD_EV_PROC_FORK: {
+        cd_proc e;
+        std::memcpy(&e, bytes.data(), sizeof(e));
+        return ok(ProcFork{h.tgid, e.parent_tgid, h.ts_ns});
+    }
+    case CD_EV_PROC_EXIT: {
+        cd_proc e;
+        std::memcpy(&e, bytes.data(), sizeof(e));
+        return ok(ProcExit{h.tgid, h.ts_ns, e.exit_code});
+    }
+    }
+    return fail(DecodeError::UnknownKind);
+}
+
+}  // namespace commdbg

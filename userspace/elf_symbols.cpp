@@ -1,0 +1,230 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "elf_symbols.hpp"
+
+#include <fcntl.h>
+#include <gelf.h>
+#include <libelf.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
+namespace commdbg {
+namespace {
+
+// Owns the fd and the libelf handle so every early return releases both.
+class ElfHandle {
+public:
+    ~ElfHandle() {
+        if (elf_) elf_end(elf_);
+        if (fd_ >= 0) ::close(fd_);
+    }
+    int fd_ = -1;
+    Elf* elf_ = nullptr;
+};
+
+struct Segment {
+    uint64_t vaddr, memsz, offset;
+};
+
+// A symbol as found in one table; the name points into the mmapped string table.
+struct Candidate {
+    std::string_view name;
+    uint64_t vaddr;
+    uint64_t size;
+    bool weak, local, dynamic, ifunc;
+};
+
+std::string libelf_error() {
+    const char* msg = elf_errmsg(-1);
+    return msg ? msg : "unknown libelf error";
+}
+
+bool libelf_ready() {
+    static std::once_flag once;
+    static bool ok = false;
+    std::call_once(once, [] { ok = elf_version(EV_CURRENT) != EV_NONE; });
+    return ok;
+}
+
+std::string_view strip_version(std::string_view name) {
+    // .symtab keeps "foo@@VER" / "foo@VER" for symbols defined with .symver.
+    auto at = name.find('@');
+    return at == std::string_view::npos ? name : name.substr(0, at);
+}
+
+int visibility(const Candidate& c) { return c.local ? 0 : c.weak ? 1 : 2; }
+
+bool is_defined_function(const GElf_Sym& sym) {
+    int type = GELF_ST_TYPE(sym.st_info);
+    if (type != STT_FUNC && type != STT_GNU_IFUNC) return false;
+    if (sym.st_value == 0) return false;
+    return sym.st_shndx != SHN_UNDEF && sym.st_shndx != SHN_ABS && sym.st_shndx != SHN_COMMON;
+}
+
+// Returns an error message, or empty on success.
+std::string read_table(const std::string& path, Elf* elf, Elf_Scn* scn, const GElf_Shdr& shdr,
+                       std::vector<Candidate>& out) {
+    const char* table = shdr.sh_type == SHT_DYNSYM ? ".dynsym" : ".symtab";
+    if (shdr.sh_entsize == 0) return path + ": " + table + " has entry size 0 (corrupt ELF)";
+    Elf_Data* data = elf_getdata(scn, nullptr);
+    if (data == nullptr) {
+        return path + ": cannot read " + table + ": " + libelf_error() +
+               " — the file is truncated or corrupt; re-copy or reinstall it";
+    }
+    size_t count = shdr.sh_size / shdr.sh_entsize;
+    bool dynamic = shdr.sh_type == SHT_DYNSYM;
+    for (size_t i = 1; i < count; ++i) {  // entry 0 is the reserved null symbol
+        GElf_Sym sym;
+        if (gelf_getsym(data, static_cast<int>(i), &sym) == nullptr) break;
+        if (!is_defined_function(sym)) continue;
+        const char* raw = elf_strptr(elf, shdr.sh_link, sym.st_name);
+        if (raw == nullptr || *raw == '\0') continue;
+        std::string_view name = strip_version(raw);
+        if (name.empty()) continue;
+        int bind = GELF_ST_BIND(sym.st_info);
+        out.push_back({name, sym.st_value, sym.st_size, bind == STB_WEAK, bind == STB_LOCAL,
+                       dynamic, GELF_ST_TYPE(sym.st_info) == STT_GNU_IFUNC});
+    }
+    return {};
+}
+
+}  // namespace
+
+Result<ElfSymbols> ElfSymbols::open(const std::string& path) {
+    using R = Result<ElfSymbols>;
+    if (!libelf_ready()) return R::fail("libelf: elf_version failed: " + libelf_error());
+
+    ElfHandle h;
+    h.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (h.fd_ < 0) {
+        int err = errno;
+        std::string why = std::strerror(err);
+        if (err == ENOENT) return R::fail(path + ": no such file — check the path");
+        if (err == EACCES) return R::fail(path + ": permission denied — run as root or make it readable");
+        return R::fail(path + ": cannot open: " + why);
+    }
+    struct stat st {};
+    if (fstat(h.fd_, &st) != 0) return R::fail(path + ": cannot stat: " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) return R::fail(path + ": not a regular file — pass an ELF shared library or executable");
+    uint64_t file_size = static_cast<uint64_t>(st.st_size);
+    if (file_size == 0) return R::fail(path + ": not an ELF file (empty file)");
+
+    // READ_MMAP: sections are read in place from a private mapping, so a 200 MB
+    // libnccl costs page faults on the symbol tables only.
+    h.elf_ = elf_begin(h.fd_, ELF_C_READ_MMAP, nullptr);
+    if (h.elf_ == nullptr) {
+        return R::fail(path + ": not a valid ELF file (" + libelf_error() +
+                       ") — it is truncated or corrupt; re-copy or reinstall it");
+    }
+    if (elf_kind(h.elf_) != ELF_K_ELF) {
+        return R::fail(path + ": not an ELF file (no ELF magic) — pass a shared library or executable");
+    }
+    GElf_Ehdr ehdr;
+    if (gelf_getehdr(h.elf_, &ehdr) == nullptr) {
+        return R::fail(path + ": truncated or corrupt ELF header: " + libelf_error());
+    }
+
+    // Section headers usually sit at the very end, so a cut-short copy loses
+    // them first; say "truncated" rather than the misleading "stripped".  Checked
+    // on the raw header because libelf quietly reports 0 sections in that case.
+    uint64_t sh_entries = std::max<uint64_t>(ehdr.e_shnum, 1);  // 0 = count stored in section 0
+    if (ehdr.e_shoff != 0 && (ehdr.e_shoff > file_size ||
+                              (file_size - ehdr.e_shoff) / std::max<uint64_t>(ehdr.e_shentsize, 1) < sh_entries)) {
+        return R::fail(path + ": truncated ELF (section headers end past the file's " +
+                       std::to_string(file_size) + " bytes) — re-copy or reinstall it");
+    }
+    size_t shnum = 0, phnum = 0;
+    if (elf_getshdrnum(h.elf_, &shnum) != 0 || elf_getphdrnum(h.elf_, &phnum) != 0) {
+        return R::fail(path + ": corrupt ELF header tables: " + libelf_error() +
+                       " — the file is truncated or corrupt; re-copy or reinstall it");
+    }
+
+    std::vector<Segment> loads;
+    for (size_t i = 0; i < phnum; ++i) {
+        GElf_Phdr ph;
+        if (gelf_getphdr(h.elf_, static_cast<int>(i), &ph) == nullptr) {
+            return R::fail(path + ": cannot read program header " + std::to_string(i) + ": " + libelf_error());
+        }
+        if (ph.p_type == PT_LOAD) loads.push_back({ph.p_vaddr, ph.p_memsz, ph.p_offset});
+    }
+    if (loads.empty()) {
+        return R::fail(path + ": no loadable segments (a relocatable .o or core file?) — "
+                       "pass a linked shared library or executable");
+    }
+
+    std::vector<Candidate> cands;
+    bool have_table = false;
+    // .dynsym first so a name present in both tables is marked dynamic.
+    for (Elf64_Word want : {SHT_DYNSYM, SHT_SYMTAB}) {
+        Elf_Scn* scn = nullptr;
+        while ((scn = elf_nextscn(h.elf_, scn)) != nullptr) {
+            GElf_Shdr shdr;
+            if (gelf_getshdr(scn, &shdr) == nullptr || shdr.sh_type != want) continue;
+            have_table = true;
+            std::string err = read_table(path, h.elf_, scn, shdr, cands);
+            if (!err.empty()) return R::fail(std::move(err));
+        }
+    }
+    if (!have_table) {
+        return R::fail(path + ": no symbol table (stripped?) — use an unstripped build, "
+                       "or one that exports its functions in .dynsym");
+    }
+
+    // Same name at the same address in both tables is one symbol; aliases
+    // (different names, one address) and repeated static names stay apart.
+    std::sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
+        if (a.name != b.name) return a.name < b.name;
+        return a.vaddr < b.vaddr;
+    });
+
+    ElfSymbols out;
+    out.path_ = path;
+    out.functions_.reserve(cands.size());
+    for (size_t i = 0; i < cands.size();) {
+        Candidate c = cands[i];
+        size_t j = i + 1;
+        for (; j < cands.size() && cands[j].name == c.name && cands[j].vaddr == c.vaddr; ++j) {
+            const Candidate& d = cands[j];
+            c.dynamic |= d.dynamic;
+            c.size = std::max(c.size, d.size);
+            // Keep the most visible binding (global > weak > local) of the copies.
+            if (visibility(d) > visibility(c)) {
+                c.weak = d.weak;
+                c.local = d.local;
+            }
+        }
+        i = j;
+        auto seg = std::find_if(loads.begin(), loads.end(), [&](const Segment& s) {
+            return c.vaddr >= s.vaddr && c.vaddr - s.vaddr < s.memsz;
+        });
+        if (seg == loads.end()) continue;  // not mapped at run time: nothing to probe
+        out.functions_.push_back(ElfSymbol{std::string(c.name), c.vaddr, c.size,
+                                           c.vaddr - seg->vaddr + seg->offset, c.weak, c.local,
+                                           c.dynamic, c.ifunc});
+    }
+    return out;
+}
+
+std::vector<const ElfSymbol*> ElfSymbols::find_all(std::string_view name) const {
+    auto lo = std::lower_bound(functions_.begin(), functions_.end(), name,
+                               [](const ElfSymbol& s, std::string_view n) { return s.name < n; });
+    std::vector<const ElfSymbol*> out;
+    for (auto it = lo; it != functions_.end() && it->name == name; ++it) out.push_back(&*it);
+    return out;
+}
+
+const ElfSymbol* ElfSymbols::find(std::string_view name) const {
+    auto lo = std::lower_bound(functions_.begin(), functions_.end(), name,
+                               [](const ElfSymbol& s, std::string_view n) { return s.name < n; });
+    const ElfSymbol* best = nullptr;
+    for (auto it = lo; it != functions_.end() && it->name == name; ++it) {
+        if (best == nullptr || (best->local && !it->local)) best = &*it;
+    }
+    return best;
+}
+
+}  // namespace commdbg

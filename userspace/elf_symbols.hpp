@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: Apache-2.0
+// Function symbols of an ELF file, with the file offsets a uprobe attaches at.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "result.hpp"
+
+namespace commdbg {
+
+struct ElfSymbol {
+    std::string name;          // mangled, without any @VERSION / @@VERSION suffix
+    uint64_t vaddr = 0;        // st_value: link-time virtual address
+    uint64_t size = 0;         // st_size (may be 0 for hand-written asm)
+    uint64_t file_offset = 0;  // vaddr translated through its PT_LOAD; what uprobes take
+    bool weak = false;         // STB_WEAK
+    bool local = false;        // STB_LOCAL: a static function, name may repeat in the file
+    bool dynamic = false;      // present in .dynsym, so it survives stripping
+    bool ifunc = false;        // STT_GNU_IFUNC: vaddr is the resolver, not the implementation
+};
+
+class ElfSymbols {
+public:
+    // Reads .dynsym and .symtab of `path`.  The file is mmapped, not copied, and
+    // released before returning; fails when `path` is missing, not ELF, truncated,
+    // or has neither symbol table.
+    static Result<ElfSymbols> open(const std::string& path);
+
+    const std::string& path() const { return path_; }
+    // Sorted by name.  Aliases (ncclX / pncclX) are separate entries with equal offsets.
+    const std::vector<ElfSymbol>& functions() const { return functions_; }
+    // Exact mangled name.  When a name repeats (static functions of different
+    // translation units) a global or weak definition wins over a local one.
+    const ElfSymbol* find(std::string_view name) const;
+    // Every entry named `name` (more than one only for repeated local symbols).
+    std::vector<const ElfSymbol*> find_all(std::string_view name) const;
+
+private:
+    std::string path_;
+    std::vector<ElfSymbol> functions_;
+};
+
+}  // namespace commdbg

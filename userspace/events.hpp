@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: Apache-2.0
+// Decoded events: what the ring buffer carries, as plain C++ values.
+// decode() is a pure function from bytes to one of these; the model is a pure
+// function of a stream of them, so both are tested without BPF.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <variant>
+
+#include "events.h"
+
+namespace commdbg {
+
+static_assert(sizeof(cd_header) == 24);
+static_assert(sizeof(cd_call_enter) == 24 + 8 * 3 + 8 * CD_NUM_ARGS + 8);
+static_assert(sizeof(cd_call_exit) == 24 + 8 * 4 + 8);
+static_assert(sizeof(cd_dl_change) == 32);
+static_assert(sizeof(cd_proc) == 32);
+static_assert(sizeof(cd_count_key) == 24);
+static_assert(sizeof(cd_count_val) == 32);
+static_assert(sizeof(cd_comm_key) == 16);
+static_assert(sizeof(cd_comm_val) == 48 + CD_UNIQUE_ID_BYTES);
+
+struct CallEnter {
+    uint32_t tgid = 0;
+    uint32_t tid = 0;
+    uint64_t ts_ns = 0;
+    uint64_t cookie = 0;
+    uint64_t ip = 0;
+    uint64_t sp = 0;
+    std::array<uint64_t, CD_NUM_ARGS> args{};
+    uint32_t group_depth = 0;
+    bool has_unique_id = false;
+    std::array<uint8_t, CD_UNIQUE_ID_BYTES> unique_id{};
+};
+
+struct CallExit {
+    uint32_t tgid = 0;
+    uint32_t tid = 0;
+    uint64_t ts_ns = 0;
+    uint64_t cookie = 0;
+    uint64_t enter_ts_ns = 0;
+    int64_t ret = 0;
+    uint64_t out_value = 0;  // communicator written through the out pointer
+    uint32_t depth = 0;
+};
+
+struct DlChange {
+    uint32_t tgid = 0;
+    uint32_t tid = 0;
+    uint64_t ts_ns = 0;
+    bool stopped = false;
+};
+
+struct ProcFork {
+    uint32_t tgid = 0;  // the child
+    uint32_t parent_tgid = 0;
+    uint64_t ts_ns = 0;
+};
+
+struct ProcExit {
+    uint32_t tgid = 0;
+    uint64_t ts_ns = 0;
+    int32_t exit_code = 0;
+};
+
+using Event = std::variant<CallEnter, CallExit, DlChange, ProcFork, ProcExit>;
+
+// Why a record could not be decoded; each cause is counted, never hidden.
+enum class DecodeError { Truncated, BadSize, UnknownKind, BadTail };
+const char* to_string(DecodeError e);
+
+struct DecodeResult {
+    std::optional<Event> event;
+    DecodeError error = DecodeError::Truncated;  // meaningful when !event
+};
+
+DecodeResult decode(std::span<const uint8_t> bytes);
+
+}  // namespace commdbg

@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "nccl.hpp"
+
+#include <array>
+
+namespace commdbg {
+
+namespace {
+
+// Indexed by ncclDataType_t (nccl.h 2.28: ncclInt8 = 0 .. ncclFloat8e5m2 = 11).
+constexpr std::array<uint32_t, 12> kDatatypeSizes = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+constexpr std::array<std::string_view, 12> kDatatypeNames = {
+    "int8",    "uint8",   "int32",   "uint32",   "int64",   "uint64",
+    "float16", "float32", "float64", "bfloat16", "fp8e4m3", "fp8e5m2"};
+// ncclSum = 0 .. ncclAvg = 4; values from 5 on are ncclNumOps / user-created ops.
+constexpr std::array<std::string_view, 5> kRedopNames = {"sum", "prod", "max", "min", "avg"};
+constexpr std::array<std::string_view, CD_COLL_MAX> kCollNames = {
+    "none",   "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
+    "all_to_all", "gather", "scatter",    "send",           "recv",      "barrier"};
+
+}  // namespace
+
+std::optional<uint32_t> nccl_datatype_size(uint64_t dtype) {
+    if (dtype >= kDatatypeSizes.size()) return std::nullopt;
+    return kDatatypeSizes[dtype];
+}
+
+std::optional<std::string_view> nccl_datatype_name(uint64_t dtype) {
+    if (dtype >= kDatatypeNames.size()) return std::nullopt;
+    return kDatatypeNames[dtype];
+}
+
+std::optional<std::string_view> nccl_redop_name(uint64_t op) {
+    if (op >= kRedopNames.size()) return std::nullopt;
+    return kRedopNames[op];
+}
+
+std::string_view coll_name(cd_coll c) {
+    auto i = static_cast<uint32_t>(c);
+    return i < kCollNames.size() ? kCollNames[i] : std::string_view("unknown");
+}
+
+uint64_t nccl_comm_hash(std::span<const uint8_t, CD_UNIQUE_ID_BYTES> unique_id) {
+    // NCCL's getHash(): `result = ((result << 5) + result) ^ string[c]` with
+    // `const char* string`.  char is signed on x86-64, so a byte >= 0x80 is
+    // sign-extended to 64 bits before the xor; we must do the same.
+    uint64_t h = 5381;
+    for (uint8_t b : unique_id) {
+        auto c = static_cast<uint64_t>(static_cast<int64_t>(static_cast<int8_t>(b)));
+        h = ((h << 5) + h) ^ c;
+    }
+    return h;
+}
+
+uint64_t nccl_split_comm_id(uint64_t parent_id, int32_t color, uint32_t nth_split) {
+    // FNV-1a (64-bit) over the little-endian bytes of parent_id (8), color (4)
+    // and nth_split (4): deterministic, so every rank of the child derives it.
+    uint64_t h = 0xcbf29ce484222325ull;
+    auto mix = [&h](uint64_t v, int bytes) {
+        for (int i = 0; i < bytes; ++i) {
+            h ^= (v >> (8 * i)) & 0xffu;
+            h *= 0x100000001b3ull;
+        }
+    };
+    mix(parent_id, 8);
+    mix(static_cast<uint32_t>(color), 4);
+    mix(nth_split, 4);
+    return h;
+}
+
+}  // namespace commdbg

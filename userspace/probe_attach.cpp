@@ -1,0 +1,224 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "probe_attach.hpp"
+
+#include <fcntl.h>
+#include <gelf.h>
+#include <libelf.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <bpf/libbpf.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <unordered_map>
+
+#include "demangle.hpp"
+#include "elf_symbols.hpp"
+#include "procfs.hpp"
+
+namespace commdbg {
+
+namespace {
+
+std::string basename_of(std::string_view p) {
+    auto s = p.rfind('/');
+    return std::string(s == std::string_view::npos ? p : p.substr(s + 1));
+}
+
+bool is_loader_path(std::string_view path) {
+    std::string b = basename_of(path);
+    return b.starts_with("ld-linux") || b.starts_with("ld64.so") || b.starts_with("ld-musl");
+}
+
+// PT_INTERP of an executable, or "" when it has none (static, script, unreadable).
+std::string read_interp(const std::string& exe) {
+    int fd = ::open(exe.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return {};
+    elf_version(EV_CURRENT);
+    std::string interp;
+    if (Elf* e = elf_begin(fd, ELF_C_READ_MMAP, nullptr)) {
+        size_t n = 0;
+        if (elf_getphdrnum(e, &n) == 0) {
+            for (size_t i = 0; i < n; ++i) {
+                GElf_Phdr ph;
+                if (!gelf_getphdr(e, static_cast<int>(i), &ph) || ph.p_type != PT_INTERP) continue;
+                size_t size = 0;
+                char* raw = elf_rawfile(e, &size);
+                if (raw && ph.p_offset + ph.p_filesz <= size && ph.p_filesz > 1)
+                    interp.assign(raw + ph.p_offset, ph.p_filesz - 1);
+            }
+        }
+        elf_end(e);
+    }
+    ::close(fd);
+    return interp;
+}
+
+}  // namespace
+
+Result<ProbeAttacher::Plan> ProbeAttacher::plan(const ProbeSpec& spec, const std::string& file, SymbolTable& symbols) {
+    auto elf = ElfSymbols::open(file);
+    if (!elf) return Result<Plan>::fail(elf.error());
+    Plan p;
+    std::map<uint64_t, uint64_t> by_offset;  // first rule to claim an address wins
+    auto add = [&](const SymbolRule& rule, const ElfSymbol& sym, const std::string& demangled) {
+        if (sym.ifunc || by_offset.count(sym.file_offset)) return;
+        SymbolInfo info = rule.info;
+        info.name = derive_name(rule, sym.name, demangled);
+        uint32_t id = symbols.intern(info);
+        by_offset[sym.file_offset] = make_cookie(id, *symbols.find(id));
+    };
+    bool any_pattern = false;
+    for (const auto& rule : spec.symbols) {
+        if (rule.match.empty()) {
+            any_pattern = true;
+            continue;
+        }
+        const ElfSymbol* s = elf->find(rule.match);
+        if (!s) {
+            p.missing.push_back(rule.match);
+            continue;
+        }
+        add(rule, *s, rule.match);
+    }
+    if (any_pattern) {
+        for (const auto& sym : elf->functions()) {
+            std::string d;
+            for (const auto& rule : spec.symbols) {
+                if (!rule.match.empty()) continue;
+                if (d.empty()) d = demangle(sym.name);
+                if ((!rule.glob.empty() && glob_match(rule.glob, d)) ||
+                    (rule.regex && std::regex_search(d, *rule.regex))) {
+                    add(rule, sym, d);
+                    break;
+                }
+            }
+        }
+    }
+    for (const auto& [off, cookie] : by_offset) {
+        p.offsets.push_back(off);
+        p.cookies.push_back(cookie);
+        if (CD_COOKIE_RET(cookie)) {
+            p.ret_offsets.push_back(off);
+            p.ret_cookies.push_back(cookie);
+        }
+    }
+    return p;
+}
+
+Result<ScanResult> ProbeAttacher::scan_process(int pid) {
+    auto maps = read_maps(pid);
+    if (!maps) return Result<ScanResult>::fail(maps.error());
+    ScanResult out;
+    auto files = mapped_files(*maps, pid, [](std::string_view) { return true; });
+    for (const auto& f : files) {
+        if (f.path.empty() || f.path[0] != '/') continue;
+        auto key = std::make_pair(f.dev, f.inode);
+        if (is_loader_path(f.path)) {
+            if (!loaders_.count(key)) {
+                auto r = attach_loader(f.open_path, f.dev, f.inode);
+                if (!r) out.notes.push_back(r.error());
+            }
+            continue;
+        }
+        bool named = false;
+        for (const auto& spec : specs_) named = named || spec.matches_library(f.path);
+        if (named) out.libraries.push_back(f.path);
+        if (!named || !seen_.insert(key).second) continue;
+        for (const auto& spec : specs_) {
+            if (!spec.matches_library(f.path)) continue;
+            auto plan = ProbeAttacher::plan(spec, f.open_path, symbols_);
+            if (!plan) {
+                out.notes.push_back("spec " + spec.name + ": " + plan.error() + " — skipped");
+                continue;
+            }
+            for (const auto& m : plan->missing)
+                out.notes.push_back("spec " + spec.name + ": " + f.path + " has no symbol " + m +
+                                    " (older library?) — not probed");
+            if (plan->offsets.empty()) {
+                out.notes.push_back("spec " + spec.name + ": no symbol of the spec in " + f.path + " — nothing probed");
+                continue;
+            }
+            AttachedFile af{spec.name, f.path, f.dev, f.inode, 0, 0};
+            auto entry = attach_multi(bpf_.enter_program(), f, plan->offsets, plan->cookies, false, out.notes);
+            if (!entry) {
+                out.notes.push_back("spec " + spec.name + ": " + entry.error());
+                continue;
+            }
+            af.entry_probes = entry.value();
+            if (!plan->ret_offsets.empty()) {
+                auto ret = attach_multi(bpf_.exit_program(), f, plan->ret_offsets, plan->ret_cookies, true, out.notes);
+                if (ret) af.return_probes = ret.value();
+                else out.notes.push_back("spec " + spec.name + ": return probes: " + ret.error());
+            }
+            files_.push_back(std::move(af));
+            ++out.new_files;
+        }
+    }
+    return out;
+}
+
+Result<size_t> ProbeAttacher::attach_multi(bpf_program* prog, const MappedFile& f, std::vector<unsigned long> offsets,
+                                           std::vector<__u64> cookies, bool retprobe,
+                                           std::vector<std::string>& notes) {
+    auto try_attach = [&](const unsigned long* offs, const __u64* cks, size_t n) -> bpf_link* {
+        LIBBPF_OPTS(bpf_uprobe_multi_opts, o, .offsets = offs, .cookies = cks, .cnt = n, .retprobe = retprobe);
+        return bpf_program__attach_uprobe_multi(prog, -1, f.open_path.c_str(), nullptr, &o);
+    };
+    if (bpf_link* l = try_attach(offsets.data(), cookies.data(), offsets.size())) {
+        links_.emplace_back(l);
+        return offsets.size();
+    }
+    int err = errno;
+    // One instruction the kernel cannot probe (a lock prefix, say) fails the
+    // whole link: find the culprits one by one and attach the rest.
+    std::vector<unsigned long> ok_offsets;
+    std::vector<__u64> ok_cookies;
+    for (size_t i = 0; i < offsets.size(); ++i) {
+        if (bpf_link* l = try_attach(&offsets[i], &cookies[i], 1)) {
+            bpf_link__destroy(l);
+            ok_offsets.push_back(offsets[i]);
+            ok_cookies.push_back(cookies[i]);
+        } else {
+            const SymbolInfo* s = symbols_.from_cookie(cookies[i]);
+            notes.push_back(bpf_error_message(std::string(retprobe ? "return probe" : "probe") + " on " +
+                                                  (s ? s->name : "?") + " in " + f.path,
+                                              errno) +
+                            " — that symbol is not traced");
+        }
+    }
+    if (ok_offsets.empty()) return Result<size_t>::fail(bpf_error_message("attaching to " + f.path, err));
+    bpf_link* l = try_attach(ok_offsets.data(), ok_cookies.data(), ok_offsets.size());
+    if (!l) return Result<size_t>::fail(bpf_error_message("attaching to " + f.path, errno));
+    links_.emplace_back(l);
+    return ok_offsets.size();
+}
+
+Result<bool> ProbeAttacher::attach_loader(const std::string& path, uint64_t dev, uint64_t inode) {
+    loaders_.insert({dev, inode});
+    auto elf = ElfSymbols::open(path);
+    if (!elf) return Result<bool>::fail("loader " + path + ": " + elf.error() + " — libraries loaded later may be missed");
+    const ElfSymbol* s = elf->find("_dl_debug_state");
+    if (!s)
+        return Result<bool>::fail("loader " + path +
+                                  ": no _dl_debug_state symbol — libraries loaded later may be missed");
+    LIBBPF_OPTS(bpf_uprobe_opts, o);
+    bpf_link* l = bpf_program__attach_uprobe_opts(bpf_.dl_program(), -1, path.c_str(), s->file_offset, &o);
+    if (!l) return Result<bool>::fail(bpf_error_message("loader probe on " + path, errno));
+    links_.emplace_back(l);
+    return true;
+}
+
+Result<bool> ProbeAttacher::attach_loader_for(const std::string& exe) {
+    std::string interp = read_interp(exe);
+    if (interp.empty()) interp = "/lib64/ld-linux-x86-64.so.2";
+    struct stat st {};
+    if (::stat(interp.c_str(), &st) != 0)
+        return Result<bool>::fail("loader " + interp + ": " + std::strerror(errno));
+    if (loaders_.count({st.st_dev, st.st_ino})) return true;
+    return attach_loader(interp, st.st_dev, st.st_ino);
+}
+
+}  // namespace commdbg

@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+// Resolves probe specs against the library files a process maps and attaches
+// one uprobe_multi link per (spec, file), deduplicated by device+inode, plus
+// the loader probe that tells us when new libraries appear.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bpf_session.hpp"
+#include "procfs.hpp"
+#include "probe_spec.hpp"
+#include "result.hpp"
+#include "symbol_table.hpp"
+
+namespace commdbg {
+
+struct AttachedFile {
+    std::string spec;
+    std::string path;  // as the process maps it
+    uint64_t dev = 0;
+    uint64_t inode = 0;
+    size_t entry_probes = 0;
+    size_t return_probes = 0;
+};
+
+struct ScanResult {
+    size_t new_files = 0;               // files attached by this scan
+    std::vector<std::string> libraries; // files the process maps that a spec names
+    std::vector<std::string> notes;     // skipped symbols, unreadable files, ...
+};
+
+class ProbeAttacher {
+public:
+    ProbeAttacher(BpfSession& bpf, SymbolTable& symbols, std::vector<ProbeSpec> specs)
+        : bpf_(bpf), symbols_(symbols), specs_(std::move(specs)) {}
+
+    // Attaches to every library file `pid` maps that a spec names and that is
+    // not attached yet, and to its dynamic loader.  Fails only when the
+    // process cannot be read at all (gone, permission).
+    Result<ScanResult> scan_process(int pid);
+
+    // Loader probe on the interpreter `exe` will run under, before it runs.
+    Result<bool> attach_loader_for(const std::string& exe);
+
+    const std::vector<AttachedFile>& files() const { return files_; }
+    const std::vector<ProbeSpec>& specs() const { return specs_; }
+
+    // Offsets + cookies for one spec on one file, without attaching (tests, bench).
+    struct Plan {
+        std::vector<unsigned long> offsets;
+        std::vector<__u64> cookies;
+        std::vector<unsigned long> ret_offsets;
+        std::vector<__u64> ret_cookies;
+        std::vector<std::string> missing;  // exact names not in the file
+    };
+    static Result<Plan> plan(const ProbeSpec& spec, const std::string& file, SymbolTable& symbols);
+
+private:
+    Result<size_t> attach_multi(bpf_program* prog, const MappedFile& f, std::vector<unsigned long> offsets,
+                                std::vector<__u64> cookies, bool retprobe, std::vector<std::string>& notes);
+    Result<bool> attach_loader(const std::string& path, uint64_t dev, uint64_t inode);
+
+    BpfSession& bpf_;
+    SymbolTable& symbols_;
+    std::vector<ProbeSpec> specs_;
+    std::set<std::pair<uint64_t, uint64_t>> seen_;         // files looked at (dev, inode)
+    std::set<std::pair<uint64_t, uint64_t>> loaders_;      // loader files probed
+    std::vector<AttachedFile> files_;
+    std::vector<LinkPtr> links_;
+};
+
+}  // namespace commdbg

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0
+// Probes are data: a ProbeSpec names a library, a symbol selection, a role
+// and an argument layout.  Built-in specs are JSON files under specs/,
+// compiled into the binary; users add theirs with --probes FILE.
+#pragma once
+
+#include <optional>
+#include <regex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "result.hpp"
+#include "symbol_table.hpp"
+
+namespace commdbg {
+
+// How a record's display name is derived from the symbol.
+enum class NameFrom {
+    Plain,   // the symbol as is ("ncclAllReduce"), demangled without parameters for C++
+    AtenOp,  // at::_ops::add_Tensor::call -> aten::add.Tensor
+};
+
+struct SymbolRule {
+    std::string match;                 // exact symbol name (mangled or plain)
+    std::string glob;                  // or: glob over the demangled name
+    std::optional<std::regex> regex;   // or: regex over the demangled name
+    std::string regex_text;
+    SymbolInfo info;                   // role, collective, slots, tail (name/layer filled per symbol)
+    NameFrom name_from = NameFrom::Plain;
+};
+
+struct ProbeSpec {
+    std::string name;     // "nccl"
+    std::string source;   // "built-in" or the file it came from
+    std::string description;
+    std::string layer;    // "nccl", "c10d", "aten"
+    std::vector<std::string> library;  // basename globs
+    std::vector<std::string> exclude;  // basename globs never probed
+    bool return_probes = false;        // only for APIs that cannot throw
+    std::vector<SymbolRule> symbols;
+
+    bool matches_library(std::string_view path) const;
+};
+
+// Parses one spec; an error names the source, the field and the problem.
+Result<ProbeSpec> parse_probe_spec(std::string_view json_text, const std::string& source);
+
+// Specs compiled into the binary (specs/*.json), in name order.
+const std::vector<ProbeSpec>& builtin_specs();
+
+// "nccl,torch-c10d" or a path to a JSON file, or empty for all built-ins.
+// Errors for one entry are appended to `errors`; the others are still returned.
+std::vector<ProbeSpec> select_specs(const std::vector<std::string>& names,
+                                    std::vector<std::string>& errors);
+
+bool glob_match(std::string_view pattern, std::string_view text);
+
+// Display name of `symbol` (mangled) for `rule`.
+std::string derive_name(const SymbolRule& rule, const std::string& symbol,
+                        const std::string& demangled);
+
+}  // namespace commdbg

@@ -1,0 +1,251 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "procfs.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <unordered_set>
+#include <utility>
+
+namespace commdbg {
+namespace {
+
+constexpr uint64_t kPfKthread = 0x00200000;  // PF_KTHREAD in /proc/PID/stat flags
+
+std::string pid_dir(const std::string& proc_root, int pid) {
+    return proc_root + "/" + std::to_string(pid);
+}
+
+// Reads a whole /proc file; on failure returns errno (st_size is 0 there, so read to EOF).
+int read_file(const std::string& path, std::string& out) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno;
+    out.clear();
+    char buf[65536];
+    for (;;) {
+        ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            int err = errno;
+            ::close(fd);
+            return err;
+        }
+        if (n == 0) break;
+        out.append(buf, static_cast<size_t>(n));
+    }
+    ::close(fd);
+    return 0;
+}
+
+// Message for a failed read of /proc/PID/<what>.
+std::string read_error(int pid, const std::string& file, int err) {
+    std::string p = "pid " + std::to_string(pid) + ": ";
+    // ESRCH: the process exited between open and read.
+    if (err == ENOENT || err == ESRCH) return p + "no such process — check the pid";
+    if (err == EACCES || err == EPERM) {
+        return p + "permission denied reading " + file + " — run as root or as the process's user";
+    }
+    return p + "cannot read " + file + ": " + std::strerror(err);
+}
+
+std::string_view next_field(std::string_view& s) {
+    size_t b = s.find_first_not_of(" \t");
+    if (b == std::string_view::npos) {
+        s = {};
+        return {};
+    }
+    size_t e = s.find_first_of(" \t", b);
+    std::string_view f = s.substr(b, e == std::string_view::npos ? std::string_view::npos : e - b);
+    s = e == std::string_view::npos ? std::string_view{} : s.substr(e);
+    return f;
+}
+
+template <typename T>
+bool parse_num(std::string_view s, T& v, int base) {
+    if (s.empty()) return false;
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v, base);
+    return ec == std::errc() && p == s.data() + s.size();
+}
+
+bool parse_maps_line(std::string_view line, MapEntry& e) {
+    std::string_view rest = line;
+    std::string_view range = next_field(rest), perms = next_field(rest), off = next_field(rest),
+                     dev = next_field(rest), ino = next_field(rest);
+    size_t dash = range.find('-'), colon = dev.find(':');
+    if (dash == std::string_view::npos || colon == std::string_view::npos) return false;
+    if (!parse_num(range.substr(0, dash), e.start, 16) || !parse_num(range.substr(dash + 1), e.end, 16) ||
+        !parse_num(off, e.offset, 16) || !parse_num(dev.substr(0, colon), e.dev_major, 16) ||
+        !parse_num(dev.substr(colon + 1), e.dev_minor, 16) || !parse_num(ino, e.inode, 10) ||
+        perms.size() != 4) {
+        return false;
+    }
+    e.perms = std::string(perms);
+    // The path is everything after the padding and may itself contain spaces.
+    size_t b = rest.find_first_not_of(' ');
+    std::string_view path = b == std::string_view::npos ? std::string_view{} : rest.substr(b);
+    constexpr std::string_view kDeleted = " (deleted)";
+    e.deleted = path.size() > kDeleted.size() && path.ends_with(kDeleted);
+    if (e.deleted) path.remove_suffix(kDeleted.size());
+    e.path = std::string(path);
+    return true;
+}
+
+std::string_view basename_of(std::string_view path) {
+    size_t slash = path.rfind('/');
+    return slash == std::string_view::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+Result<std::vector<MapEntry>> read_maps(int pid, const std::string& proc_root) {
+    using R = Result<std::vector<MapEntry>>;
+    std::string file = pid_dir(proc_root, pid) + "/maps";
+    std::string text;
+    if (pid <= 0) return R::fail(read_error(pid, file, ENOENT));
+    if (int err = read_file(file, text)) return R::fail(read_error(pid, file, err));
+    std::vector<MapEntry> out;
+    size_t line_no = 0;
+    for (size_t pos = 0; pos < text.size();) {
+        size_t nl = text.find('\n', pos);
+        std::string_view line(text.data() + pos, (nl == std::string::npos ? text.size() : nl) - pos);
+        pos = nl == std::string::npos ? text.size() : nl + 1;
+        ++line_no;
+        if (line.empty()) continue;
+        MapEntry e;
+        if (!parse_maps_line(line, e)) {
+            return R::fail(file + ":" + std::to_string(line_no) + ": malformed maps line '" +
+                           std::string(line) + "'");
+        }
+        out.push_back(std::move(e));
+    }
+    return out;
+}
+
+std::vector<MappedFile> mapped_files(const std::vector<MapEntry>& maps, int pid,
+                                     const std::function<bool(std::string_view path)>& filter,
+                                     const std::string& proc_root) {
+    std::vector<MappedFile> out;
+    std::set<std::pair<uint64_t, uint64_t>> seen;
+    std::unordered_set<std::string> tried;  // a library has several mappings; stat it once
+    std::string root = pid_dir(proc_root, pid) + "/root";
+    for (const MapEntry& e : maps) {
+        if (e.path.empty() || e.path[0] != '/') continue;  // [heap], [vdso], anonymous
+        if (!tried.insert(e.path).second) continue;
+        if (filter && !filter(e.path)) continue;
+        MappedFile f;
+        f.path = e.path;
+        f.deleted = e.deleted;
+        struct stat st {};
+        if (e.deleted) {
+            // The path may now name a newer file (a reinstalled library), whose
+            // offsets differ; map_files still reaches the mapped inode (needs root).
+            char range[64];
+            std::snprintf(range, sizeof range, "/map_files/%llx-%llx", static_cast<unsigned long long>(e.start),
+                          static_cast<unsigned long long>(e.end));
+            f.open_path = pid_dir(proc_root, pid) + range;
+            if (::stat(f.open_path.c_str(), &st) != 0) {
+                st.st_dev = makedev(e.dev_major, e.dev_minor);
+                st.st_ino = e.inode;
+            }
+        } else if (std::string via_root = root + e.path; ::stat(via_root.c_str(), &st) == 0) {
+            // Through /proc/PID/root so a containerised process's files resolve
+            // in its own mount namespace.
+            f.open_path = via_root;
+        } else if (::stat(e.path.c_str(), &st) == 0) {
+            f.open_path = e.path;
+        } else {
+            f.open_path = e.path;
+            st.st_dev = makedev(e.dev_major, e.dev_minor);
+            st.st_ino = e.inode;
+        }
+        f.dev = st.st_dev;
+        f.inode = st.st_ino;
+        if (!seen.emplace(f.dev, f.inode).second) continue;  // same file under two names
+        out.push_back(std::move(f));
+    }
+    return out;
+}
+
+bool is_libnccl_path(std::string_view path) {
+    std::string_view base = basename_of(path);
+    if (!base.starts_with("libnccl") || base.find(".so") == std::string_view::npos) return false;
+    for (std::string_view plugin : {"libnccl-net", "libnccl-tuner", "libnccl-profiler"}) {
+        if (base.starts_with(plugin)) return false;
+    }
+    return true;
+}
+
+Result<ProcessInfo> read_process(int pid, const std::string& proc_root) {
+    using R = Result<ProcessInfo>;
+    std::string dir = pid_dir(proc_root, pid);
+    if (pid <= 0) return R::fail(read_error(pid, dir, ENOENT));
+    ProcessInfo info;
+    info.pid = pid;
+
+    std::string stat_text;
+    std::string stat_file = dir + "/stat";
+    if (int err = read_file(stat_file, stat_text)) return R::fail(read_error(pid, stat_file, err));
+    // comm may hold spaces and ')', so it ends at the last ')'.
+    size_t open_paren = stat_text.find('('), close_paren = stat_text.rfind(')');
+    if (open_paren == std::string::npos || close_paren == std::string::npos || close_paren < open_paren) {
+        return R::fail(stat_file + ": malformed (no '(comm)')");
+    }
+    info.comm = stat_text.substr(open_paren + 1, close_paren - open_paren - 1);
+    std::string_view rest = std::string_view(stat_text).substr(close_paren + 1);
+    // Fields 3.. : state ppid pgrp session tty_nr tpgid flags
+    std::string_view fields[7];
+    for (auto& f : fields) f = next_field(rest);
+    uint64_t flags = 0;
+    if (fields[0].size() != 1 || !parse_num(fields[1], info.ppid, 10) || !parse_num(fields[6], flags, 10)) {
+        return R::fail(stat_file + ": malformed (cannot parse state/ppid/flags)");
+    }
+    info.state = fields[0][0];
+    info.kernel_thread = (flags & kPfKthread) != 0;
+
+    std::string status_text;
+    std::string status_file = dir + "/status";
+    if (int err = read_file(status_file, status_text)) return R::fail(read_error(pid, status_file, err));
+    size_t uid_at = status_text.find("\nUid:");
+    std::string_view uid_line = uid_at == std::string::npos ? std::string_view{}
+                                                            : std::string_view(status_text).substr(uid_at + 5);
+    if (!parse_num(next_field(uid_line), info.uid, 10)) {
+        return R::fail(status_file + ": malformed (no 'Uid:' line)");
+    }
+
+    std::string cmd;
+    std::string cmd_file = dir + "/cmdline";
+    if (int err = read_file(cmd_file, cmd)) return R::fail(read_error(pid, cmd_file, err));
+    while (!cmd.empty() && cmd.back() == '\0') cmd.pop_back();
+    for (char& c : cmd) {
+        if (c == '\0') c = ' ';
+    }
+    info.cmdline = std::move(cmd);
+    return info;
+}
+
+std::map<std::string, std::string> read_environ(int pid, const std::vector<std::string>& keys,
+                                                const std::string& proc_root) {
+    std::map<std::string, std::string> out;
+    std::string text;
+    if (pid <= 0 || read_file(pid_dir(proc_root, pid) + "/environ", text) != 0) return out;
+    std::unordered_set<std::string_view> wanted(keys.begin(), keys.end());
+    for (size_t pos = 0; pos < text.size();) {
+        size_t nul = text.find('\0', pos);
+        std::string_view entry(text.data() + pos, (nul == std::string::npos ? text.size() : nul) - pos);
+        pos = nul == std::string::npos ? text.size() : nul + 1;
+        size_t eq = entry.find('=');
+        if (eq == std::string_view::npos) continue;
+        std::string_view key = entry.substr(0, eq);
+        if (wanted.count(key)) out.emplace(std::string(key), std::string(entry.substr(eq + 1)));
+    }
+    return out;
+}
+
+}  // namespace commdbg

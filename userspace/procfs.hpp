@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: Apache-2.0
+// Readers over /proc.  Every function takes the proc root so tests can point
+// them at a fake tree.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "result.hpp"
+
+namespace commdbg {
+
+// One line of /proc/PID/maps.
+struct MapEntry {
+    uint64_t start = 0;
+    uint64_t end = 0;
+    std::string perms;  // "r-xp"
+    uint64_t offset = 0;
+    uint32_t dev_major = 0;
+    uint32_t dev_minor = 0;
+    uint64_t inode = 0;
+    std::string path;  // may be empty, "[heap]", or contain spaces; " (deleted)" removed
+    bool deleted = false;
+};
+
+Result<std::vector<MapEntry>> read_maps(int pid, const std::string& proc_root = "/proc");
+
+// A file mapped into a process, and where this process can open it.
+struct MappedFile {
+    std::string path;       // as the target process sees it
+    // <proc_root>/<pid>/root<path> when that exists, else path; for a deleted
+    // file <proc_root>/<pid>/map_files/<start>-<end> (opening it needs root).
+    std::string open_path;
+    uint64_t dev = 0;       // st_dev of open_path (maps' device when stat fails)
+    uint64_t inode = 0;
+    bool deleted = false;   // unlinked since mapping; open_path may not open
+};
+
+// Distinct files (by dev+inode, first mapping first) whose path passes `filter`.
+// Pseudo-mappings ([heap], anonymous) are never passed to the filter.
+std::vector<MappedFile> mapped_files(const std::vector<MapEntry>& maps, int pid,
+                                     const std::function<bool(std::string_view path)>& filter,
+                                     const std::string& proc_root = "/proc");
+
+// True for the NCCL core library (libnccl.so, libnccl.so.2.21.5, ...), false for
+// its net/tuner/profiler plugins, which export no ncclX API.
+bool is_libnccl_path(std::string_view path);
+
+struct ProcessInfo {
+    int pid = 0;
+    int ppid = 0;
+    uint32_t uid = 0;         // real uid
+    std::string comm;
+    std::string cmdline;      // arguments joined by spaces; empty for kernel threads
+    bool kernel_thread = false;
+    char state = '?';         // R, S, D, Z, ...
+};
+
+// Fails with "no such process" or "permission denied" messages a user can act on.
+Result<ProcessInfo> read_process(int pid, const std::string& proc_root = "/proc");
+
+// The environment of `pid`, restricted to `keys` (first definition wins).
+// Empty when it cannot be read: environ needs the same uid or root.
+std::map<std::string, std::string> read_environ(int pid, const std::vector<std::string>& keys,
+                                                const std::string& proc_root = "/proc");
+
+}  // namespace commdbg

@@ -1,0 +1,174 @@
+// SPDX-License-Identifier: Apache-2.0
+// The JSON dump: CommDebugMode's schema (comm_counts, total_counts, record
+// trees) plus what only an outside observer knows (losses, threads,
+// communicators).  ordered_json keeps the field order stable for diffs.
+#include <algorithm>
+
+#include "nccl.hpp"
+#include "report.hpp"
+
+namespace commdbg {
+
+namespace {
+
+using namespace report_detail;
+using nlohmann::ordered_json;
+
+const char* json_type(RecordKind k) {
+    switch (k) {
+    case RecordKind::Collective: return "collective";
+    case RecordKind::Op: return "op";
+    case RecordKind::Module: return "module";
+    }
+    return "op";
+}
+
+class JsonWriter {
+public:
+    JsonWriter(const ProcessReport& p, const SymbolTable& syms, int noise)
+        : p_(p), syms_(syms), noise_(noise) {}
+
+    ordered_json render() const {
+        ordered_json j;
+        ordered_json counts = ordered_json::object();
+        for (const auto& [k, v] : comm_counts(p_, syms_)) counts[k] = v;
+        j["comm_counts"] = std::move(counts);
+        j["total_counts"] = total_counts(p_, syms_);
+
+        ordered_json records = ordered_json::array();
+        if (p_.tree)
+            for (uint32_t r : p_.tree->roots()) append(r, records);
+        j["records"] = std::move(records);
+
+        uint64_t budget = p_.tree ? p_.tree->dropped(DropCause::Budget) : 0;
+        uint64_t depth = p_.tree ? p_.tree->dropped(DropCause::Depth) : 0;
+        uint64_t dropped = p_.kernel_dropped_records + budget + depth;
+        if (dropped > 0) {
+            j["dropped_records"] = dropped;
+            j["dropped_by_cause"] = {{"kernel_ringbuf", p_.kernel_dropped_records},
+                                     {"budget", budget},
+                                     {"depth", depth}};
+        }
+        if (p_.tree && p_.tree->unmatched_exits() > 0)
+            j["unmatched_exits"] = p_.tree->unmatched_exits();
+
+        ordered_json proc;
+        proc["pid"] = p_.pid;
+        proc["command"] = p_.command;
+        proc["exit_code"] = p_.exit_code ? ordered_json(*p_.exit_code) : ordered_json(nullptr);
+        proc["libraries"] = p_.libraries;
+        j["process"] = std::move(proc);
+        j["threads"] = p_.tree ? p_.tree->threads() : std::vector<uint32_t>{};
+
+        ordered_json comms = ordered_json::array();
+        for (const CommInfo& c : p_.comms) comms.push_back(comm_json(c));
+        j["communicators"] = std::move(comms);
+        if (!p_.notes.empty()) j["notes"] = p_.notes;
+        return j;
+    }
+
+private:
+    static ordered_json comm_json(const CommInfo& c) {
+        ordered_json o;
+        o["ptr"] = hex(c.ptr);
+        o["id"] = c.id ? ordered_json(hex16(*c.id)) : ordered_json(nullptr);
+        o["nranks"] = c.nranks;
+        o["rank"] = c.rank;
+        o["origin"] = c.origin;
+        o["parent_ptr"] = c.parent_ptr ? ordered_json(hex(*c.parent_ptr)) : ordered_json(nullptr);
+        o["destroyed"] = c.destroyed;
+        o["init_ret"] = c.init_ret ? ordered_json(*c.init_ret) : ordered_json(nullptr);
+        return o;
+    }
+
+    // A hidden record's visible children take its place in `out`.
+    void append(uint32_t idx, ordered_json& out) const {
+        const auto& recs = p_.tree->records();
+        const Record& r = recs[idx];
+        if (!record_visible(r, syms_, noise_)) {
+            for (uint32_t c = r.first_child; c != kNoRecord; c = recs[c].next_sibling)
+                append(c, out);
+            return;
+        }
+        ordered_json o;
+        o["type"] = json_type(r.kind);
+        o["name"] = record_name(r, syms_);
+        o["layer"] = record_layer(r, syms_);
+        if (r.kind == RecordKind::Collective) collective_json(r, p_, syms_, o);
+        o["tid"] = r.tid;
+        o["start_ns"] = r.start_ns;
+        o["end_ns"] = r.end_ns ? ordered_json(r.end_ns) : ordered_json(nullptr);
+        if (r.has(kEndInferred)) o["end_inferred"] = true;
+        ordered_json children = ordered_json::array();
+        for (uint32_t c = r.first_child; c != kNoRecord; c = recs[c].next_sibling)
+            append(c, children);
+        o["children"] = std::move(children);
+        out.push_back(std::move(o));
+    }
+
+    const ProcessReport& p_;
+    const SymbolTable& syms_;
+    int noise_;
+};
+
+}  // namespace
+
+namespace report_detail {
+
+template <typename Json>
+void collective_json(const Record& r, const ProcessReport& p, [[maybe_unused]] const SymbolTable& syms,
+                     Json& o) {
+    if (r.coll != CD_COLL_NONE) o["collective"] = coll_name(static_cast<cd_coll>(r.coll));
+    // The communicator a call runs on; for init/split the one it created.
+    std::optional<uint64_t> ptr;
+    if (r.has(kHasNewComm)) ptr = r.new_comm;
+    else if (r.has(kHasComm)) ptr = r.comm;
+    const CommInfo* comm = ptr ? find_comm(p, *ptr) : nullptr;
+    int32_t nranks = comm ? comm->nranks : -1;
+    if (nranks >= 0) o["group_size"] = nranks;
+    if (ptr) o["comm"] = hex(*ptr);
+    if (comm && comm->id) o["comm_id"] = hex16(*comm->id);
+    if (r.has(kHasComm) && r.has(kHasNewComm)) o["parent_comm"] = hex(r.comm);
+    if (auto el = record_elements(r, nranks)) {
+        o["input_elements"] = el->in;
+        o["output_elements"] = el->out;
+    }
+    if (r.has(kHasDtype)) o["dtype"] = dtype_name(r.dtype);
+    if (auto b = record_bytes(r)) o["bytes"] = *b;
+    if (r.has(kHasRedop)) {
+        auto op = nccl_redop_name(r.redop);
+        o["reduce_op"] = op ? std::string(*op) : "op(" + std::to_string(r.redop) + ")";
+    }
+    if (r.has(kHasPeer))
+        o[r.coll == CD_COLL_SEND || r.coll == CD_COLL_RECV ? "peer" : "root"] = r.peer;
+    if (r.group_depth > 0) o["group_depth"] = r.group_depth;
+    if (r.has(kHasRet)) o["ret"] = r.ret;
+    if (auto ns = host_enqueue_ns(r)) o["host_enqueue_ns"] = *ns;
+}
+
+template void collective_json(const Record&, const ProcessReport&, const SymbolTable&,
+                              nlohmann::ordered_json&);
+template void collective_json(const Record&, const ProcessReport&, const SymbolTable&,
+                              nlohmann::json&);
+
+}  // namespace report_detail
+
+nlohmann::ordered_json to_json(const ProcessReport& p, const SymbolTable& syms, int noise_level) {
+    return JsonWriter(p, syms, noise_level).render();
+}
+
+nlohmann::ordered_json to_json(const std::vector<ProcessReport>& ps, const SymbolTable& syms,
+                               int noise_level) {
+    if (ps.size() == 1) return to_json(ps.front(), syms, noise_level);
+    std::vector<const ProcessReport*> sorted;
+    for (const auto& p : ps) sorted.push_back(&p);
+    std::stable_sort(sorted.begin(), sorted.end(),
+                     [](const auto* a, const auto* b) { return a->pid < b->pid; });
+    nlohmann::ordered_json arr = nlohmann::ordered_json::array();
+    for (const auto* p : sorted) arr.push_back(to_json(*p, syms, noise_level));
+    nlohmann::ordered_json j;
+    j["processes"] = std::move(arr);
+    return j;
+}
+
+}  // namespace commdbg

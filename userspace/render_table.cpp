@@ -1,0 +1,197 @@
+// SPDX-License-Identifier: Apache-2.0
+// The human table: an exact summary first (kernel counters, communicators,
+// losses), then CommDebugMode's tracing table (type | indented detail).
+#include <cstdio>
+#include <map>
+
+#include "nccl.hpp"
+#include "report.hpp"
+
+namespace commdbg {
+
+namespace {
+
+using namespace report_detail;
+
+constexpr const char* kReset = "\x1b[0m";
+constexpr const char* kWarn = "\x1b[1;31m";
+constexpr const char* kBold = "\x1b[1m";
+
+const char* kind_color(RecordKind k) {
+    switch (k) {
+    case RecordKind::Collective: return "\x1b[1;33m";
+    case RecordKind::Op: return "\x1b[36m";
+    case RecordKind::Module: return "\x1b[35m";
+    }
+    return "";
+}
+
+std::string us(uint64_t ns) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1fus", static_cast<double>(ns) / 1000.0);
+    return buf;
+}
+
+class TableWriter {
+public:
+    TableWriter(const ProcessReport& p, const SymbolTable& syms, int noise, bool color)
+        : p_(p), syms_(syms), noise_(noise), color_(color) {}
+
+    std::string render() {
+        summary();
+        tracing_table();
+        return std::move(out_);
+    }
+
+private:
+    std::string paint(const char* code, std::string_view s) const {
+        if (!color_) return std::string(s);
+        return std::string(code) + std::string(s) + kReset;
+    }
+    void line(const std::string& s) { out_ += s + "\n"; }
+
+    void summary() {
+        std::string head = "commdbg: pid " + std::to_string(p_.pid);
+        if (!p_.command.empty()) head += " (" + p_.command + ")";
+        if (p_.exit_code) head += " exit_code=" + std::to_string(*p_.exit_code);
+        line(paint(kBold, head));
+        if (!p_.libraries.empty()) {
+            std::string libs = "libraries:";
+            for (const auto& l : p_.libraries) libs += " " + l;
+            line(libs);
+        }
+
+        struct Sum {
+            uint64_t calls = 0, bytes = 0, errors = 0;
+        };
+        std::map<std::string, Sum> by_kind;
+        for (const CounterRow& c : p_.counters) {
+            const SymbolInfo* s = syms_.find(c.sym);
+            if (!s || s->role != CD_ROLE_COLLECTIVE) continue;
+            Sum& sum = by_kind[s->layer + "." + std::string(coll_name(s->coll))];
+            sum.calls += c.calls;
+            sum.bytes += c.bytes;
+            sum.errors += c.errors;
+        }
+        line("collectives (exact kernel counters):");
+        if (by_kind.empty()) line("  (none)");
+        for (const auto& [key, sum] : by_kind) {
+            char buf[160];
+            std::snprintf(buf, sizeof buf, "  %-24s calls=%-8llu bytes=%llu", key.c_str(),
+                          static_cast<unsigned long long>(sum.calls),
+                          static_cast<unsigned long long>(sum.bytes));
+            std::string row = buf;
+            if (sum.errors) row += " " + paint(kWarn, "errors=" + std::to_string(sum.errors));
+            line(row);
+        }
+        line("  total (each logical collective once): " +
+             std::to_string(total_counts(p_, syms_)));
+
+        if (!p_.comms.empty()) {
+            line("communicators:");
+            for (const CommInfo& c : p_.comms) {
+                std::string row = "  id=" + (c.id ? hex16(*c.id) : std::string("unknown"));
+                row += " nranks=" + (c.nranks >= 0 ? std::to_string(c.nranks) : "?");
+                row += " rank=" + (c.rank >= 0 ? std::to_string(c.rank) : "?");
+                row += " origin=" + c.origin + " ptr=" + hex(c.ptr);
+                if (c.parent_ptr) row += " parent=" + hex(*c.parent_ptr);
+                if (c.init_ret && *c.init_ret != 0) row += " init_ret=" + std::to_string(*c.init_ret);
+                if (c.destroyed) row += " destroyed";
+                line(row);
+            }
+        }
+
+        uint64_t budget = p_.tree ? p_.tree->dropped(DropCause::Budget) : 0;
+        uint64_t depth = p_.tree ? p_.tree->dropped(DropCause::Depth) : 0;
+        uint64_t missing = p_.kernel_dropped_records + budget + depth;
+        if (missing > 0) {
+            line("dropped records: kernel ring buffer " + std::to_string(p_.kernel_dropped_records) +
+                 ", model budget " + std::to_string(budget) + ", model depth " +
+                 std::to_string(depth));
+            uint64_t retained = p_.tree ? p_.tree->records().size() : 0;
+            line(paint(kWarn, "warning: the call tree below is incomplete: " +
+                                  std::to_string(missing) + " calls missing, " +
+                                  std::to_string(retained) +
+                                  " shown; the counts above are exact"));
+        }
+        if (p_.tree && p_.tree->unmatched_exits() > 0)
+            line("unmatched exits (ignored): " + std::to_string(p_.tree->unmatched_exits()));
+        for (const auto& n : p_.notes) line("note: " + n);
+    }
+
+    void tracing_table() {
+        line("");
+        line(paint(kBold, "type        detail"));
+        if (!p_.tree || p_.tree->roots().empty()) {
+            line("(no records)");
+            return;
+        }
+        const auto& recs = p_.tree->records();
+        auto tids = p_.tree->threads();
+        // Threads are separate stacks: group roots per thread when there are several.
+        if (tids.size() <= 1) {
+            for (uint32_t r : p_.tree->roots()) emit(r, 0);
+            return;
+        }
+        for (uint32_t tid : tids) {
+            size_t before = out_.size();
+            line("thread " + std::to_string(tid));
+            size_t header_end = out_.size();
+            for (uint32_t r : p_.tree->roots())
+                if (recs[r].tid == tid) emit(r, 0);
+            if (out_.size() == header_end) out_.resize(before);  // nothing visible
+        }
+    }
+
+    void emit(uint32_t idx, int level) {
+        const auto& recs = p_.tree->records();
+        const Record& r = recs[idx];
+        int child_level = level;
+        if (record_visible(r, syms_, noise_)) {
+            std::string type = to_string(r.kind);
+            std::string cell = type + std::string(12 - type.size(), ' ');
+            line(paint(kind_color(r.kind), cell) + std::string(2 * level, ' ') + detail(r));
+            child_level = level + 1;
+        }
+        for (uint32_t c = r.first_child; c != kNoRecord; c = recs[c].next_sibling)
+            emit(c, child_level);
+    }
+
+    std::string detail(const Record& r) const {
+        std::string d(record_name(r, syms_));
+        if (r.kind != RecordKind::Collective) return d;
+        if (r.has(kHasCount)) d += " count=" + std::to_string(r.count);
+        if (r.has(kHasDtype)) d += " " + dtype_name(r.dtype);
+        if (r.has(kHasRedop)) {
+            auto op = nccl_redop_name(r.redop);
+            d += " " + (op ? std::string(*op) : "op(" + std::to_string(r.redop) + ")");
+        }
+        if (r.has(kHasPeer))
+            d += (r.coll == CD_COLL_SEND || r.coll == CD_COLL_RECV ? " peer=" : " root=") +
+                 std::to_string(r.peer);
+        if (r.has(kHasComm)) d += " comm=" + hex(r.comm);
+        if (r.has(kHasNewComm)) d += " new_comm=" + hex(r.new_comm);
+        if (r.group_depth > 0) d += " group=" + std::to_string(r.group_depth);
+        if (r.has(kHasRet)) {
+            std::string ret = "ret=" + std::to_string(r.ret);
+            d += " " + (r.ret != 0 ? paint(kWarn, ret) : ret);
+        }
+        if (auto ns = host_enqueue_ns(r)) d += " enqueue=" + us(*ns) + " (host)";
+        return d;
+    }
+
+    const ProcessReport& p_;
+    const SymbolTable& syms_;
+    int noise_;
+    bool color_;
+    std::string out_;
+};
+
+}  // namespace
+
+std::string render_table(const ProcessReport& p, const SymbolTable& syms, int noise_level,
+                         bool color) {
+    return TableWriter(p, syms, noise_level, color).render();
+}
+
+}  // namespace commdbg

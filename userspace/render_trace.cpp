@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: Apache-2.0
+// Chrome trace event JSON ("ph":"X" complete events), loadable in Perfetto.
+// A record whose end is unknown gets a bounded stand-in, clamped so that on
+// every thread children stay inside their parents and events never overlap
+// partially (the viewers' nesting rule).
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include "report.hpp"
+
+namespace commdbg {
+
+namespace {
+
+using namespace report_detail;
+using nlohmann::json;
+
+constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
+constexpr uint64_t kMinDurNs = 1000;  // stand-in length of a call whose exit never came
+
+class TraceWriter {
+public:
+    TraceWriter(const ProcessReport& p, const SymbolTable& syms, json& events)
+        : p_(p), syms_(syms), recs_(p.tree->records()), events_(events) {}
+
+    void render() {
+        json meta = {{"name", "process_name"}, {"ph", "M"}, {"ts", 0}, {"pid", p_.pid},
+                     {"tid", p_.pid}};
+        meta["args"] = {{"name", p_.command.empty() ? "pid " + std::to_string(p_.pid)
+                                                    : p_.command + " (" + std::to_string(p_.pid) + ")"}};
+        events_.push_back(std::move(meta));
+        for (uint32_t tid : p_.tree->threads()) {
+            events_.push_back({{"name", "thread_name"}, {"ph", "M"}, {"ts", 0}, {"pid", p_.pid},
+                               {"tid", tid}, {"args", {{"name", "tid " + std::to_string(tid)}}}});
+        }
+        // Roots are siblings per thread: the next root of the same thread bounds
+        // a root leaf whose end is unknown.
+        std::map<uint32_t, std::vector<uint32_t>> roots_by_tid;
+        for (uint32_t r : p_.tree->roots()) roots_by_tid[recs_[r].tid].push_back(r);
+        for (const auto& [tid, roots] : roots_by_tid) {
+            uint64_t floor = 0;
+            for (size_t i = 0; i < roots.size(); ++i) {
+                uint64_t next = i + 1 < roots.size() ? recs_[roots[i + 1]].start_ns : kNone;
+                floor = emit(roots[i], floor, kNone, next);
+            }
+        }
+    }
+
+private:
+    uint64_t subtree_last(uint32_t idx) const {
+        const Record& r = recs_[idx];
+        uint64_t last = std::max(r.start_ns, r.end_ns);
+        for (uint32_t c = r.first_child; c != kNoRecord; c = recs_[c].next_sibling)
+            last = std::max(last, subtree_last(c));
+        return last;
+    }
+
+    // Emits idx inside [lo, hi]; returns its end (the floor for the next sibling).
+    uint64_t emit(uint32_t idx, uint64_t lo, uint64_t hi, uint64_t next_start) {
+        const Record& r = recs_[idx];
+        uint64_t start = std::max(r.start_ns, lo);
+        if (hi != kNone) start = std::min(start, hi);
+        uint64_t end;
+        if (r.end_ns != 0) {
+            end = r.end_ns;
+        } else if (r.first_child == kNoRecord) {
+            end = std::min({start + kMinDurNs, next_start, hi});
+        } else {
+            // Still open when the window ended: it spans at least its children.
+            end = hi != kNone ? hi : std::max(start + kMinDurNs, subtree_last(idx));
+        }
+        if (hi != kNone) end = std::min(end, hi);
+        end = std::max(end, start);
+
+        json ev = {{"name", record_name(r, syms_)},
+                   {"cat", record_layer(r, syms_)},
+                   {"ph", "X"},
+                   {"ts", static_cast<double>(start) / 1000.0},
+                   {"dur", static_cast<double>(end - start) / 1000.0},
+                   {"pid", p_.pid},
+                   {"tid", r.tid}};
+        json args = json::object();
+        if (r.kind == RecordKind::Collective) collective_json(r, p_, syms_, args);
+        if (r.end_ns == 0) args["end_unknown"] = true;
+        if (r.has(kEndInferred)) args["end_inferred"] = true;
+        if (r.has(kReturnProbed)) args["duration_is"] = "host enqueue time, not GPU time";
+        ev["args"] = std::move(args);
+        events_.push_back(std::move(ev));
+
+        uint64_t floor = start;
+        for (uint32_t c = r.first_child; c != kNoRecord; c = recs_[c].next_sibling) {
+            uint32_t n = recs_[c].next_sibling;
+            floor = emit(c, floor, end, n != kNoRecord ? recs_[n].start_ns : kNone);
+        }
+        return end;
+    }
+
+    const ProcessReport& p_;
+    const SymbolTable& syms_;
+    const std::vector<Record>& recs_;
+    json& events_;
+};
+
+}  // namespace
+
+nlohmann::json chrome_trace(const std::vector<ProcessReport>& ps, const SymbolTable& syms) {
+    json events = json::array();
+    std::vector<const ProcessReport*> sorted;
+    for (const auto& p : ps) sorted.push_back(&p);
+    std::stable_sort(sorted.begin(), sorted.end(),
+                     [](const auto* a, const auto* b) { return a->pid < b->pid; });
+    for (const auto* p : sorted) {
+        if (!p->tree) continue;
+        TraceWriter(*p, syms, events).render();
+    }
+    return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ns"}};
+}
+
+}  // namespace commdbg

@@ -1,0 +1,176 @@
+// SPDX-License-Identifier: Apache-2.0
+// What the renderers share: counts, visibility, communicator lookup, and the
+// atomic file write every output goes through.
+#include "report.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "nccl.hpp"
+#include "result.hpp"
+
+namespace commdbg {
+
+namespace {
+
+// Views, aliases, layout changes, dtype/device copies and allocations: they
+// carry no communication meaning and swamp the table, so only level 3 shows
+// them.  Matched on the ATen base name (namespace and overload stripped).
+constexpr std::array<std::string_view, 26> kTrivialOps = {
+    "_reshape_alias", "_to_copy", "_unsafe_view", "alias",   "as_strided", "chunk",
+    "clone",          "contiguous", "detach",     "empty",   "empty_like", "empty_strided",
+    "expand",         "lift_fresh", "permute",    "reshape", "select",     "slice",
+    "split",          "squeeze",  "t",            "to",      "transpose",  "unsqueeze",
+    "view",           "zeros_like"};
+
+std::string errno_text() { return std::strerror(errno); }
+
+}  // namespace
+
+bool is_trivial_op(std::string_view name) {
+    if (name.starts_with("aten::")) name.remove_prefix(6);
+    else return false;
+    if (auto dot = name.find('.'); dot != std::string_view::npos) name = name.substr(0, dot);
+    for (std::string_view t : kTrivialOps)
+        if (t == name) return true;
+    return false;
+}
+
+bool record_visible(const Record& r, const SymbolTable& syms, int noise_level) {
+    switch (r.kind) {
+    case RecordKind::Collective: return true;
+    case RecordKind::Module: return noise_level >= 2;
+    case RecordKind::Op:
+        if (noise_level < 1) return false;
+        if (noise_level >= 3) return true;
+        return !is_trivial_op(report_detail::record_name(r, syms));
+    }
+    return true;
+}
+
+std::map<std::string, uint64_t> comm_counts(const ProcessReport& p, const SymbolTable& syms) {
+    std::map<std::string, uint64_t> out;
+    for (const CounterRow& c : p.counters) {
+        const SymbolInfo* s = syms.find(c.sym);
+        if (!s || s->role != CD_ROLE_COLLECTIVE) continue;
+        out[s->layer + "." + std::string(coll_name(s->coll))] += c.calls;
+    }
+    return out;
+}
+
+uint64_t total_counts(const ProcessReport& p, const SymbolTable& syms) {
+    uint64_t sum = 0;
+    for (const auto& [k, v] : comm_counts(p, syms)) sum += v;
+    uint64_t nested = p.tree ? p.tree->nested_collectives() : 0;
+    return sum > nested ? sum - nested : 0;
+}
+
+void write_file_atomic(const std::string& path, const std::string& content) {
+    auto slash = path.rfind('/');
+    std::string dir = slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
+    std::string tmpl = path + ".tmp.XXXXXX";
+    int fd = mkstemp(tmpl.data());
+    if (fd < 0)
+        throw CommdbgError("cannot create a temporary file next to " + path + ": " + errno_text());
+    auto fail = [&](const char* what) {
+        std::string msg = std::string("cannot ") + what + " " + path + ": " + errno_text();
+        close(fd);
+        unlink(tmpl.c_str());
+        throw CommdbgError(msg);
+    };
+    const char* data = content.data();
+    size_t left = content.size();
+    while (left > 0) {
+        ssize_t n = write(fd, data, left);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) fail("write");
+        data += n;
+        left -= static_cast<size_t>(n);
+    }
+    // mkstemp makes 0600; outputs are ordinary files.
+    if (fchmod(fd, 0644) != 0) fail("set the mode of");
+    if (fsync(fd) != 0) fail("fsync");
+    if (close(fd) != 0) {
+        std::string msg = "cannot close " + path + ": " + errno_text();
+        unlink(tmpl.c_str());
+        throw CommdbgError(msg);
+    }
+    if (rename(tmpl.c_str(), path.c_str()) != 0) {
+        std::string msg = "cannot rename " + tmpl + " to " + path + ": " + errno_text();
+        unlink(tmpl.c_str());
+        throw CommdbgError(msg);
+    }
+    // Make the rename itself durable; failing to open the directory is not fatal.
+    int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+}
+
+namespace report_detail {
+
+const CommInfo* find_comm(const ProcessReport& p, uint64_t ptr) {
+    // Pointers are reused after destroy: the last entry (most recent) wins.
+    for (auto it = p.comms.rbegin(); it != p.comms.rend(); ++it)
+        if (it->ptr == ptr) return &*it;
+    return nullptr;
+}
+
+std::string hex(uint64_t v) {
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+    return buf;
+}
+
+std::string hex16(uint64_t v) {
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
+    return buf;
+}
+
+std::string dtype_name(uint32_t dtype) {
+    if (auto n = nccl_datatype_name(dtype)) return std::string(*n);
+    return "dtype(" + std::to_string(dtype) + ")";
+}
+
+std::optional<uint64_t> record_bytes(const Record& r) {
+    if (!r.has(kHasCount) || !r.has(kHasDtype)) return std::nullopt;
+    auto size = nccl_datatype_size(r.dtype);
+    if (!size) return std::nullopt;
+    return r.count * *size;
+}
+
+std::optional<Elements> record_elements(const Record& r, int32_t nranks) {
+    if (!r.has(kHasCount)) return std::nullopt;
+    auto n = static_cast<uint64_t>(nranks);
+    switch (r.coll) {
+    case CD_COLL_ALL_GATHER:
+        if (nranks <= 0) return std::nullopt;
+        return Elements{r.count, r.count * n};
+    case CD_COLL_REDUCE_SCATTER:
+        if (nranks <= 0) return std::nullopt;
+        return Elements{r.count * n, r.count};
+    default: return Elements{r.count, r.count};
+    }
+}
+
+std::string_view record_name(const Record& r, const SymbolTable& syms) {
+    const SymbolInfo* s = syms.find(r.sym);
+    return s ? std::string_view(s->name) : std::string_view("?");
+}
+
+std::string_view record_layer(const Record& r, const SymbolTable& syms) {
+    const SymbolInfo* s = syms.find(r.sym);
+    return s ? std::string_view(s->layer) : std::string_view("?");
+}
+
+}  // namespace report_detail
+
+}  // namespace commdbg

@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: Apache-2.0
+// Outputs of one tracing window: a CommDebugMode-style table (noise levels),
+// the JSON dump, and a Chrome/Perfetto trace.  Pure functions of a
+// ProcessReport (filled by the session) and the symbol table.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model.hpp"
+#include "symbol_table.hpp"
+
+namespace commdbg {
+
+// One exact kernel counter (cd_count_key + cd_count_val).
+struct CounterRow {
+    uint32_t sym = 0;
+    uint64_t comm = 0;
+    uint32_t dtype = 0xffffffffu;  // 0xffffffff: none
+    uint64_t calls = 0, elements = 0, bytes = 0, errors = 0;
+};
+
+struct CommInfo {
+    uint64_t ptr = 0;
+    std::optional<uint64_t> id;  // commHash (init) or derived split id
+    int32_t nranks = -1, rank = -1;
+    std::string origin;  // "init_rank", "init_rank_config", "split", "init_all", "before_attach"
+    std::optional<uint64_t> parent_ptr;
+    bool destroyed = false;
+    std::optional<int64_t> init_ret;
+};
+
+struct ProcessReport {
+    uint32_t pid = 0;
+    std::string command;
+    std::optional<int> exit_code;
+    std::vector<std::string> libraries;
+    std::vector<CounterRow> counters;
+    std::vector<CommInfo> comms;
+    const ProcessTree* tree = nullptr;
+    uint64_t kernel_dropped_records = 0;
+    std::vector<std::string> notes;
+};
+
+// Noise levels (CommDebugMode's idea, our layers):
+//   0 collectives (and communicator lifecycle) only
+//   1 + framework ops (default)
+//   2 + module annotations
+//   3 + trivial ops (views, detach, copies, allocations: see is_trivial_op)
+// A hidden record's visible children move up to its level.
+inline constexpr int kDefaultNoiseLevel = 1;
+bool is_trivial_op(std::string_view name);
+bool record_visible(const Record& r, const SymbolTable& syms, int noise_level);
+
+// "nccl.all_reduce" -> calls, summed from the exact counters of
+// collective-role symbols (never from records, which may be dropped).
+std::map<std::string, uint64_t> comm_counts(const ProcessReport& p, const SymbolTable& syms);
+// Each logical collective once: sum of comm_counts minus the collectives the
+// model saw nested in another collective (c10d allreduce -> ncclAllReduce).
+uint64_t total_counts(const ProcessReport& p, const SymbolTable& syms);
+
+std::string render_table(const ProcessReport& p, const SymbolTable& syms,
+                         int noise_level = kDefaultNoiseLevel, bool color = false);
+
+// Single process: the CommDebugMode-style object.  Several: {"processes": [...]}
+// ordered by pid; exactly one: the single-process object itself.
+nlohmann::ordered_json to_json(const ProcessReport& p, const SymbolTable& syms,
+                               int noise_level = kDefaultNoiseLevel);
+nlohmann::ordered_json to_json(const std::vector<ProcessReport>& ps, const SymbolTable& syms,
+                               int noise_level = kDefaultNoiseLevel);
+
+// Chrome trace event format ({"traceEvents": [...]}), loadable in Perfetto.
+nlohmann::json chrome_trace(const std::vector<ProcessReport>& ps, const SymbolTable& syms);
+
+// Write to a temporary file in the same directory, fsync, rename over `path`.
+// Throws CommdbgError with the path and errno text on failure.
+void write_file_atomic(const std::string& path, const std::string& content);
+
+// Shared by the renderers.
+namespace report_detail {
+const CommInfo* find_comm(const ProcessReport& p, uint64_t ptr);
+std::string hex(uint64_t v);          // "0x1a2b"
+std::string hex16(uint64_t v);        // "0x%016x"
+std::string dtype_name(uint32_t dtype);  // "float32" or "dtype(N)"
+std::optional<uint64_t> record_bytes(const Record& r);
+// Elements in / out of one rank's call; nullopt where nranks would be needed
+// and is unknown.
+struct Elements {
+    uint64_t in = 0, out = 0;
+};
+std::optional<Elements> record_elements(const Record& r, int32_t nranks);
+std::string_view record_name(const Record& r, const SymbolTable& syms);
+std::string_view record_layer(const Record& r, const SymbolTable& syms);
+// The collective fields of a record ("collective", "group_size", "comm", ...),
+// shared by the JSON dump and the trace's args; instantiated for both json types.
+template <typename Json>
+void collective_json(const Record& r, const ProcessReport& p, const SymbolTable& syms, Json& o);
+}  // namespace report_detail
+
+}  // namespace commdbg

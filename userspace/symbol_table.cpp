@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "symbol_table.hpp"
+
+#include "result.hpp"
+
+namespace commdbg {
+
+uint64_t make_cookie(uint32_t sym_id, const SymbolInfo& s) {
+    auto nib = [](uint64_t v) { return v & 0xfu; };
+    uint64_t c = sym_id & 0xfffffu;
+    c |= nib(s.role) << 20;
+    c |= nib(s.slots.count) << 24;
+    c |= nib(s.slots.dtype) << 28;
+    c |= nib(s.slots.comm) << 32;
+    c |= nib(s.slots.redop) << 36;
+    c |= nib(s.slots.peer) << 40;
+    c |= nib(s.slots.out) << 44;
+    c |= nib(s.tail) << 48;
+    c |= nib(s.coll) << 52;
+    c |= static_cast<uint64_t>(s.return_probe ? 1 : 0) << 56;
+    return c;
+}
+
+uint32_t SymbolTable::intern(const SymbolInfo& s) {
+    std::string key = s.layer;
+    key.push_back('\0');
+    key += s.name;
+    if (auto it = index_.find(key); it != index_.end()) return it->second;
+    // The cookie has 20 bits for the id; a larger table cannot be probed.
+    if (syms_.size() > 0xfffffu)
+        throw CommdbgError("symbol table full: more than 2^20 probed symbols");
+    auto id = static_cast<uint32_t>(syms_.size());
+    syms_.push_back(s);
+    index_.emplace(std::move(key), id);
+    return id;
+}
+
+}  // namespace commdbg

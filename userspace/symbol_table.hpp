@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: Apache-2.0
+// The session's table of probed symbols.  A probe's cookie holds an index into
+// it plus the argument layout the BPF program needs; everything a human reads
+// (names, layers) stays here in userspace.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "events.h"
+
+namespace commdbg {
+
+// Which argument slot (0..5 registers, 6..7 stack words) holds what.
+struct ArgSlots {
+    uint8_t count = CD_SLOT_NONE;
+    uint8_t dtype = CD_SLOT_NONE;
+    uint8_t comm = CD_SLOT_NONE;
+    uint8_t redop = CD_SLOT_NONE;
+    uint8_t peer = CD_SLOT_NONE;  // root or peer
+    uint8_t out = CD_SLOT_NONE;   // out-pointer to a new communicator
+    // Decoded in userspace only (not in the cookie):
+    uint8_t stream = CD_SLOT_NONE;
+    uint8_t sendbuf = CD_SLOT_NONE;
+    uint8_t recvbuf = CD_SLOT_NONE;
+};
+
+struct SymbolInfo {
+    std::string name;   // display name: "ncclAllReduce", "aten::add.Tensor"
+    std::string layer;  // "nccl", "c10d", "aten", ...
+    cd_role role = CD_ROLE_OTHER;
+    cd_coll coll = CD_COLL_NONE;
+    ArgSlots slots;
+    cd_tail_kind tail = CD_TAIL_NONE;  // tail captured at entry
+    bool return_probe = false;         // only for symbols that cannot throw
+};
+
+uint64_t make_cookie(uint32_t sym_id, const SymbolInfo& s);
+
+class SymbolTable {
+public:
+    // Returns the id of `s`, adding it when no symbol of that layer+name exists.
+    uint32_t intern(const SymbolInfo& s);
+    const SymbolInfo* find(uint32_t id) const {
+        return id < syms_.size() ? &syms_[id] : nullptr;
+    }
+    const SymbolInfo* from_cookie(uint64_t cookie) const { return find(CD_COOKIE_SYM(cookie)); }
+    size_t size() const { return syms_.size(); }
+
+private:
+    std::vector<SymbolInfo> syms_;
+    std::unordered_map<std::string, uint32_t> index_;  // layer + '\0' + name -> id
+};
+
+}  // namespace commdbg

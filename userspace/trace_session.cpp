@@ -1,0 +1,249 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "trace_session.hpp"
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "events.hpp"
+#include "nccl.hpp"
+#include "procfs.hpp"
+
+namespace commdbg {
+
+std::string describe_pid(int pid) {
+    auto p = read_process(pid);
+    if (!p) return "pid " + std::to_string(pid);
+    std::string cmd = p->cmdline.empty() ? p->comm : p->cmdline;
+    if (cmd.size() > 60) cmd = cmd.substr(0, 57) + "...";
+    return "pid " + std::to_string(pid) + " (" + cmd + ")";
+}
+
+Result<std::unique_ptr<TraceSession>> TraceSession::create(const SessionOptions& opts) {
+    using R = Result<std::unique_ptr<TraceSession>>;
+    std::vector<std::string> spec_errors;
+    auto specs = select_specs(opts.probes, spec_errors);
+    if (specs.empty()) {
+        std::string msg = "commdbg: no usable probe spec";
+        for (const auto& e : spec_errors) msg += "\n  " + e;
+        return R::fail(msg);
+    }
+    auto guard = std::make_unique<ResumeGuard>();
+    guard->start();  // without it we simply never stop a process (see add_process)
+    auto bpf = BpfSession::open(BpfOptions{opts.ringbuf_bytes});
+    if (!bpf) return R::fail(bpf.error());
+    std::unique_ptr<TraceSession> s(
+        new TraceSession(std::move(guard), std::move(bpf.value()), std::move(specs), opts));
+    for (auto& e : spec_errors) s->messages_.push_back(e + " — continuing with the other specs");
+    return R(std::move(s));
+}
+
+TraceSession::TraceSession(std::unique_ptr<ResumeGuard> guard, std::unique_ptr<BpfSession> bpf,
+                           std::vector<ProbeSpec> specs, const SessionOptions& opts)
+    : guard_(std::move(guard)),
+      bpf_(std::move(bpf)),
+      attacher_(*bpf_, symbols_, std::move(specs)),
+      model_(symbols_, opts.limits),
+      opts_(opts) {
+    bpf_->set_event_handler([this](std::span<const uint8_t> b) { on_record(b); });
+}
+
+TraceSession::~TraceSession() {
+    // Stop stopping first, then let anything we stopped run on.
+    for (auto& [pid, p] : procs_) {
+        bpf_->untrace_process(pid);
+        if (!p.exited) kill(static_cast<pid_t>(pid), SIGCONT);
+    }
+}
+
+TracedProcess& TraceSession::track(uint32_t pid) {
+    auto [it, fresh] = procs_.try_emplace(pid);
+    if (fresh) {
+        it->second.pid = pid;
+        if (auto info = read_process(static_cast<int>(pid)))
+            it->second.command = info->cmdline.empty() ? info->comm : info->cmdline;
+    }
+    return it->second;
+}
+
+Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
+    auto info = read_process(pid);
+    if (!info) return Result<bool>::fail(info.error());
+    if (info->kernel_thread)
+        return Result<bool>::fail("pid " + std::to_string(pid) + " is a kernel thread (" + info->comm +
+                                  ") — attach to the user process that runs the training job");
+    if (info->state == 'Z')
+        return Result<bool>::fail("pid " + std::to_string(pid) + " has exited (zombie) — nothing to trace");
+    uint32_t flags = CD_TRACE_COUNT;
+    if (opts_.records) flags |= CD_TRACE_RECORDS;
+    if (follow) flags |= CD_TRACE_FOLLOW;
+    // Without a guard that resumes on our death, never stop anybody.
+    if (dl_stop && guard_->running()) {
+        flags |= CD_TRACE_DL_STOP;
+        guard_->watch(pid);
+    }
+    follow_flags_ = flags;
+    track(static_cast<uint32_t>(pid));
+    if (auto r = bpf_->trace_process(static_cast<uint32_t>(pid), flags); !r) return r;
+    auto scan_result = attacher_.scan_process(pid);
+    if (!scan_result) {
+        bpf_->untrace_process(static_cast<uint32_t>(pid));
+        procs_.erase(static_cast<uint32_t>(pid));
+        if (!read_process(pid)) return Result<bool>::fail("pid " + std::to_string(pid) + " exited during attach — nothing was traced");
+        return Result<bool>::fail(scan_result.error());
+    }
+    auto& p = procs_[static_cast<uint32_t>(pid)];
+    p.libraries.insert(scan_result->libraries.begin(), scan_result->libraries.end());
+    for (auto& n : scan_result->notes) messages_.push_back(std::move(n));
+    return true;
+}
+
+void TraceSession::scan(uint32_t pid) {
+    auto r = attacher_.scan_process(static_cast<int>(pid));
+    if (!r) return;  // gone meanwhile: its exit event follows
+    auto& p = track(pid);
+    // A loader event follows every exec: the command line is final by now.
+    if (auto info = read_process(static_cast<int>(pid)))
+        p.command = info->cmdline.empty() ? info->comm : info->cmdline;
+    p.libraries.insert(r->libraries.begin(), r->libraries.end());
+    for (auto& n : r->notes) messages_.push_back(std::move(n));
+}
+
+void TraceSession::on_record(std::span<const uint8_t> bytes) {
+    DecodeResult d = decode(bytes);
+    if (!d.event) {
+        ++decode_errors_;
+        return;
+    }
+    Event& ev = *d.event;
+    if (auto* dl = std::get_if<DlChange>(&ev)) {
+        if (procs_.count(dl->tgid)) scan(dl->tgid);
+        // SIGCONT after the attach: the stop was queued before the event, so
+        // this can only end it (or cancel it while still pending).
+        if (dl->stopped) kill(static_cast<pid_t>(dl->tgid), SIGCONT);
+        return;
+    }
+    if (auto* f = std::get_if<ProcFork>(&ev)) {
+        // The kernel already traces the child; a child forked before exec
+        // shares the parent's probed mappings.
+        if (follow_flags_ & CD_TRACE_DL_STOP) guard_->watch(static_cast<pid_t>(f->tgid));
+        track(f->tgid);
+        scan(f->tgid);
+    } else if (auto* x = std::get_if<ProcExit>(&ev)) {
+        auto it = procs_.find(x->tgid);
+        if (it != procs_.end() && !it->second.exited) {
+            it->second.exited = true;
+            it->second.exit_code = x->exit_code;
+        }
+    }
+    model_.on_event(ev);
+}
+
+int TraceSession::poll(int timeout_ms) { return bpf_->poll(timeout_ms); }
+
+void TraceSession::drain() {
+    while (bpf_->poll(0) > 0) {
+    }
+}
+
+void TraceSession::mark_exited(int pid, int wait_status) {
+    auto& p = track(static_cast<uint32_t>(pid));
+    p.exited = true;
+    p.exit_code = wait_status;
+}
+
+bool TraceSession::exited(int pid) const {
+    auto it = procs_.find(static_cast<uint32_t>(pid));
+    return it != procs_.end() && it->second.exited;
+}
+
+std::vector<std::string> TraceSession::take_messages() {
+    std::vector<std::string> out;
+    out.swap(messages_);
+    return out;
+}
+
+std::vector<ProcessReport> TraceSession::reports() const {
+    auto counters = bpf_->counters();
+    auto comms = bpf_->comms();
+    std::vector<ProcessReport> out;
+    for (const auto& [pid, p] : procs_) {
+        ProcessReport r;
+        r.pid = pid;
+        r.command = p.command;
+        r.exit_code = p.exit_code;
+        r.libraries.assign(p.libraries.begin(), p.libraries.end());
+        r.tree = model_.process(pid);
+        r.kernel_dropped_records = bpf_->ringbuf_drops_of(pid);
+        r.notes = p.notes;
+
+        std::set<uint64_t> comm_ptrs_used;
+        for (const auto& c : counters) {
+            if (c.key.tgid != pid) continue;
+            r.counters.push_back({c.key.sym, c.key.comm, c.key.dtype, c.val.calls, c.val.elements, c.val.bytes,
+                                  c.val.errors});
+            if (c.key.comm) comm_ptrs_used.insert(c.key.comm);
+        }
+        // Communicator ids: NCCL's commHash for id-created comms; splits derive
+        // theirs from the parent's, in creation order so parents come first.
+        std::vector<const CommEntry*> mine;
+        for (const auto& c : comms)
+            if (c.key.tgid == pid) mine.push_back(&c);
+        std::sort(mine.begin(), mine.end(),
+                  [](const CommEntry* a, const CommEntry* b) { return a->val.created_ns < b->val.created_ns; });
+        std::map<uint64_t, uint64_t> id_of;
+        for (const CommEntry* c : mine) {
+            CommInfo ci;
+            ci.ptr = c->key.comm;
+            ci.nranks = c->val.nranks;
+            ci.rank = c->val.rank;
+            ci.destroyed = c->val.destroyed != 0;
+            switch (c->val.origin) {
+            case CD_COMM_FROM_ID:
+                ci.origin = "init_rank";
+                ci.id = nccl_comm_hash(std::span<const uint8_t, CD_UNIQUE_ID_BYTES>(c->val.unique_id, CD_UNIQUE_ID_BYTES));
+                break;
+            case CD_COMM_FROM_SPLIT: {
+                ci.origin = "split";
+                ci.parent_ptr = c->val.parent;
+                auto parent = id_of.find(c->val.parent);
+                if (parent != id_of.end() && c->val.split_index >= 0)
+                    ci.id = nccl_split_comm_id(parent->second, c->val.color, static_cast<uint32_t>(c->val.split_index));
+                break;
+            }
+            case CD_COMM_FROM_ALL:
+                ci.origin = "init_all";
+                break;
+            default:
+                ci.origin = "unknown";
+            }
+            if (ci.id) id_of[ci.ptr] = *ci.id;
+            comm_ptrs_used.erase(ci.ptr);
+            r.comms.push_back(std::move(ci));
+        }
+        // Used but never created in the window: created before attach.
+        for (uint64_t ptr : comm_ptrs_used) {
+            CommInfo ci;
+            ci.ptr = ptr;
+            ci.origin = "before_attach";
+            r.comms.push_back(std::move(ci));
+        }
+        // Split children need nranks/rank: NCCL does not pass them, so they
+        // stay unknown (-1) unless a later issue reads them from the comm.
+        if (p.libraries.empty()) {
+            std::string names;
+            for (const auto& s : attacher_.specs())
+                for (const auto& l : s.library) names += (names.empty() ? "" : ", ") + l;
+            r.notes.push_back("pid " + std::to_string(pid) + " never mapped a library the probe specs name (" + names +
+                              ") during the window — no collectives could be seen; is this the training process "
+                              "rather than its launcher?");
+        }
+        out.push_back(std::move(r));
+    }
+    return out;
+}
+
+}  // namespace commdbg

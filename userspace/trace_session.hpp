@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+// One tracing session: BPF object, probe attachment, event decoding, the
+// record model and the per-process bookkeeping that the outputs need.  Both
+// `commdbg attach` and `commdbg run` drive one; the daemon will drive several.
+#pragma once
+
+#include <array>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "bpf_session.hpp"
+#include "model.hpp"
+#include "probe_attach.hpp"
+#include "report.hpp"
+#include "result.hpp"
+#include "resume_guard.hpp"
+#include "symbol_table.hpp"
+
+namespace commdbg {
+
+struct SessionOptions {
+    size_t ringbuf_bytes = 8u << 20;
+    ModelLimits limits;
+    std::vector<std::string> probes;  // spec names or files; empty: every built-in
+    bool records = true;              // ring-buffer records (off: counters only)
+};
+
+struct TracedProcess {
+    uint32_t pid = 0;
+    std::string command;
+    std::set<std::string> libraries;  // spec-named files it mapped
+    bool exited = false;
+    std::optional<int> exit_code;     // wait status style (from the kernel or waitpid)
+    std::vector<std::string> notes;
+};
+
+class TraceSession {
+public:
+    static Result<std::unique_ptr<TraceSession>> create(const SessionOptions& opts);
+    ~TraceSession();
+
+    // Starts tracing `pid`.  follow: its children are traced from their first
+    // instruction; dl_stop: it is stopped at each loader change until new
+    // libraries are attached (only where we are sure a stop harms nobody).
+    Result<bool> add_process(int pid, bool follow, bool dl_stop);
+    // Loader probe for the interpreter of `exe`, before a child execs it.
+    Result<bool> prepare_exec(const std::string& exe) { return attacher_.attach_loader_for(exe); }
+
+    // Handles ready events; returns the number handled (or -errno).
+    int poll(int timeout_ms);
+    // Reads what is left in the ring buffer.
+    void drain();
+
+    void mark_exited(int pid, int wait_status);
+    bool exited(int pid) const;
+    const std::map<uint32_t, TracedProcess>& processes() const { return procs_; }
+
+    std::vector<ProcessReport> reports() const;
+    const SymbolTable& symbols() const { return symbols_; }
+    std::vector<std::string> take_messages();  // problems worth a line on stderr
+    uint64_t decode_errors() const { return decode_errors_; }
+    std::array<uint64_t, CD_DROP_MAX> kernel_drops() const { return bpf_->drops(); }
+    const std::vector<AttachedFile>& attached_files() const { return attacher_.files(); }
+
+private:
+    TraceSession(std::unique_ptr<ResumeGuard> guard, std::unique_ptr<BpfSession> bpf,
+                 std::vector<ProbeSpec> specs, const SessionOptions& opts);
+    void on_record(std::span<const uint8_t> bytes);
+    void scan(uint32_t pid);
+    TracedProcess& track(uint32_t pid);
+
+    std::unique_ptr<ResumeGuard> guard_;  // forked before the BPF object exists
+    std::unique_ptr<BpfSession> bpf_;
+    SymbolTable symbols_;
+    ProbeAttacher attacher_;
+    TraceModel model_;
+    SessionOptions opts_;
+    std::map<uint32_t, TracedProcess> procs_;
+    std::vector<std::string> messages_;
+    uint64_t decode_errors_ = 0;
+    uint32_t follow_flags_ = 0;
+};
+
+// "pid 4242 (python3 train.py)" for messages.
+std::string describe_pid(int pid);
+
+}  // namespace commdbg
