@@ -47,7 +47,7 @@ struct {
 	__uint(max_entries, 8 << 20); /* userspace resizes before load */
 } events SEC(".maps");
 
-/* tgid -> records lost to a full ring buffer, so each process reports its own. */
+/* tgid -> call records lost to a full ring buffer, so each process reports its own. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
@@ -425,7 +425,7 @@ int call_exit(struct pt_regs *ctx)
 	struct cd_call_exit *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 
 	if (!e) {
-		count_ringbuf_drop(tgid);
+		count_drop(CD_DROP_EXIT_LOST);
 		return 0;
 	}
 	e->h.kind = CD_EV_CALL_EXIT;
@@ -491,7 +491,7 @@ static __always_inline void emit_proc(__u32 kind, __u32 tgid, __u32 parent, __s3
 	struct cd_proc *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 
 	if (!e) {
-		count_drop(CD_DROP_RINGBUF_FULL);
+		count_drop(CD_DROP_PROC_EVENT);
 		return;
 	}
 	e->h.kind = kind;

@@ -206,13 +206,15 @@ struct cd_comm_val {
 
 /* Kernel-side losses, by cause (per-CPU array index). */
 enum cd_drop_cause {
-	CD_DROP_RINGBUF_FULL = 0,   /* record not emitted: ring buffer full */
+	CD_DROP_RINGBUF_FULL = 0,   /* call record not emitted: ring buffer full */
 	CD_DROP_COUNTER_FULL = 1,   /* counter map full: call not counted */
 	CD_DROP_INFLIGHT_DEEP = 2,  /* return state not saved: nesting too deep */
 	CD_DROP_COMM_FULL = 3,	    /* communicator map full */
 	CD_DROP_DL_EVENT = 4,	    /* loader event lost: not stopped */
 	CD_DROP_READ_FAULT = 5,	    /* user memory unreadable */
-	CD_DROP_MAX = 6,
+	CD_DROP_EXIT_LOST = 6,	    /* return record not emitted: its call shows no return */
+	CD_DROP_PROC_EVENT = 7,	    /* fork/exit event not emitted */
+	CD_DROP_MAX = 8,
 };
 
 #define CD_MAX_INFLIGHT 8

@@ -64,6 +64,14 @@ int emit_outputs(TraceSession& s, const TraceCliOptions& o) {
     const auto& syms = s.symbols();
     if (s.decode_errors())
         std::cerr << "commdbg: warning: " << s.decode_errors() << " malformed records were discarded\n";
+    // Kernel-side losses by cause (session-wide): never silent.
+    nlohmann::ordered_json kernel_drops = nlohmann::ordered_json::object();
+    auto drops = s.kernel_drops();
+    for (uint32_t i = 0; i < drops.size(); ++i)
+        if (drops[i]) kernel_drops[drop_cause_name(i)] = drops[i];
+    if (!kernel_drops.empty())
+        std::cerr << "commdbg: warning: kernel-side losses by cause: " << kernel_drops.dump()
+                  << " (counters stay exact; a larger --ringbuf-kb keeps more records)\n";
     bool color = isatty(STDOUT_FILENO);
     std::string table_text;
     for (const auto& r : reports) {
@@ -93,7 +101,11 @@ int emit_outputs(TraceSession& s, const TraceCliOptions& o) {
         }
     };
     write(o.table_file, table_text, "table");
-    if (!o.json_file.empty()) write(o.json_file, to_json(reports, syms, o.noise_level).dump(2) + "\n", "JSON dump");
+    if (!o.json_file.empty()) {
+        auto j = to_json(reports, syms, o.noise_level);
+        if (!kernel_drops.empty()) j["kernel_drops"] = kernel_drops;
+        write(o.json_file, j.dump(2) + "\n", "JSON dump");
+    }
     if (!o.trace_file.empty()) write(o.trace_file, chrome_trace(reports, syms).dump() + "\n", "trace");
     return rc;
 }

@@ -17,6 +17,20 @@ void LinkDeleter::operator()(bpf_link* l) const {
     if (l) bpf_link__destroy(l);
 }
 
+const char* drop_cause_name(uint32_t cause) {
+    switch (cause) {
+    case CD_DROP_RINGBUF_FULL: return "ringbuf_full";
+    case CD_DROP_COUNTER_FULL: return "counter_map_full";
+    case CD_DROP_INFLIGHT_DEEP: return "inflight_too_deep";
+    case CD_DROP_COMM_FULL: return "comm_map_full";
+    case CD_DROP_DL_EVENT: return "loader_event_lost";
+    case CD_DROP_READ_FAULT: return "user_read_fault";
+    case CD_DROP_EXIT_LOST: return "return_record_lost";
+    case CD_DROP_PROC_EVENT: return "process_event_lost";
+    default: return "unknown";
+    }
+}
+
 std::string bpf_error_message(const std::string& what, int err) {
     err = err < 0 ? -err : err;
     constexpr int kENOTSUPP = 524;  // kernel-internal, no strerror text

@@ -82,6 +82,9 @@ private:
     size_t ringbuf_bytes_ = 0;
 };
 
+// "ringbuf_full", "counter_map_full", ...: names of enum cd_drop_cause.
+const char* drop_cause_name(uint32_t cause);
+
 // A message a user can act on for a failed BPF operation (`what`), from errno.
 std::string bpf_error_message(const std::string& what, int err);
 

@@ -71,7 +71,9 @@ DecodeResult decode(std::span<const uint8_t> bytes) {
     case CD_EV_CALL_ENTER: {
         cd_call_enter e;
         std::memcpy(&e, bytes.data(), sizeof(e));
-        CallEnter out;
+        // Built in place: CallEnter carries a 128-byte id, copies show in profiles.
+        DecodeResult r;
+        auto& out = std::get<CallEnter>(r.event.emplace(std::in_place_type<CallEnter>));
         out.tgid = h.tgid;
         out.tid = h.tid;
         out.ts_ns = h.ts_ns;
@@ -84,7 +86,7 @@ DecodeResult decode(std::span<const uint8_t> bytes) {
             out.has_unique_id = true;
             std::memcpy(out.unique_id.data(), bytes.data() + body, CD_UNIQUE_ID_BYTES);
         }
-        return ok(out);
+        return r;
     }
     case CD_EV_CALL_EXIT: {
         cd_call_exit e;

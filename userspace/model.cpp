@@ -140,10 +140,10 @@ void ProcessTree::close_all(uint64_t ts) {
 }
 
 void ProcessTree::reset_window() {
+    // Capacity is kept: it is bounded by the budget, and the next window
+    // would grow back to it through reallocations and page faults.
     records_.clear();
-    records_.shrink_to_fit();
     roots_.clear();
-    roots_.shrink_to_fit();
     calls_.clear();
     dropped_ = {};
     unmatched_exits_ = unknown_symbols_ = calls_seen_ = nested_collectives_ = 0;

@@ -143,7 +143,10 @@ void collective_json(const Record& r, const ProcessReport& p, [[maybe_unused]] c
         o[r.coll == CD_COLL_SEND || r.coll == CD_COLL_RECV ? "peer" : "root"] = r.peer;
     if (r.group_depth > 0) o["group_depth"] = r.group_depth;
     if (r.has(kHasRet)) o["ret"] = r.ret;
-    if (auto ns = host_enqueue_ns(r)) o["host_enqueue_ns"] = *ns;
+    // A collective returns once enqueued (asynchronous: not GPU time); a
+    // communicator lifecycle call returns when it is done.
+    if (auto ns = host_enqueue_ns(r))
+        o[r.coll != CD_COLL_NONE ? "host_enqueue_ns" : "host_call_ns"] = *ns;
 }
 
 template void collective_json(const Record&, const ProcessReport&, const SymbolTable&,

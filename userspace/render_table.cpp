@@ -176,7 +176,9 @@ private:
             std::string ret = "ret=" + std::to_string(r.ret);
             d += " " + (r.ret != 0 ? paint(kWarn, ret) : ret);
         }
-        if (auto ns = host_enqueue_ns(r)) d += " enqueue=" + us(*ns) + " (host)";
+        // A collective returns once enqueued; a lifecycle call returns when done.
+        if (auto ns = host_enqueue_ns(r))
+            d += (r.coll != CD_COLL_NONE ? " enqueue=" : " call=") + us(*ns) + " (host)";
         return d;
     }
 

@@ -107,16 +107,24 @@ Background::~Background() {
 }
 
 std::string Background::wait_for_line(const std::string& needle, int timeout_s) {
+    return wait_for_line_in(out_, needle, timeout_s);
+}
+
+std::string Background::wait_for_err_line(const std::string& needle, int timeout_s) {
+    return wait_for_line_in(err_, needle, timeout_s);
+}
+
+std::string Background::wait_for_line_in(std::string& buf, const std::string& needle, int timeout_s) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
     int fds[2] = {out_fd_, err_fd_};
     std::string* bufs[2] = {&out_, &err_};
     while (std::chrono::steady_clock::now() < deadline) {
-        size_t pos = out_.find(needle);
+        size_t pos = buf.find(needle);
         if (pos != std::string::npos) {
-            size_t start = out_.rfind('\n', pos);
+            size_t start = buf.rfind('\n', pos);
             start = start == std::string::npos ? 0 : start + 1;
-            size_t end = out_.find('\n', pos);
-            if (end != std::string::npos) return out_.substr(start, end - start);
+            size_t end = buf.find('\n', pos);
+            if (end != std::string::npos) return buf.substr(start, end - start);
         }
         if (!pump(fds, bufs, 50)) break;
         out_fd_ = fds[0];
@@ -180,6 +188,34 @@ std::string testprog(const std::string& name) { return std::string(TESTPROG_DIR)
 
 std::map<std::string, std::string> nccl_env(bool real) {
     return {{"LD_LIBRARY_PATH", real ? REAL_NCCL_DIR : STUB_NCCL_DIR}};
+}
+
+char proc_state(int pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat;
+    if (!in || !std::getline(in, stat)) return 0;
+    size_t paren = stat.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= stat.size()) return 0;
+    return stat[paren + 2];
+}
+
+bool wait_proc_state(int pid, char state, int timeout_ms) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < deadline) {
+        if (proc_state(pid) == state) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return proc_state(pid) == state;
+}
+
+bool wait_gone_or_zombie(int pid, int timeout_ms) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+        char st = proc_state(pid);
+        if (st == 0 || st == 'Z' || st == 'X') return true;
+        if (std::chrono::steady_clock::now() >= deadline) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
 }
 
 int count_links_of_programs(const std::vector<std::string>& names) {

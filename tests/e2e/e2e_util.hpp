@@ -56,12 +56,15 @@ public:
     int pid() const { return pid_; }
     // Blocks until stdout has a line containing `needle` (or timeout); returns the line.
     std::string wait_for_line(const std::string& needle, int timeout_s = 30);
+    // The same for stderr.
+    std::string wait_for_err_line(const std::string& needle, int timeout_s = 30);
     ProcResult wait(int timeout_s = 120);
 
 private:
     int pid_ = -1;
     int out_fd_ = -1, err_fd_ = -1;
     std::string out_, err_;
+    std::string wait_for_line_in(std::string& buf, const std::string& needle, int timeout_s);
     bool done_ = false;
     ProcResult result_;
 };
@@ -82,6 +85,14 @@ std::string commdbg_bin();
 std::string testprog(const std::string& name);
 // LD_LIBRARY_PATH for the stub or the real libnccl.so.2.
 std::map<std::string, std::string> nccl_env(bool real);
+
+// /proc/PID/stat state letter ('R', 'S', 'T', 'Z', ...), or 0 when the pid is gone.
+char proc_state(int pid);
+// Polls until PID is gone or a zombie (works for processes that are not our
+// children); false after timeout_ms.
+bool wait_gone_or_zombie(int pid, int timeout_ms);
+// Polls until proc_state(pid) == state; false after timeout_ms.
+bool wait_proc_state(int pid, char state, int timeout_ms);
 
 // BPF links of ours still present (bpftool link show), by program name.
 int count_links_of_programs(const std::vector<std::string>& names);

@@ -40,9 +40,12 @@ TEST_P(RunCounts, FourThreadsGiveExactCountsPerKind) {
     bool real = GetParam();
     if (real) REQUIRE_REAL_NCCL();
     TempDir tmp;
-    auto r = run({commdbg_bin(), "run", "--json", tmp.path("out.json"), "--", testprog("nccl_workload"),
-                  "--calls", pattern_arg(), "--threads", "4", "--fake-comm"},
-                 nccl_env(real));
+    std::vector<std::string> argv = {commdbg_bin(), "run", "--json", tmp.path("out.json"), "--",
+                                     testprog("nccl_workload"), "--calls", pattern_arg(), "--threads", "4"};
+    // The stub accepts a fake comm; real NCCL would dereference it, so it
+    // gets a NULL comm and rejects every call at once (entry probes still fire).
+    if (!real) argv.push_back("--fake-comm");
+    auto r = run(argv, nccl_env(real));
     ASSERT_EQ(r.status, 0) << r.err;
     auto j = read_json(tmp.path("out.json"));
     expect_counts_equal_pattern(j);

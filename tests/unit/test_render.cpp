@@ -60,7 +60,7 @@ struct Scenario {
     uint32_t add = t.intern(sym("aten::add.Tensor", "aten", CD_ROLE_OP));
 
     std::array<uint8_t, CD_UNIQUE_ID_BYTES> uid{};
-    TraceModel model{t};
+    TraceModel model;
 
     CallEnter enter(uint32_t s, uint64_t ts, uint64_t sp, uint32_t tid = kPid,
                     std::array<uint64_t, CD_NUM_ARGS> args = {}) {
@@ -86,7 +86,7 @@ struct Scenario {
         model.on_event(x);
     }
 
-    Scenario() {
+    explicit Scenario(ModelLimits limits = {}) : model(t, limits) {
         for (int i = 0; i < CD_UNIQUE_ID_BYTES; ++i) uid[i] = static_cast<uint8_t>(i * 37);
         const uint64_t base = 1'000'000'000;
         auto e = enter(init, base + 1000, 0x7000);
@@ -192,8 +192,9 @@ void check_trace_structure(const nlohmann::json& trace) {
         std::vector<double> open_ends;
         for (const auto& [s, e] : spans) {
             while (!open_ends.empty() && open_ends.back() <= s + eps) open_ends.pop_back();
-            if (!open_ends.empty())
+            if (!open_ends.empty()) {
                 ASSERT_LE(e, open_ends.back() + eps) << "partial overlap on tid " << key.second;
+            }
             open_ends.push_back(e);
         }
     }
@@ -232,7 +233,7 @@ TEST(Render, NoiseLevelsHideTrivialOpsAndHoistTheirChildren) {
     EXPECT_NE(l3.find("      aten::copy_\n"), std::string::npos);
     std::string l0 = render_table(r, s.t, 0, false);
     EXPECT_EQ(l0.find("aten::"), std::string::npos);
-    EXPECT_NE(l0.find("Collective  ncclAllReduce count=1024 float32 sum"), std::string::npos);
+    EXPECT_NE(l0.find("Collective    ncclAllReduce count=1024 float32 sum"), std::string::npos);
     EXPECT_TRUE(is_trivial_op("aten::view.dtype"));
     EXPECT_FALSE(is_trivial_op("aten::viewer"));
     EXPECT_FALSE(is_trivial_op("view"));
@@ -276,19 +277,23 @@ TEST(Render, JsonDerivesElementsFromCollKindAndGroupSize) {
 }
 
 TEST(Render, DropsAreReportedInTableAndJson) {
-    Scenario s;
-    // A model with a budget of 3 over the same stream.
-    TraceModel small(s.t, ModelLimits{.max_records = 3, .max_depth = 128});
-    Scenario s2;
-    auto r = s2.report();
+    Scenario s(ModelLimits{.max_records = 3, .max_depth = 128});
+    auto r = s.report();
     r.kernel_dropped_records = 7;
-    auto j = to_json(r, s2.t, 1);
-    EXPECT_EQ(j["dropped_records"], 7);
+    uint64_t model_drops = r.tree->dropped_total();
+    ASSERT_EQ(model_drops, 12u);  // 15 calls seen (group calls excluded), 3 kept
+    auto j = to_json(r, s.t, 1);
+    EXPECT_EQ(j["dropped_records"], 19);
     EXPECT_EQ(j["dropped_by_cause"]["kernel_ringbuf"], 7);
-    std::string table = render_table(r, s2.t, 1, false);
-    EXPECT_NE(table.find("warning: the call tree below is incomplete: 7 calls missing"),
+    EXPECT_EQ(j["dropped_by_cause"]["budget"], 12);
+    EXPECT_EQ(j["dropped_by_cause"]["depth"], 0);
+    std::string table = render_table(r, s.t, 1, false);
+    EXPECT_NE(table.find("dropped records: kernel ring buffer 7, model budget 12, model depth 0"),
               std::string::npos);
-    (void)small;
+    EXPECT_NE(table.find("warning: the call tree below is incomplete: 19 calls missing, 3 shown"),
+              std::string::npos);
+    // Counts stay exact whatever the tree lost.
+    EXPECT_EQ(total_counts(r, s.t), 4u);
 }
 
 TEST(Render, MultiProcessJsonIsOrderedByPidAndSingleIsFlat) {

@@ -1,0 +1,56 @@
+# SPDX-License-Identifier: Apache-2.0
+# Thin wrapper over CMake (as duckdb does).  Every target does its own set-up
+# on a fresh Debian bookworm machine as root: `make demo`, `make test`.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+PREFIX ?= /usr/local
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+# Debian packages the build, the tests and the demo need.  libbpf-dev >= 1.4
+# and bpftool come from bookworm-backports (bookworm's libbpf 1.1 has no
+# uprobe_multi API).
+APT_PKGS = clang llvm libelf-dev zlib1g-dev pkg-config cmake make g++ \
+           nlohmann-json3-dev libcli11-dev googletest libgtest-dev \
+           python3 binutils util-linux
+BACKPORTS_PKGS = libbpf-dev bpftool
+BACKPORTS_LIST = /etc/apt/sources.list.d/bookworm-backports.sources
+
+.PHONY: all deps build demo test bench install clean
+
+all: build
+
+deps:
+	@if ! pkg-config --atleast-version=1.4 libbpf 2>/dev/null || ! command -v bpftool >/dev/null || \
+	    ! dpkg -s $(APT_PKGS) >/dev/null 2>&1; then \
+	  set -e; \
+	  if ! grep -rqs bookworm-backports /etc/apt/sources.list /etc/apt/sources.list.d/; then \
+	    printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' > $(BACKPORTS_LIST); \
+	  fi; \
+	  apt-get update -q; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(APT_PKGS); \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends -t bookworm-backports $(BACKPORTS_PKGS); \
+	fi
+
+build: deps
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j $(JOBS)
+
+# The demo: trace the bundled workload (stub libnccl, so it runs anywhere)
+# from its first instruction and print the table.
+demo: build
+	LD_LIBRARY_PATH=$(BUILD)/lib/stub $(BUILD)/bin/commdbg run --json $(BUILD)/demo.json -- \
+	  $(BUILD)/bin/nccl_workload --calls all_reduce=8,all_gather=4,reduce_scatter=4,broadcast=2 \
+	  --threads 2 --init-seed 7 --nranks 4 --rank 0
+	@echo "JSON dump: $(BUILD)/demo.json"
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure --timeout 600
+
+bench: build
+	@for b in $(BUILD)/bin/bench_*; do echo "== $$b"; $$b || exit 1; done
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
+
+clean:
+	rm -rf $(BUILD)

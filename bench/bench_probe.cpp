@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+// ns per NCCL call (stub libnccl) in one process, four ways:
+//   unprobed | uprobe with an empty BPF program | commdbg counters only |
+//   commdbg counters + records (entry and return probes, ring buffer drained)
+// and the ratios against the unprobed call and the empty program.
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include <bpf/libbpf.h>
+
+#include "bpf_session.hpp"
+#include "elf_symbols.hpp"
+#include "empty_bpf.skel.h"
+#include "probe_attach.hpp"
+
+using namespace commdbg;
+using AllReduceFn = int (*)(const void*, void*, size_t, int, int, void*, void*);
+
+namespace {
+
+double ns_per_call(AllReduceFn fn, long n) {
+    static float buf[4];
+    auto t0 = std::chrono::steady_clock::now();
+    for (long i = 0; i < n; ++i) fn(buf, buf, 1, 7, 0, reinterpret_cast<void*>(0x1000), nullptr);
+    auto t1 = std::chrono::steady_clock::now();
+    return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(n);
+}
+
+double best_of(AllReduceFn fn, long n) {
+    double best = 1e18;
+    for (int r = 0; r < 3; ++r) best = std::min(best, ns_per_call(fn, n));
+    return best;
+}
+
+double traced(AllReduceFn fn, long n, uint32_t flags) {
+    auto bpf = BpfSession::open(BpfOptions{});
+    if (!bpf) {
+        std::fprintf(stderr, "%s\n", bpf.error().c_str());
+        return -1;
+    }
+    SymbolTable syms;
+    std::vector<std::string> errs;
+    ProbeAttacher attacher(**bpf, syms, select_specs({"nccl"}, errs));
+    (*bpf)->trace_process(static_cast<uint32_t>(getpid()), flags);
+    auto scan = attacher.scan_process(getpid());
+    if (!scan || scan->new_files == 0) {
+        std::fprintf(stderr, "bench: could not attach to the stub\n");
+        return -1;
+    }
+    std::atomic<bool> stop{false};
+    std::atomic<long> records{0};
+    (*bpf)->set_event_handler([&](std::span<const uint8_t>) { records.fetch_add(1, std::memory_order_relaxed); });
+    std::thread consumer([&] {
+        while (!stop) (*bpf)->poll(10);
+    });
+    double ns = best_of(fn, n);
+    stop = true;
+    consumer.join();
+    return ns;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    long n = argc > 1 ? std::atol(argv[1]) : 300000;
+    if (geteuid() != 0) {
+        std::printf("bench_probe: skipped — needs root to attach uprobes\n");
+        return 0;
+    }
+    void* h = dlopen(STUB_NCCL, RTLD_NOW);
+    if (!h) {
+        std::fprintf(stderr, "bench_probe: %s\n", dlerror());
+        return 1;
+    }
+    auto fn = reinterpret_cast<AllReduceFn>(dlsym(h, "ncclAllReduce"));
+    double base = best_of(fn, n);
+
+    // Baseline 2: the same uprobe running a BPF program that does nothing.
+    double empty = -1;
+    if (auto* skel = empty_bpf__open_and_load()) {
+        auto elf = ElfSymbols::open(STUB_NCCL);
+        const ElfSymbol* s = elf ? elf->find("ncclAllReduce") : nullptr;
+        unsigned long off = s ? s->file_offset : 0;
+        LIBBPF_OPTS(bpf_uprobe_multi_opts, o, .offsets = &off, .cnt = 1);
+        if (bpf_link* l = bpf_program__attach_uprobe_multi(skel->progs.empty_enter, -1, STUB_NCCL, nullptr, &o)) {
+            empty = best_of(fn, n);
+            bpf_link__destroy(l);
+        }
+        empty_bpf__destroy(skel);
+    }
+    double counts = traced(fn, n, CD_TRACE_COUNT);
+    double full = traced(fn, n, CD_TRACE_COUNT | CD_TRACE_RECORDS);
+
+    std::printf("calls per measurement: %ld (best of 3)\n", n);
+    std::printf("%-44s %10.1f ns/call  ratio 1.00\n", "unprobed ncclAllReduce (stub)", base);
+    std::printf("%-44s %10.1f ns/call  ratio %.2f vs unprobed\n", "uprobe + empty BPF program", empty, empty / base);
+    std::printf("%-44s %10.1f ns/call  ratio %.2f vs unprobed, %.2f vs empty\n", "commdbg counters only (entry+return)",
+                counts, counts / base, counts / empty);
+    std::printf("%-44s %10.1f ns/call  ratio %.2f vs unprobed, %.2f vs empty\n", "commdbg counters + records", full,
+                full / base, full / empty);
+    return 0;
+}

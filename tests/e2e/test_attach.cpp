@@ -1,0 +1,221 @@
+// SPDX-License-Identifier: Apache-2.0
+// Acceptance: attach to a process that already mapped libnccl counts exactly
+// the calls made after the attach, and none from before; `run` counts calls
+// made at once at program start and at once after a dlopen; attach to a
+// process that never maps libnccl says so plainly.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <thread>
+
+#include "e2e_util.hpp"
+
+namespace commdbg::e2e {
+namespace {
+
+// Distinct counts per kind so a swapped or merged kind shows.
+const std::vector<std::pair<std::string, int>> kPattern = {
+    {"all_reduce", 13}, {"broadcast", 7}, {"all_gather", 5}, {"send", 3}, {"recv", 2},
+};
+
+std::string pattern_arg(const std::vector<std::pair<std::string, int>>& pattern = kPattern) {
+    std::string s;
+    for (const auto& [k, n] : pattern) s += (s.empty() ? "" : ",") + k + "=" + std::to_string(n);
+    return s;
+}
+
+std::string lib_path(bool real) { return std::string(real ? REAL_NCCL_DIR : STUB_NCCL_DIR) + "/libnccl.so.2"; }
+
+int count_of(const nlohmann::json& j, const std::string& kind) {
+    const auto& c = j["comm_counts"];
+    std::string key = "nccl." + kind;
+    return c.contains(key) ? c[key].get<int>() : 0;
+}
+
+void expect_counts_exactly(const nlohmann::json& j, const std::vector<std::pair<std::string, int>>& pattern) {
+    ASSERT_TRUE(j.contains("comm_counts")) << j.dump(2);
+    int total = 0;
+    for (const auto& [kind, n] : pattern) {
+        EXPECT_EQ(count_of(j, kind), n) << kind << " in " << j["comm_counts"].dump();
+        total += n;
+    }
+    EXPECT_EQ(j["comm_counts"].size(), pattern.size()) << "unexpected kinds: " << j["comm_counts"].dump();
+    EXPECT_EQ(j["total_counts"].get<int>(), total);
+}
+
+// The workload's final line: {"pid":..,"calls":{..},"errors":..,"rounds":..}.
+nlohmann::json workload_report(const std::string& out) {
+    size_t at = out.rfind("{\"pid\"");
+    if (at == std::string::npos) return nlohmann::json();
+    std::string line = out.substr(at);
+    return nlohmann::json::parse(line.substr(0, line.find('\n')), nullptr, false);
+}
+
+void touch(const std::string& path) { std::ofstream(path) << "go\n"; }
+
+int pid_of_ready(const std::string& line) {
+    size_t at = line.find("ready pid=");
+    return at == std::string::npos ? -1 : std::stoi(line.substr(at + 10));
+}
+
+// --- (a) attach to a process that already mapped libnccl --------------------
+
+class AttachCounts : public ::testing::TestWithParam<bool> {};
+
+// The workload maps libnccl, says ready, and waits: every call it makes comes
+// after the attach, so the counts are exactly its pattern.
+TEST_P(AttachCounts, CallsAfterAttachCountedExactly) {
+    REQUIRE_BPF();
+    bool real = GetParam();
+    if (real) REQUIRE_REAL_NCCL();
+    TempDir tmp;
+    std::vector<std::string> wargv = {testprog("nccl_workload"), "--calls", pattern_arg(), "--wait-file",
+                                      tmp.path("go")};
+    if (!real) wargv.push_back("--fake-comm");  // real: NULL comm, every call errs at once (still counted)
+    Background work(wargv, nccl_env(real));
+    std::string ready = work.wait_for_line("ready pid=");
+    ASSERT_FALSE(ready.empty()) << "workload never got ready";
+    ASSERT_EQ(pid_of_ready(ready), work.pid());
+
+    Background dbg({commdbg_bin(), "attach", std::to_string(work.pid()), "--json", tmp.path("out.json")});
+    std::string tracing = dbg.wait_for_err_line("commdbg: tracing", 60);
+    if (tracing.empty()) {
+        auto r = dbg.wait(5);
+        FAIL() << "commdbg never said it was tracing; status " << r.status << " stderr: " << r.err;
+    }
+    EXPECT_NE(tracing.find("1 library file(s) probed"), std::string::npos) << tracing;
+    touch(tmp.path("go"));
+
+    auto w = work.wait(60);
+    ASSERT_EQ(w.status, 0) << w.err;
+    auto d = dbg.wait(60);  // ends by itself once the target exits
+    ASSERT_EQ(d.status, 0) << d.err;
+    EXPECT_NE(d.err.find("exited"), std::string::npos) << d.err;
+
+    auto j = read_json(tmp.path("out.json"));
+    expect_counts_exactly(j, kPattern);
+    auto rep = workload_report(w.out);
+    ASSERT_TRUE(rep.is_object()) << w.out;
+    for (const auto& [kind, n] : kPattern) EXPECT_EQ(rep["calls"][kind].get<int>(), n) << kind;
+    if (real) {
+        EXPECT_GT(rep["errors"].get<int>(), 0) << "real NCCL with a NULL comm should reject the calls";
+    }
+}
+
+// The workload calls continuously for 3 s; we attach for 0.5 s in the middle.
+// Counted calls must be > 0 but well under what it made in all; and per-kind
+// counts in a contiguous window of "ar bc ar bc ar" rounds keep the 3:2 ratio
+// up to the partial rounds at the window's edges (so none are lost inside).
+TEST(AttachWindow, CallsBeforeAttachAreNotCounted) {
+    REQUIRE_BPF();
+    TempDir tmp;
+    constexpr int kAr = 3, kBc = 2;
+    Background work({testprog("nccl_workload"), "--calls",
+                     "all_reduce=" + std::to_string(kAr) + ",broadcast=" + std::to_string(kBc), "--duration-ms", "3000",
+                     "--fake-comm", "--wait-file", tmp.path("go")},
+                    nccl_env(false));
+    ASSERT_FALSE(work.wait_for_line("ready pid=").empty());
+    touch(tmp.path("go"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));  // calls before the attach
+
+    auto d = run({commdbg_bin(), "attach", std::to_string(work.pid()), "--duration", "0.5", "--counts-only", "--json",
+                  tmp.path("out.json")});
+    ASSERT_EQ(d.status, 0) << d.err;
+    auto w = work.wait(60);
+    ASSERT_EQ(w.status, 0) << w.err;
+    auto rep = workload_report(w.out);
+    ASSERT_TRUE(rep.is_object()) << w.out;
+    long rounds = rep["rounds"].get<long>();
+    ASSERT_GT(rounds, 0);
+    ASSERT_EQ(rep["calls"]["all_reduce"].get<long>(), kAr * rounds);
+
+    auto j = read_json(tmp.path("out.json"));
+    long ar = count_of(j, "all_reduce"), bc = count_of(j, "broadcast");
+    EXPECT_GT(ar, 0);
+    EXPECT_GT(bc, 0);
+    EXPECT_EQ(j["total_counts"].get<long>(), ar + bc);
+    // Calls ran ~0.4 s before and ~2 s after a 0.5 s window, faster without
+    // probes than with them: the window saw well under half of them.
+    EXPECT_LT(ar, kAr * rounds / 2) << "counted " << ar << " of " << kAr * rounds << " all_reduce calls";
+    EXPECT_LT(bc, kBc * rounds / 2) << "counted " << bc << " of " << kBc * rounds << " broadcast calls";
+    EXPECT_LE(std::labs(kBc * ar - kAr * bc), 2 * (kAr * kBc + kAr * kBc))
+        << "all_reduce=" << ar << " broadcast=" << bc << ": not a contiguous window of rounds";
+}
+
+INSTANTIATE_TEST_SUITE_P(StubAndReal, AttachCounts, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "RealNccl" : "StubNccl"; });
+
+// --- (b) run: calls at once at start, and at once after a dlopen ------------
+
+class RunImmediateCalls : public ::testing::TestWithParam<bool> {};
+
+TEST_P(RunImmediateCalls, LinkedLibraryCallsFromFirstInstructionCountedExactly) {
+    REQUIRE_BPF();
+    bool real = GetParam();
+    if (real) REQUIRE_REAL_NCCL();
+    TempDir tmp;
+    std::vector<std::string> argv = {commdbg_bin(), "run", "--json", tmp.path("out.json"), "--",
+                                     testprog("nccl_workload"), "--calls", pattern_arg()};
+    if (!real) argv.push_back("--fake-comm");
+    auto r = run(argv, nccl_env(real));
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto j = read_json(tmp.path("out.json"));
+    expect_counts_exactly(j, kPattern);
+    ASSERT_EQ(j["process"]["libraries"].size(), 1u) << j["process"].dump();
+    EXPECT_NE(j["process"]["libraries"][0].get<std::string>().find("libnccl.so"), std::string::npos);
+}
+
+TEST_P(RunImmediateCalls, CallsRightAfterDlopenCountedExactly) {
+    REQUIRE_BPF();
+    bool real = GetParam();
+    if (real) REQUIRE_REAL_NCCL();
+    TempDir tmp;
+    // nccl_workload_dl has no link-time NCCL: libnccl appears only at the
+    // dlopen, and the first call follows it immediately.
+    std::vector<std::string> argv = {commdbg_bin(), "run", "--json", tmp.path("out.json"), "--",
+                                     testprog("nccl_workload_dl"), "--dlopen", lib_path(real), "--calls",
+                                     pattern_arg()};
+    if (!real) argv.push_back("--fake-comm");
+    auto r = run(argv);  // no LD_LIBRARY_PATH: the dlopen names the file
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto rep = workload_report(r.out);
+    ASSERT_TRUE(rep.is_object()) << r.out;
+    for (const auto& [kind, n] : kPattern) EXPECT_EQ(rep["calls"][kind].get<int>(), n) << kind;
+    auto j = read_json(tmp.path("out.json"));
+    expect_counts_exactly(j, kPattern);
+    ASSERT_EQ(j["process"]["libraries"].size(), 1u) << j["process"].dump();
+    EXPECT_NE(j["process"]["libraries"][0].get<std::string>().find("libnccl.so"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(StubAndReal, RunImmediateCalls, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "RealNccl" : "StubNccl"; });
+
+// --- (c) a process that never maps libnccl -----------------------------------
+
+TEST(AttachNoNccl, SaysThePidNeverMappedLibnccl) {
+    REQUIRE_BPF();
+    TempDir tmp;
+    Background sleeper({testprog("plain_sleeper"), "3000"});
+    ASSERT_FALSE(sleeper.wait_for_line("ready pid=").empty());
+    auto r = run({commdbg_bin(), "attach", std::to_string(sleeper.pid()), "--duration", "1", "--json",
+                  tmp.path("out.json")});
+    ASSERT_EQ(r.status, 0) << r.err;
+    std::string all = r.out + r.err;
+    size_t at = all.find("never mapped");
+    ASSERT_NE(at, std::string::npos) << "no plain 'never mapped' statement in:\n" << all;
+    // The statement names the pid and the library.
+    size_t bol = all.rfind('\n', at);
+    std::string line = all.substr(bol == std::string::npos ? 0 : bol + 1);
+    line = line.substr(0, line.find('\n'));
+    EXPECT_NE(line.find(std::to_string(sleeper.pid())), std::string::npos) << line;
+    EXPECT_NE(line.find("libnccl"), std::string::npos) << line;
+    auto j = read_json(tmp.path("out.json"));
+    EXPECT_EQ(j["total_counts"].get<int>(), 0);
+    EXPECT_TRUE(j["process"]["libraries"].empty()) << j["process"].dump();
+    // It is still alive: the attach did not disturb it.
+    EXPECT_NE(proc_state(sleeper.pid()), 0);
+    EXPECT_NE(proc_state(sleeper.pid()), 'Z');
+}
+
+}  // namespace
+}  // namespace commdbg::e2e

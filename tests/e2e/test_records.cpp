@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: Apache-2.0
+// Acceptance: per-record elements and bytes for every NCCL datatype; exact
+// kernel counters and reported drops under a deliberately small ring buffer.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "e2e_util.hpp"
+
+namespace commdbg::e2e {
+namespace {
+
+// NCCL's datatypes and their sizes, written out here independently of
+// userspace/nccl.cpp so a wrong table there fails this test.
+const std::map<std::string, int> kDtypeBytes = {
+    {"int8", 1},    {"uint8", 1},   {"int32", 4},   {"uint32", 4},    {"int64", 8},   {"uint64", 8},
+    {"float16", 2}, {"float32", 4}, {"float64", 8}, {"bfloat16", 2},  {"fp8e4m3", 1}, {"fp8e5m2", 1},
+};
+
+TEST(Records, ElementsAndBytesAreRightForEveryDatatype) {
+    REQUIRE_BPF();
+    TempDir tmp;
+    const int count = 1000, rounds = 2;
+    const int calls = static_cast<int>(kDtypeBytes.size()) * rounds;
+    for (const std::string kind : {"all_reduce", "all_gather", "reduce_scatter"}) {
+        auto r = run({commdbg_bin(), "run", "--json", tmp.path(kind + ".json"), "--", testprog("nccl_workload"),
+                      "--calls", kind + "=" + std::to_string(calls), "--dtype", "all", "--count",
+                      std::to_string(count), "--init-seed", "9", "--nranks", "4", "--rank", "2"},
+                     nccl_env(false));
+        ASSERT_EQ(r.status, 0) << r.err;
+        auto j = read_json(tmp.path(kind + ".json"));
+        std::map<std::string, int> seen;
+        for (const auto& rec : j["records"]) {
+            if (rec.value("collective", "") != kind) continue;
+            std::string dt = rec.at("dtype").get<std::string>();
+            ASSERT_TRUE(kDtypeBytes.count(dt)) << "unknown dtype " << dt;
+            ++seen[dt];
+            EXPECT_EQ(rec.at("bytes").get<long>(), static_cast<long>(count) * kDtypeBytes.at(dt)) << kind << " " << dt;
+            // count is per rank for all_gather (send) and reduce_scatter (recv).
+            long in = rec.at("input_elements").get<long>(), out = rec.at("output_elements").get<long>();
+            if (kind == "all_gather") {
+                EXPECT_EQ(in, count);
+                EXPECT_EQ(out, count * 4L);
+            } else if (kind == "reduce_scatter") {
+                EXPECT_EQ(in, count * 4L);
+                EXPECT_EQ(out, count);
+            } else {
+                EXPECT_EQ(in, count);
+                EXPECT_EQ(out, count);
+            }
+        }
+        EXPECT_EQ(seen.size(), kDtypeBytes.size()) << kind;
+        for (const auto& [dt, n] : seen) EXPECT_EQ(n, rounds) << kind << " " << dt;
+    }
+}
+
+TEST(Records, FiveMillionCallsWithTinyRingBufferKeepExactCountsAndReportDrops) {
+    REQUIRE_BPF();
+    TempDir tmp;
+    const long n = 5'000'000;
+    auto r = run({commdbg_bin(), "run", "--ringbuf-kb", "16", "--noise-level", "0", "--json", tmp.path("out.json"),
+                  "--table", "/dev/null", "--", testprog("nccl_workload"), "--calls",
+                  "all_reduce=" + std::to_string(n), "--fake-comm"},
+                 nccl_env(false), 600);
+    ASSERT_EQ(r.status, 0) << r.err.substr(0, 2000);
+    auto j = read_json(tmp.path("out.json"));
+    EXPECT_EQ(j["comm_counts"]["nccl.all_reduce"].get<long>(), n);
+    EXPECT_EQ(j["total_counts"].get<long>(), n);
+    ASSERT_TRUE(j.contains("dropped_records")) << "drops must be reported, never silent";
+    long dropped = j["dropped_records"].get<long>();
+    EXPECT_GT(dropped, 0);
+    EXPECT_GT(j["kernel_drops"]["ringbuf_full"].get<long>(), 0);
+    // Every call is either a retained record or a counted drop.
+    long retained = 0;
+    for (const auto& rec : j["records"])
+        if (rec.value("name", "") == "ncclAllReduce") ++retained;
+    EXPECT_EQ(retained + dropped, n);
+    EXPECT_NE(r.err.find("kernel-side losses"), std::string::npos) << "the user is told on stderr";
+}
+
+}  // namespace
+}  // namespace commdbg::e2e
