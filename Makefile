@@ -36,11 +36,12 @@ build: deps
 	cmake --build $(BUILD) -j $(JOBS)
 
 # The demo: trace the bundled workload (stub libnccl, so it runs anywhere)
-# from its first instruction and print the table.
+# from its first instruction and print the table.  tests/e2e/test_demo.cpp
+# checks the printed counts against DEMO_CALLS.
+DEMO_CALLS = all_reduce=8,all_gather=4,reduce_scatter=4,broadcast=2
 demo: build
 	LD_LIBRARY_PATH=$(BUILD)/lib/stub $(BUILD)/bin/commdbg run --json $(BUILD)/demo.json -- \
-	  $(BUILD)/bin/nccl_workload --calls all_reduce=8,all_gather=4,reduce_scatter=4,broadcast=2 \
-	  --threads 2 --init-seed 7 --nranks 4 --rank 0
+	  $(BUILD)/bin/nccl_workload --calls $(DEMO_CALLS) --threads 2 --init-seed 7 --nranks 4 --rank 0
 	@echo "JSON dump: $(BUILD)/demo.json"
 
 test: build
