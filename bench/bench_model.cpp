@@ -61,9 +61,12 @@ Stream make_stream(const SymbolTable& t, uint32_t op1, uint32_t op2, uint32_t nc
         e.h = header(CD_EV_CALL_ENTER, sizeof(e), tid, ts++);
         e.cookie = make_cookie(nccl, *t.find(nccl));
         e.sp = sp - 0x200;
+        e.args[0] = 0x7f0000200000 + 4096 * i;  // sendbuff
+        e.args[1] = 0x7f0000400000 + 4096 * i;  // recvbuff
         e.args[2] = 1024 + i;
         e.args[3] = 7;
         e.args[5] = 0xc0ffee;
+        e.args[6] = 0x5555a0000010;  // stream (first stack word)
         s.add(e);
         cd_call_exit x{};
         x.h = header(CD_EV_CALL_EXIT, sizeof(x), tid, ts++);
@@ -95,6 +98,9 @@ int main() {
     nc.role = CD_ROLE_COLLECTIVE;
     nc.coll = CD_COLL_ALL_REDUCE;
     nc.slots = {2, 3, 5, 4};
+    nc.slots.sendbuf = 0;
+    nc.slots.recvbuf = 1;
+    nc.slots.stream = 6;
     nc.return_probe = true;
     uint32_t nccl = t.intern(nc);
 

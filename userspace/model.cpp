@@ -265,6 +265,9 @@ void TraceModel::on_enter(const CallEnter& e) {
         if (slot_value(e, s.redop, v)) r.redop = static_cast<uint32_t>(v), r.flags |= kHasRedop;
         if (slot_value(e, s.peer, v)) r.peer = static_cast<int32_t>(v), r.flags |= kHasPeer;
         if (slot_value(e, s.comm, v)) r.comm = v, r.flags |= kHasComm;
+        if (slot_value(e, s.stream, v)) r.stream = v, r.flags |= kHasStream;
+        if (slot_value(e, s.sendbuf, v)) r.sendbuf = v, r.flags |= kHasSendBuf;
+        if (slot_value(e, s.recvbuf, v)) r.recvbuf = v, r.flags |= kHasRecvBuf;
         if (info->return_probe) r.flags |= kReturnProbed;
         // Grow to at most the budget: a full tree holds no slack capacity.
         if (p.records_.size() == p.records_.capacity())

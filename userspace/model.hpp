@@ -57,6 +57,9 @@ enum RecordFlag : uint16_t {
     kHasNewComm = 1u << 6,   // init/split: communicator written through the out pointer
     kEndInferred = 1u << 7,  // end_ns is when a later entry (or exit) proved it returned
     kReturnProbed = 1u << 8, // a leaf: end_ns, if known, came from its CallExit
+    kHasStream = 1u << 9,    // stream: the call's stream argument (NCCL cudaStream_t)
+    kHasSendBuf = 1u << 10,  // sendbuf: send buffer address
+    kHasRecvBuf = 1u << 11,  // recvbuf: receive buffer address
 };
 
 // One retained call.  Compact on purpose (the budget is 200k per process):
@@ -66,10 +69,13 @@ enum RecordFlag : uint16_t {
 struct Record {
     uint64_t start_ns = 0;
     uint64_t end_ns = 0;    // 0 while unknown
-    uint64_t count = 0;     // kHasCount: elements (the count argument)
+    uint64_t count = 0;     // kHasCount: elements (the count argument; init: nranks, split: key)
     uint64_t comm = 0;      // kHasComm: communicator argument (split: the parent)
     uint64_t new_comm = 0;  // kHasNewComm
     int64_t ret = 0;        // kHasRet: raw return register
+    uint64_t stream = 0;    // kHasStream
+    uint64_t sendbuf = 0;   // kHasSendBuf
+    uint64_t recvbuf = 0;   // kHasRecvBuf
     uint32_t sym = 0;
     uint32_t tid = 0;
     uint32_t parent = kNoRecord;
@@ -77,7 +83,7 @@ struct Record {
     uint32_t next_sibling = kNoRecord;
     uint32_t dtype = 0;     // kHasDtype: raw ncclDataType_t
     uint32_t redop = 0;     // kHasRedop: raw ncclRedOp_t
-    int32_t peer = 0;       // kHasPeer: root or peer rank
+    int32_t peer = 0;       // kHasPeer: root or peer rank (init: rank, split: color)
     uint16_t group_depth = 0;
     uint16_t flags = 0;
     RecordKind kind = RecordKind::Op;
@@ -85,7 +91,8 @@ struct Record {
 
     bool has(uint16_t f) const { return (flags & f) != 0; }
 };
-static_assert(sizeof(Record) <= 88, "Record is the unit of the memory budget");
+// 110 bytes of fields, no padding beyond the tail: 112.
+static_assert(sizeof(Record) <= 112, "Record is the unit of the memory budget");
 
 // Host enqueue time of a return-probed call (NCCL is asynchronous: this is
 // the time to enqueue on the host, never GPU time).  nullopt when no CallExit.

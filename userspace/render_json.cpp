@@ -34,6 +34,12 @@ public:
         for (const auto& [k, v] : comm_counts(p_, syms_)) counts[k] = v;
         j["comm_counts"] = std::move(counts);
         j["total_counts"] = total_counts(p_, syms_);
+        ordered_json bytes = ordered_json::object();
+        for (const auto& [k, v] : comm_bytes(p_, syms_)) bytes[k] = v;
+        j["comm_bytes"] = std::move(bytes);
+        ordered_json counters = ordered_json::array();
+        for (const CounterRow* c : sorted_counters(p_, syms_)) counters.push_back(counter_json(*c));
+        j["counters"] = std::move(counters);
 
         ordered_json records = ordered_json::array();
         if (p_.tree)
@@ -68,6 +74,23 @@ public:
     }
 
 private:
+    // One exact kernel counter row.
+    ordered_json counter_json(const CounterRow& c) const {
+        ordered_json o;
+        const SymbolInfo* s = syms_.find(c.sym);
+        o["name"] = s ? s->name : std::string("?");
+        o["layer"] = s ? s->layer : std::string("?");
+        if (s && s->coll != CD_COLL_NONE) o["collective"] = coll_name(s->coll);
+        o["comm"] = hex(c.comm);
+        if (const CommInfo* ci = find_comm(p_, c.comm); ci && ci->id) o["comm_id"] = hex16(*ci->id);
+        if (c.dtype != 0xffffffffu) o["dtype"] = dtype_name(c.dtype);
+        o["calls"] = c.calls;
+        o["elements"] = c.elements;
+        o["bytes"] = c.bytes;
+        o["errors"] = c.errors;
+        return o;
+    }
+
     static ordered_json comm_json(const CommInfo& c) {
         ordered_json o;
         o["ptr"] = hex(c.ptr);
@@ -115,32 +138,71 @@ private:
 
 namespace report_detail {
 
+namespace {
+
+// Communicator calls reuse the generic slots: init count/peer = nranks/rank,
+// split comm/peer/count = parent/color/key (see probe_spec.cpp).  int
+// arguments are read from 64-bit registers: only the low 32 bits are defined.
 template <typename Json>
-void collective_json(const Record& r, const ProcessReport& p, [[maybe_unused]] const SymbolTable& syms,
-                     Json& o) {
-    if (r.coll != CD_COLL_NONE) o["collective"] = coll_name(static_cast<cd_coll>(r.coll));
-    // The communicator a call runs on; for init/split the one it created.
-    std::optional<uint64_t> ptr;
-    if (r.has(kHasNewComm)) ptr = r.new_comm;
-    else if (r.has(kHasComm)) ptr = r.comm;
-    const CommInfo* comm = ptr ? find_comm(p, *ptr) : nullptr;
-    int32_t nranks = comm ? comm->nranks : -1;
-    if (nranks >= 0) o["group_size"] = nranks;
-    if (ptr) o["comm"] = hex(*ptr);
-    if (comm && comm->id) o["comm_id"] = hex16(*comm->id);
-    if (r.has(kHasComm) && r.has(kHasNewComm)) o["parent_comm"] = hex(r.comm);
-    if (auto el = record_elements(r, nranks)) {
-        o["input_elements"] = el->in;
-        o["output_elements"] = el->out;
+void lifecycle_json(const Record& r, const ProcessReport& p, const SymbolTable& syms, cd_role role,
+                    Json& o) {
+    if (role == CD_ROLE_COMM_INIT) {
+        if (r.has(kHasCount))
+            o[is_init_all(r, syms) ? "ndev" : "nranks"] = static_cast<int32_t>(r.count);
+        if (r.has(kHasPeer)) o["rank"] = r.peer;
+    } else if (role == CD_ROLE_COMM_SPLIT) {
+        if (r.has(kHasComm)) o["parent"] = hex(r.comm);
+        if (r.has(kHasPeer)) o["color"] = r.peer;
+        if (r.has(kHasCount)) o["key"] = static_cast<int32_t>(r.count);
+    } else if (r.has(kHasComm)) {  // COMM_END: the communicator it ends
+        const CommInfo* comm = find_comm(p, r.comm);
+        if (comm && comm->nranks >= 0) o["group_size"] = comm->nranks;
+        o["comm"] = hex(r.comm);
+        if (comm && comm->id) o["comm_id"] = hex16(*comm->id);
     }
-    if (r.has(kHasDtype)) o["dtype"] = dtype_name(r.dtype);
-    if (auto b = record_bytes(r)) o["bytes"] = *b;
-    if (r.has(kHasRedop)) {
-        auto op = nccl_redop_name(r.redop);
-        o["reduce_op"] = op ? std::string(*op) : "op(" + std::to_string(r.redop) + ")";
+    if (r.has(kHasNewComm)) {
+        o["new_comm"] = hex(r.new_comm);
+        const CommInfo* comm = find_comm(p, r.new_comm);
+        if (comm && comm->id) o["new_comm_id"] = hex16(*comm->id);
+        if (role == CD_ROLE_COMM_SPLIT && comm && comm->nranks >= 0) o["group_size"] = comm->nranks;
     }
-    if (r.has(kHasPeer))
-        o[r.coll == CD_COLL_SEND || r.coll == CD_COLL_RECV ? "peer" : "root"] = r.peer;
+}
+
+}  // namespace
+
+template <typename Json>
+void collective_json(const Record& r, const ProcessReport& p, const SymbolTable& syms, Json& o) {
+    cd_role role = record_role(r, syms);
+    if (role == CD_ROLE_COMM_INIT || role == CD_ROLE_COMM_SPLIT || role == CD_ROLE_COMM_END) {
+        lifecycle_json(r, p, syms, role, o);
+    } else {
+        if (r.coll != CD_COLL_NONE) o["collective"] = coll_name(static_cast<cd_coll>(r.coll));
+        // The communicator a call runs on.
+        std::optional<uint64_t> ptr;
+        if (r.has(kHasNewComm)) ptr = r.new_comm;
+        else if (r.has(kHasComm)) ptr = r.comm;
+        const CommInfo* comm = ptr ? find_comm(p, *ptr) : nullptr;
+        int32_t nranks = comm ? comm->nranks : -1;
+        if (nranks >= 0) o["group_size"] = nranks;
+        if (ptr) o["comm"] = hex(*ptr);
+        if (comm && comm->id) o["comm_id"] = hex16(*comm->id);
+        if (r.has(kHasComm) && r.has(kHasNewComm)) o["parent_comm"] = hex(r.comm);
+        if (auto el = record_elements(r, nranks)) {
+            o["input_elements"] = el->in;
+            o["output_elements"] = el->out;
+        }
+        if (r.has(kHasDtype)) o["dtype"] = dtype_name(r.dtype);
+        if (auto b = record_bytes(r)) o["bytes"] = *b;
+        if (r.has(kHasRedop)) {
+            auto op = nccl_redop_name(r.redop);
+            o["reduce_op"] = op ? std::string(*op) : "op(" + std::to_string(r.redop) + ")";
+        }
+        if (r.has(kHasPeer))
+            o[r.coll == CD_COLL_SEND || r.coll == CD_COLL_RECV ? "peer" : "root"] = r.peer;
+        if (r.has(kHasStream)) o["stream"] = hex(r.stream);
+        if (r.has(kHasSendBuf)) o["sendbuff"] = hex(r.sendbuf);
+        if (r.has(kHasRecvBuf)) o["recvbuff"] = hex(r.recvbuf);
+    }
     if (r.group_depth > 0) o["group_depth"] = r.group_depth;
     if (r.has(kHasRet)) o["ret"] = r.ret;
     // A collective returns once enqueued (asynchronous: not GPU time); a

@@ -61,18 +61,7 @@ private:
             line(libs);
         }
 
-        struct Sum {
-            uint64_t calls = 0, bytes = 0, errors = 0;
-        };
-        std::map<std::string, Sum> by_kind;
-        for (const CounterRow& c : p_.counters) {
-            const SymbolInfo* s = syms_.find(c.sym);
-            if (!s || s->role != CD_ROLE_COLLECTIVE) continue;
-            Sum& sum = by_kind[s->layer + "." + std::string(coll_name(s->coll))];
-            sum.calls += c.calls;
-            sum.bytes += c.bytes;
-            sum.errors += c.errors;
-        }
+        auto by_kind = coll_summary(p_, syms_);
         line("collectives (exact kernel counters):");
         if (by_kind.empty()) line("  (none)");
         for (const auto& [key, sum] : by_kind) {
@@ -160,6 +149,24 @@ private:
     std::string detail(const Record& r) const {
         std::string d(record_name(r, syms_));
         if (r.kind != RecordKind::Collective) return d;
+        switch (record_role(r, syms_)) {
+        case CD_ROLE_COMM_INIT:
+        case CD_ROLE_COMM_SPLIT:
+        case CD_ROLE_COMM_END: lifecycle_detail(r, d); break;
+        default: collective_detail(r, d); break;
+        }
+        if (r.group_depth > 0) d += " group=" + std::to_string(r.group_depth);
+        if (r.has(kHasRet)) {
+            std::string ret = "ret=" + std::to_string(r.ret);
+            d += " " + (r.ret != 0 ? paint(kWarn, ret) : ret);
+        }
+        // A collective returns once enqueued; a lifecycle call returns when done.
+        if (auto ns = host_enqueue_ns(r))
+            d += (r.coll != CD_COLL_NONE ? " enqueue=" : " call=") + us(*ns) + " (host)";
+        return d;
+    }
+
+    void collective_detail(const Record& r, std::string& d) const {
         if (r.has(kHasCount)) d += " count=" + std::to_string(r.count);
         if (r.has(kHasDtype)) d += " " + dtype_name(r.dtype);
         if (r.has(kHasRedop)) {
@@ -171,15 +178,35 @@ private:
                  std::to_string(r.peer);
         if (r.has(kHasComm)) d += " comm=" + hex(r.comm);
         if (r.has(kHasNewComm)) d += " new_comm=" + hex(r.new_comm);
-        if (r.group_depth > 0) d += " group=" + std::to_string(r.group_depth);
-        if (r.has(kHasRet)) {
-            std::string ret = "ret=" + std::to_string(r.ret);
-            d += " " + (r.ret != 0 ? paint(kWarn, ret) : ret);
+        // Addresses are noise for reading the flow; level 2 and up shows them.
+        if (noise_ >= 2) {
+            if (r.has(kHasStream)) d += " stream=" + hex(r.stream);
+            if (r.has(kHasSendBuf)) d += " sendbuff=" + hex(r.sendbuf);
+            if (r.has(kHasRecvBuf)) d += " recvbuff=" + hex(r.recvbuf);
         }
-        // A collective returns once enqueued; a lifecycle call returns when done.
-        if (auto ns = host_enqueue_ns(r))
-            d += (r.coll != CD_COLL_NONE ? " enqueue=" : " call=") + us(*ns) + " (host)";
-        return d;
+    }
+
+    // Communicator calls reuse the generic slots: init count/peer = nranks/rank,
+    // split comm/peer/count = parent/color/key (see probe_spec.cpp).
+    void lifecycle_detail(const Record& r, std::string& d) const {
+        cd_role role = record_role(r, syms_);
+        if (role == CD_ROLE_COMM_INIT) {
+            if (r.has(kHasCount))
+                d += (is_init_all(r, syms_) ? " ndev=" : " nranks=") +
+                     std::to_string(static_cast<int32_t>(r.count));
+            if (r.has(kHasPeer)) d += " rank=" + std::to_string(r.peer);
+        } else if (role == CD_ROLE_COMM_SPLIT) {
+            if (r.has(kHasComm)) d += " parent=" + hex(r.comm);
+            if (r.has(kHasPeer)) d += " color=" + std::to_string(r.peer);
+            if (r.has(kHasCount)) d += " key=" + std::to_string(static_cast<int32_t>(r.count));
+        } else if (r.has(kHasComm)) {
+            d += " comm=" + hex(r.comm);
+        }
+        if (r.has(kHasNewComm)) {
+            d += " new_comm=" + hex(r.new_comm);
+            const CommInfo* c = find_comm(p_, r.new_comm);
+            if (c && c->id) d += " id=" + hex16(*c->id);
+        }
     }
 
     const ProcessReport& p_;

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
@@ -54,13 +55,28 @@ bool record_visible(const Record& r, const SymbolTable& syms, int noise_level) {
     return true;
 }
 
-std::map<std::string, uint64_t> comm_counts(const ProcessReport& p, const SymbolTable& syms) {
-    std::map<std::string, uint64_t> out;
+std::map<std::string, CollSummary> coll_summary(const ProcessReport& p, const SymbolTable& syms) {
+    std::map<std::string, CollSummary> out;
     for (const CounterRow& c : p.counters) {
         const SymbolInfo* s = syms.find(c.sym);
         if (!s || s->role != CD_ROLE_COLLECTIVE) continue;
-        out[s->layer + "." + std::string(coll_name(s->coll))] += c.calls;
+        CollSummary& sum = out[s->layer + "." + std::string(coll_name(s->coll))];
+        sum.calls += c.calls;
+        sum.bytes += c.bytes;
+        sum.errors += c.errors;
     }
+    return out;
+}
+
+std::map<std::string, uint64_t> comm_counts(const ProcessReport& p, const SymbolTable& syms) {
+    std::map<std::string, uint64_t> out;
+    for (const auto& [k, sum] : coll_summary(p, syms)) out[k] = sum.calls;
+    return out;
+}
+
+std::map<std::string, uint64_t> comm_bytes(const ProcessReport& p, const SymbolTable& syms) {
+    std::map<std::string, uint64_t> out;
+    for (const auto& [k, sum] : coll_summary(p, syms)) out[k] = sum.bytes;
     return out;
 }
 
@@ -169,6 +185,34 @@ std::string_view record_name(const Record& r, const SymbolTable& syms) {
 std::string_view record_layer(const Record& r, const SymbolTable& syms) {
     const SymbolInfo* s = syms.find(r.sym);
     return s ? std::string_view(s->layer) : std::string_view("?");
+}
+
+cd_role record_role(const Record& r, const SymbolTable& syms) {
+    const SymbolInfo* s = syms.find(r.sym);
+    return s ? s->role : CD_ROLE_OTHER;
+}
+
+bool is_init_all(const Record& r, const SymbolTable& syms) {
+    const SymbolInfo* s = syms.find(r.sym);
+    return s && s->role == CD_ROLE_COMM_INIT &&
+           (s->tail == CD_TAIL_COMM_LIST || s->name == "ncclCommInitAll");
+}
+
+std::vector<const CounterRow*> sorted_counters(const ProcessReport& p, const SymbolTable& syms) {
+    std::vector<const CounterRow*> out;
+    out.reserve(p.counters.size());
+    for (const CounterRow& c : p.counters) out.push_back(&c);
+    auto name = [&](const CounterRow* c) {
+        const SymbolInfo* s = syms.find(c->sym);
+        return s ? std::string_view(s->name) : std::string_view("?");
+    };
+    std::stable_sort(out.begin(), out.end(), [&](const CounterRow* a, const CounterRow* b) {
+        auto na = name(a), nb = name(b);
+        if (na != nb) return na < nb;
+        if (a->comm != b->comm) return a->comm < b->comm;
+        return a->dtype < b->dtype;
+    });
+    return out;
 }
 
 }  // namespace report_detail

@@ -58,9 +58,15 @@ inline constexpr int kDefaultNoiseLevel = 1;
 bool is_trivial_op(std::string_view name);
 bool record_visible(const Record& r, const SymbolTable& syms, int noise_level);
 
-// "nccl.all_reduce" -> calls, summed from the exact counters of
+// Per collective kind ("nccl.all_reduce"), summed from the exact counters of
 // collective-role symbols (never from records, which may be dropped).
+struct CollSummary {
+    uint64_t calls = 0, bytes = 0, errors = 0;
+};
+std::map<std::string, CollSummary> coll_summary(const ProcessReport& p, const SymbolTable& syms);
+// "nccl.all_reduce" -> calls / bytes (the same keys as coll_summary).
 std::map<std::string, uint64_t> comm_counts(const ProcessReport& p, const SymbolTable& syms);
+std::map<std::string, uint64_t> comm_bytes(const ProcessReport& p, const SymbolTable& syms);
 // Each logical collective once: sum of comm_counts minus the collectives the
 // model saw nested in another collective (c10d allreduce -> ncclAllReduce).
 uint64_t total_counts(const ProcessReport& p, const SymbolTable& syms);
@@ -97,6 +103,11 @@ struct Elements {
 std::optional<Elements> record_elements(const Record& r, int32_t nranks);
 std::string_view record_name(const Record& r, const SymbolTable& syms);
 std::string_view record_layer(const Record& r, const SymbolTable& syms);
+cd_role record_role(const Record& r, const SymbolTable& syms);  // CD_ROLE_OTHER if unknown
+// ncclCommInitAll: its "nranks" slot is the device count (shown as ndev).
+bool is_init_all(const Record& r, const SymbolTable& syms);
+// The counters in output order: stable by (symbol name, comm, dtype).
+std::vector<const CounterRow*> sorted_counters(const ProcessReport& p, const SymbolTable& syms);
 // The collective fields of a record ("collective", "group_size", "comm", ...),
 // shared by the JSON dump and the trace's args; instantiated for both json types.
 template <typename Json>

@@ -3,6 +3,8 @@
 // kernel counters and reported drops under a deliberately small ring buffer.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <functional>
 #include <map>
 
 #include "e2e_util.hpp"
@@ -76,6 +78,43 @@ TEST(Records, FiveMillionCallsWithTinyRingBufferKeepExactCountsAndReportDrops) {
         if (rec.value("name", "") == "ncclAllReduce") ++retained;
     EXPECT_EQ(retained + dropped, n);
     EXPECT_NE(r.err.find("kernel-side losses"), std::string::npos) << "the user is told on stderr";
+}
+
+}  // namespace
+}  // namespace commdbg::e2e
+
+namespace commdbg::e2e {
+namespace {
+
+TEST(Records, MaxRecordsBudgetRetainsExactlyTheBudgetAndCountsTheRest) {
+    REQUIRE_BPF();
+    TempDir tmp;
+    const int budget = 1000, calls = 5000;
+    auto r = run({commdbg_bin(), "run", "--max-records", std::to_string(budget), "--json", tmp.path("out.json"),
+                  "--table", tmp.path("table.txt"), "--", testprog("nccl_workload"), "--calls",
+                  "all_reduce=2000,all_gather=2000,broadcast=1000", "--threads", "2", "--fake-comm"},
+                 nccl_env(false));
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto j = read_json(tmp.path("out.json"));
+    size_t retained = 0;
+    std::function<void(const nlohmann::json&)> walk = [&](const nlohmann::json& recs) {
+        for (const auto& rec : recs) {
+            ++retained;
+            walk(rec["children"]);
+        }
+    };
+    walk(j["records"]);
+    EXPECT_EQ(retained, static_cast<size_t>(budget));
+    EXPECT_EQ(j["dropped_records"].get<int>(), calls - budget);
+    EXPECT_EQ(j["comm_counts"]["nccl.all_reduce"].get<int>(), 2000);
+    EXPECT_EQ(j["comm_counts"]["nccl.all_gather"].get<int>(), 2000);
+    EXPECT_EQ(j["comm_counts"]["nccl.broadcast"].get<int>(), 1000);
+    EXPECT_EQ(j["total_counts"].get<int>(), calls);
+    // The table file is plain text, and says the tree is incomplete.
+    std::ifstream in(tmp.path("table.txt"));
+    std::string table((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(table.find('\x1b'), std::string::npos);
+    EXPECT_NE(table.find("incomplete"), std::string::npos) << table.substr(0, 1500);
 }
 
 }  // namespace

@@ -32,7 +32,18 @@ SymbolInfo frame_sym(const char* name, const char* layer, cd_role role, cd_coll 
 
 struct Fixture {
     SymbolTable t;
-    uint32_t allreduce = t.intern(nccl("ncclAllReduce", CD_COLL_ALL_REDUCE, {2, 3, 5, 4}));
+    uint32_t allreduce = t.intern(nccl("ncclAllReduce", CD_COLL_ALL_REDUCE, [] {
+        ArgSlots s{2, 3, 5, 4};
+        s.sendbuf = 0, s.recvbuf = 1, s.stream = 6;  // stream: the first stack word
+        return s;
+    }()));
+    uint32_t send = t.intern(nccl("ncclSend", CD_COLL_SEND, [] {
+        ArgSlots s{1, 2, 4, CD_SLOT_NONE, 3};
+        s.sendbuf = 0, s.stream = 5;
+        return s;
+    }()));
+    uint32_t bcast_no_bufs = t.intern(nccl("ncclBroadcast", CD_COLL_BROADCAST,
+                                           {2, 3, 5, CD_SLOT_NONE, 4}));
     uint32_t group_start = t.intern(nccl("ncclGroupStart", CD_COLL_NONE, {}, CD_ROLE_GROUP_START));
     uint32_t init = t.intern(nccl("ncclCommInitRank", CD_COLL_NONE,
                                   {CD_SLOT_NONE, CD_SLOT_NONE, CD_SLOT_NONE, CD_SLOT_NONE,
@@ -138,6 +149,37 @@ TEST(Model, CollectiveArgsAreDecodedFromTheSymbolSlots) {
     EXPECT_EQ(r.coll, CD_COLL_ALL_REDUCE);
     EXPECT_TRUE(r.has(kHasRet));
     EXPECT_EQ(host_enqueue_ns(r), 3100u);
+}
+
+TEST(Model, StreamAndBuffersAreDecodedWhenTheirSlotsAreSet) {
+    Fixture f;
+    TraceModel m(f.t);
+    auto e = f.enter(f.allreduce, 100, 1000);
+    e.args = {0x7f0000200000, 0x7f0000400000, 1024, 7, 0, 0xc0ffee, 0x5555a0000010, 0};
+    m.on_event(e);
+    e = f.enter(f.send, 200, 1000);
+    e.args = {0x7f0000600000, 16, 7, 1, 0xc0ffee, 0, 0x99, 0x98};  // stream 0: the default stream
+    m.on_event(e);
+    e = f.enter(f.bcast_no_bufs, 300, 1000);
+    e.args = {0x10, 0x20, 64, 7, 0, 0xc0ffee, 0x30, 0x40};
+    m.on_event(e);
+    const auto& recs = m.process(kPid)->records();
+    ASSERT_EQ(recs.size(), 3u);
+    EXPECT_TRUE(recs[0].has(kHasStream) && recs[0].has(kHasSendBuf) && recs[0].has(kHasRecvBuf));
+    EXPECT_EQ(recs[0].stream, 0x5555a0000010u);
+    EXPECT_EQ(recs[0].sendbuf, 0x7f0000200000u);
+    EXPECT_EQ(recs[0].recvbuf, 0x7f0000400000u);
+    // A set slot is a value even when it is 0 (the legacy default stream).
+    EXPECT_TRUE(recs[1].has(kHasStream));
+    EXPECT_EQ(recs[1].stream, 0u);
+    EXPECT_TRUE(recs[1].has(kHasSendBuf));
+    EXPECT_EQ(recs[1].sendbuf, 0x7f0000600000u);
+    EXPECT_FALSE(recs[1].has(kHasRecvBuf));
+    EXPECT_EQ(recs[1].recvbuf, 0u);
+    // No slots in the symbol: nothing recorded, whatever the registers hold.
+    EXPECT_FALSE(recs[2].has(kHasStream) || recs[2].has(kHasSendBuf) || recs[2].has(kHasRecvBuf));
+    EXPECT_EQ(recs[2].stream, 0u);
+    EXPECT_EQ(recs[2].sendbuf, 0u);
 }
 
 TEST(Model, CommInitExitRecordsTheNewCommunicator) {

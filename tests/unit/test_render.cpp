@@ -18,6 +18,16 @@ namespace {
 
 constexpr uint32_t kPid = 4242;
 constexpr uint64_t kComm = 0x5555c0ffee00;
+constexpr uint64_t kSplitComm = 0x5555c0ffef00;
+constexpr uint64_t kStream = 0x5555a0000010;
+constexpr uint64_t kSend = 0x7f0000200000, kRecv = 0x7f0000400000;
+
+ArgSlots with_buffers(ArgSlots s, uint8_t send, uint8_t recv, uint8_t stream) {
+    s.sendbuf = send;
+    s.recvbuf = recv;
+    s.stream = stream;
+    return s;
+}
 
 SymbolInfo sym(const char* name, const char* layer, cd_role role, cd_coll coll = CD_COLL_NONE,
                ArgSlots slots = {}, bool ret = false) {
@@ -36,18 +46,23 @@ SymbolInfo sym(const char* name, const char* layer, cd_role role, cd_coll coll =
 // second thread.
 struct Scenario {
     SymbolTable t;
+    // The spec's layout (specs/nccl.json): init nranks/rank -> count/peer,
+    // split key/color/parent -> count/peer/comm.
     uint32_t init = t.intern(sym("ncclCommInitRank", "nccl", CD_ROLE_COMM_INIT, CD_COLL_NONE,
-                                 {CD_SLOT_NONE, CD_SLOT_NONE, CD_SLOT_NONE, CD_SLOT_NONE,
-                                  CD_SLOT_NONE, 0},
-                                 true));
+                                 {1, CD_SLOT_NONE, CD_SLOT_NONE, CD_SLOT_NONE, 2, 0}, true));
+    uint32_t split = t.intern(sym("ncclCommSplit", "nccl", CD_ROLE_COMM_SPLIT, CD_COLL_NONE,
+                                  {2, CD_SLOT_NONE, 0, CD_SLOT_NONE, 1, 3}, true));
+    uint32_t destroy = t.intern(sym("ncclCommDestroy", "nccl", CD_ROLE_COMM_END, CD_COLL_NONE,
+                                    {CD_SLOT_NONE, CD_SLOT_NONE, 0}, true));
     uint32_t allreduce = t.intern(sym("ncclAllReduce", "nccl", CD_ROLE_COLLECTIVE,
-                                      CD_COLL_ALL_REDUCE, {2, 3, 5, 4}, true));
+                                      CD_COLL_ALL_REDUCE, with_buffers({2, 3, 5, 4}, 0, 1, 6), true));
     uint32_t allgather = t.intern(sym("ncclAllGather", "nccl", CD_ROLE_COLLECTIVE,
-                                      CD_COLL_ALL_GATHER, {2, 3, 4}, true));
+                                      CD_COLL_ALL_GATHER, with_buffers({2, 3, 4}, 0, 1, 5), true));
     uint32_t bcast = t.intern(sym("ncclBroadcast", "nccl", CD_ROLE_COLLECTIVE, CD_COLL_BROADCAST,
                                   {2, 3, 5, CD_SLOT_NONE, 4}, true));
     uint32_t send = t.intern(sym("ncclSend", "nccl", CD_ROLE_COLLECTIVE, CD_COLL_SEND,
-                                 {1, 2, 4, CD_SLOT_NONE, 3}, true));
+                                 with_buffers({1, 2, 4, CD_SLOT_NONE, 3}, 0, CD_SLOT_NONE, 5),
+                                 true));
     uint32_t c10d = t.intern(sym("c10d::ProcessGroupNCCL::allreduce", "c10d",
                                  CD_ROLE_COLLECTIVE, CD_COLL_ALL_REDUCE));
     uint32_t module = t.intern(sym("model.layers.0 (Linear)", "python", CD_ROLE_ANNOTATION));
@@ -90,26 +105,35 @@ struct Scenario {
     explicit Scenario(ModelLimits limits = {}) : model(t, limits) {
         for (int i = 0; i < CD_UNIQUE_ID_BYTES; ++i) uid[i] = static_cast<uint8_t>(i * 37);
         const uint64_t base = 1'000'000'000;
-        auto e = enter(init, base + 1000, 0x7000);
+        auto e = enter(init, base + 1000, 0x7000, kPid, {0x7ffd1000, 2, 0, 0, 0, 0, 0, 0});
         exit(e, base + 91000, 0, kComm);
         enter(module, base + 100000, 0x7000);
         enter(linear, base + 101000, 0x6f00);
         enter(tr, base + 102000, 0x6e00);
         enter(addmm, base + 103000, 0x6e00);
         enter(c10d, base + 110000, 0x6f00);
-        e = enter(allreduce, base + 111000, 0x6e00, kPid, {0x10, 0x20, 1024, 7, 0, kComm, 0, 0});
+        e = enter(allreduce, base + 111000, 0x6e00, kPid,
+                  {kSend, kRecv, 1024, 7, 0, kComm, kStream, 0});
         exit(e, base + 114100);
         enter(contiguous, base + 120000, 0x6f00);
         enter(clone, base + 121000, 0x6e00);
         enter(copy, base + 122000, 0x6d00);
         enter(view, base + 130000, 0x6f00);
-        e = enter(allgather, base + 140000, 0x7000, kPid, {0x10, 0x20, 256, 9, kComm, 0, 0, 0});
+        e = enter(allgather, base + 140000, 0x7000, kPid,
+                  {kSend, kRecv + 0x1000, 256, 9, kComm, kStream, 0, 0});
         exit(e, base + 142500);
         // Exit lost: end unknown.
         enter(bcast, base + 150000, 0x7000, kPid, {0x10, 0x20, 64, 2, 0, kComm, 0, 0});
+        // Split (color 3, key 1; the key register's upper half is garbage: an
+        // int argument), then destroy the child.
+        e = enter(split, base + 160000, 0x7000, kPid,
+                  {kComm, 3, 0xdead000000000001, 0x7ffd2000, 0, 0, 0, 0});
+        exit(e, base + 165000, 0, kSplitComm);
+        e = enter(destroy, base + 170000, 0x7000, kPid, {kSplitComm, 0, 0, 0, 0, 0, 0, 0});
+        exit(e, base + 171000);
         // A second thread.
         enter(add, base + 105000, 0x9000, kPid + 1);
-        e = enter(send, base + 106000, 0x8f00, kPid + 1, {0x30, 16, 2, 1, kComm, 0, 0, 0});
+        e = enter(send, base + 106000, 0x8f00, kPid + 1, {0x30, 16, 2, 1, kComm, kStream + 8, 0, 0});
         exit(e, base + 107000, 4);
     }
 
@@ -120,7 +144,8 @@ struct Scenario {
         r.libraries = {"/usr/local/cuda/lib64/libnccl.so.2", "/usr/lib/libtorch_cpu.so"};
         r.counters = {{allreduce, kComm, 7, 1, 1024, 4096, 0}, {c10d, 0, 0xffffffff, 1, 0, 0, 0},
                       {allgather, kComm, 9, 1, 256, 512, 0},   {bcast, kComm, 2, 1, 64, 256, 0},
-                      {send, kComm, 2, 1, 16, 64, 1},          {init, 0, 0xffffffff, 1, 0, 0, 0}};
+                      {send, kComm, 2, 1, 16, 64, 1},          {init, 0, 0xffffffff, 1, 0, 0, 0},
+                      {split, kComm, 0xffffffff, 1, 0, 0, 0},  {destroy, kSplitComm, 0xffffffff, 1, 0, 0, 0}};
         CommInfo c;
         c.ptr = kComm;
         c.id = nccl_comm_hash(uid);
@@ -128,7 +153,14 @@ struct Scenario {
         c.rank = 0;
         c.origin = "init_rank";
         c.init_ret = 0;
-        r.comms = {c};
+        CommInfo child;
+        child.ptr = kSplitComm;
+        child.id = 0x1234abcd5678ef00;
+        child.origin = "split";
+        child.parent_ptr = kComm;
+        child.init_ret = 0;
+        child.destroyed = true;
+        r.comms = {c, child};
         r.tree = model.process(kPid);
         r.notes = {"synthetic stream for the golden files"};
         return r;
@@ -282,16 +314,16 @@ TEST(Render, DropsAreReportedInTableAndJson) {
     auto r = s.report();
     r.kernel_dropped_records = 7;
     uint64_t model_drops = r.tree->dropped_total();
-    ASSERT_EQ(model_drops, 12u);  // 15 calls seen (group calls excluded), 3 kept
+    ASSERT_EQ(model_drops, 14u);  // 17 calls seen (group calls excluded), 3 kept
     auto j = to_json(r, s.t, 1);
-    EXPECT_EQ(j["dropped_records"], 19);
+    EXPECT_EQ(j["dropped_records"], 21);
     EXPECT_EQ(j["dropped_by_cause"]["kernel_ringbuf"], 7);
-    EXPECT_EQ(j["dropped_by_cause"]["budget"], 12);
+    EXPECT_EQ(j["dropped_by_cause"]["budget"], 14);
     EXPECT_EQ(j["dropped_by_cause"]["depth"], 0);
     std::string table = render_table(r, s.t, 1, false);
-    EXPECT_NE(table.find("dropped records: kernel ring buffer 7, model budget 12, model depth 0"),
+    EXPECT_NE(table.find("dropped records: kernel ring buffer 7, model budget 14, model depth 0"),
               std::string::npos);
-    EXPECT_NE(table.find("warning: the call tree below is incomplete: 19 calls missing, 3 shown"),
+    EXPECT_NE(table.find("warning: the call tree below is incomplete: 21 calls missing, 3 shown"),
               std::string::npos);
     // Counts stay exact whatever the tree lost.
     EXPECT_EQ(total_counts(r, s.t), 4u);
@@ -376,4 +408,227 @@ TEST(Render, WriteFileAtomicReplacesAndReportsFailures) {
     } catch (const CommdbgError& e) {
         EXPECT_NE(std::string(e.what()).find("/nonexistent-dir-commdbg/x.json"), std::string::npos);
     }
+}
+
+namespace {
+
+const nlohmann::ordered_json* find_record(const nlohmann::ordered_json& recs, const std::string& name) {
+    for (const auto& r : recs) {
+        if (r["name"] == name) return &r;
+        if (const auto* c = find_record(r["children"], name)) return c;
+    }
+    return nullptr;
+}
+
+std::string line_with(const std::string& text, const std::string& needle) {
+    auto at = text.find(needle);
+    if (at == std::string::npos) return {};
+    auto begin = text.rfind('\n', at);
+    begin = begin == std::string::npos ? 0 : begin + 1;
+    return text.substr(begin, text.find('\n', at) - begin);
+}
+
+}  // namespace
+
+TEST(Render, NcclRecordsCarryStreamAndBuffersInJsonTraceAndVerboseTable) {
+    Scenario s;
+    auto r = s.report();
+    auto j = to_json(r, s.t, 1);
+    const auto* ar = find_record(j["records"], "ncclAllReduce");
+    ASSERT_NE(ar, nullptr);
+    EXPECT_EQ((*ar)["stream"], "0x5555a0000010");
+    EXPECT_EQ((*ar)["sendbuff"], "0x7f0000200000");
+    EXPECT_EQ((*ar)["recvbuff"], "0x7f0000400000");
+    const auto* send = find_record(j["records"], "ncclSend");
+    ASSERT_NE(send, nullptr);
+    EXPECT_EQ((*send)["stream"], "0x5555a0000018");
+    EXPECT_EQ((*send)["sendbuff"], "0x30");
+    EXPECT_FALSE(send->contains("recvbuff"));  // no slot: no key
+    const auto* bc = find_record(j["records"], "ncclBroadcast");
+    ASSERT_NE(bc, nullptr);
+    EXPECT_FALSE(bc->contains("stream") || bc->contains("sendbuff") || bc->contains("recvbuff"));
+
+    bool seen = false;
+    auto trace = chrome_trace({r}, s.t);
+    for (const auto& ev : trace["traceEvents"]) {
+        if (ev["name"] != "ncclAllReduce") continue;
+        seen = true;
+        EXPECT_EQ(ev["args"]["stream"], "0x5555a0000010");
+        EXPECT_EQ(ev["args"]["sendbuff"], "0x7f0000200000");
+        EXPECT_EQ(ev["args"]["recvbuff"], "0x7f0000400000");
+    }
+    EXPECT_TRUE(seen);
+
+    // The default table stays readable: addresses from noise level 2 on.
+    for (int level : {0, 1})
+        EXPECT_EQ(render_table(r, s.t, level, false).find("stream="), std::string::npos) << level;
+    std::string l2 = render_table(r, s.t, 2, false);
+    EXPECT_NE(line_with(l2, "ncclAllReduce count=")
+                  .find(" stream=0x5555a0000010 sendbuff=0x7f0000200000 recvbuff=0x7f0000400000"),
+              std::string::npos)
+        << l2;
+    EXPECT_EQ(line_with(l2, "ncclSend ").find("recvbuff="), std::string::npos);
+}
+
+TEST(Render, CommunicatorCallsAreShownWithTheMeaningOfTheirSlots) {
+    Scenario s;
+    auto r = s.report();
+    std::string id = report_detail::hex16(*r.comms[0].id);
+    std::string table = render_table(r, s.t, 0, false);
+    std::string init = line_with(table, "ncclCommInitRank");
+    EXPECT_NE(init.find("ncclCommInitRank nranks=2 rank=0 new_comm=0x5555c0ffee00 id=" + id + " ret=0"),
+              std::string::npos)
+        << init;
+    std::string split = line_with(table, "ncclCommSplit");
+    EXPECT_NE(split.find("ncclCommSplit parent=0x5555c0ffee00 color=3 key=1 new_comm=0x5555c0ffef00 "
+                         "id=0x1234abcd5678ef00 ret=0"),
+              std::string::npos)
+        << split;
+    std::string destroy = line_with(table, "ncclCommDestroy");
+    EXPECT_NE(destroy.find("ncclCommDestroy comm=0x5555c0ffef00 ret=0"), std::string::npos) << destroy;
+    for (const std::string& l : {init, split, destroy})
+        for (const char* generic : {"count=", "root=", "peer="})
+            EXPECT_EQ(l.find(generic), std::string::npos) << l;
+
+    auto j = to_json(r, s.t, 0);
+    const auto* ji = find_record(j["records"], "ncclCommInitRank");
+    ASSERT_NE(ji, nullptr);
+    EXPECT_EQ((*ji)["nranks"], 2);
+    EXPECT_EQ((*ji)["rank"], 0);
+    EXPECT_EQ((*ji)["new_comm"], "0x5555c0ffee00");
+    EXPECT_EQ((*ji)["new_comm_id"], id);
+    const auto* js = find_record(j["records"], "ncclCommSplit");
+    ASSERT_NE(js, nullptr);
+    EXPECT_EQ((*js)["parent"], "0x5555c0ffee00");
+    EXPECT_EQ((*js)["color"], 3);
+    EXPECT_EQ((*js)["key"], 1);  // an int: the register's upper half is ignored
+    EXPECT_EQ((*js)["new_comm"], "0x5555c0ffef00");
+    EXPECT_EQ((*js)["new_comm_id"], "0x1234abcd5678ef00");
+    const auto* jd = find_record(j["records"], "ncclCommDestroy");
+    ASSERT_NE(jd, nullptr);
+    EXPECT_EQ((*jd)["comm"], "0x5555c0ffef00");
+    EXPECT_EQ((*jd)["comm_id"], "0x1234abcd5678ef00");
+    for (const auto* rec : {ji, js, jd})
+        for (const char* generic : {"input_elements", "output_elements", "root", "peer", "parent_comm"})
+            EXPECT_FALSE(rec->contains(generic)) << generic << " in " << rec->dump();
+    EXPECT_FALSE(ji->contains("comm"));
+    EXPECT_FALSE(js->contains("comm"));
+
+    // Unknown ids: no new_comm_id, no id=.
+    r.comms.clear();
+    j = to_json(r, s.t, 0);
+    EXPECT_FALSE(find_record(j["records"], "ncclCommInitRank")->contains("new_comm_id"));
+    EXPECT_FALSE(find_record(j["records"], "ncclCommSplit")->contains("new_comm_id"));
+    EXPECT_EQ(line_with(render_table(r, s.t, 0, false), "ncclCommSplit").find(" id="), std::string::npos);
+}
+
+TEST(Render, CommInitAllShowsTheDeviceCount) {
+    SymbolTable t;
+    SymbolInfo all = sym("ncclCommInitAll", "nccl", CD_ROLE_COMM_INIT, CD_COLL_NONE,
+                         {1, CD_SLOT_NONE, CD_SLOT_NONE, CD_SLOT_NONE, CD_SLOT_NONE, 0}, true);
+    all.tail = CD_TAIL_COMM_LIST;
+    uint32_t id = t.intern(all);
+    TraceModel m(t);
+    CallEnter e;
+    e.tgid = e.tid = 1;
+    e.ts_ns = 100;
+    e.sp = 0x1000;
+    e.cookie = make_cookie(id, *t.find(id));
+    e.args = {0x7ffd0000, 4, 0, 0, 0, 0, 0, 0};
+    m.on_event(e);
+    CallExit x;
+    x.tgid = x.tid = 1;
+    x.ts_ns = 200;
+    x.cookie = e.cookie;
+    x.enter_ts_ns = e.ts_ns;
+    x.out_value = 0xabc0;
+    m.on_event(x);
+    ProcessReport r;
+    r.pid = 1;
+    r.tree = m.process(1);
+    EXPECT_NE(render_table(r, t, 0, false).find("ncclCommInitAll ndev=4 new_comm=0xabc0 ret=0"),
+              std::string::npos)
+        << render_table(r, t, 0, false);
+    auto j = to_json(r, t, 0);
+    EXPECT_EQ(j["records"][0]["ndev"], 4);
+    EXPECT_FALSE(j["records"][0].contains("nranks"));
+    EXPECT_FALSE(j["records"][0].contains("rank"));
+    EXPECT_EQ(j["records"][0]["new_comm"], "0xabc0");
+}
+
+TEST(Render, JsonCountersAreExactAndSortedAndCommBytesSumsCollectives) {
+    Scenario s;
+    auto r = s.report();
+    // Out of order on purpose; two rows with one key keep their input order.
+    r.counters.push_back({s.allreduce, kComm, 0, 2, 20, 20, 0});
+    r.counters.push_back({s.allreduce, 0x1, 7, 3, 30, 120, 2});
+    r.counters.push_back({s.allreduce, kComm, 0, 4, 40, 40, 0});
+    auto j = to_json(r, s.t, 1);
+    // The CommDebugMode keys stay first.
+    auto it = j.begin();
+    EXPECT_EQ(it.key(), "comm_counts");
+    EXPECT_EQ((++it).key(), "total_counts");
+    EXPECT_EQ((++it).key(), "comm_bytes");
+    EXPECT_EQ((++it).key(), "counters");
+    EXPECT_EQ((++it).key(), "records");
+
+    EXPECT_EQ(j["comm_bytes"]["nccl.all_reduce"], 4096 + 20 + 120 + 40);
+    EXPECT_EQ(j["comm_bytes"]["nccl.all_gather"], 512);
+    EXPECT_EQ(j["comm_bytes"]["nccl.send"], 64);
+    EXPECT_EQ(j["comm_bytes"]["c10d.all_reduce"], 0);
+    EXPECT_EQ(j["comm_bytes"].size(), j["comm_counts"].size());  // collective role only
+    EXPECT_FALSE(j["comm_bytes"].contains("nccl.none"));
+    EXPECT_EQ(comm_bytes(r, s.t).at("nccl.broadcast"), 256u);
+
+    const auto& rows = j["counters"];
+    ASSERT_EQ(rows.size(), r.counters.size());
+    std::vector<std::string> names;
+    for (const auto& row : rows) names.push_back(row["name"].get<std::string>());
+    EXPECT_EQ(names, (std::vector<std::string>{
+                         "c10d::ProcessGroupNCCL::allreduce", "ncclAllGather", "ncclAllReduce",
+                         "ncclAllReduce", "ncclAllReduce", "ncclAllReduce", "ncclBroadcast",
+                         "ncclCommDestroy", "ncclCommInitRank", "ncclCommSplit", "ncclSend"}));
+    // ncclAllReduce rows: by comm, then dtype (int8 = 0 before float32 = 7), then input order.
+    EXPECT_EQ(rows[2]["comm"], "0x1");
+    EXPECT_EQ(rows[2]["calls"], 3);
+    EXPECT_EQ(rows[2]["errors"], 2);
+    EXPECT_FALSE(rows[2].contains("comm_id"));  // an unknown communicator
+    EXPECT_EQ(rows[3]["dtype"], "int8");
+    EXPECT_EQ(rows[3]["calls"], 2);
+    EXPECT_EQ(rows[4]["calls"], 4);
+    const auto& ar = rows[5];
+    EXPECT_EQ(ar["layer"], "nccl");
+    EXPECT_EQ(ar["collective"], "all_reduce");
+    EXPECT_EQ(ar["comm"], "0x5555c0ffee00");
+    EXPECT_EQ(ar["comm_id"], report_detail::hex16(*r.comms[0].id));
+    EXPECT_EQ(ar["dtype"], "float32");
+    EXPECT_EQ(ar["calls"], 1);
+    EXPECT_EQ(ar["elements"], 1024);
+    EXPECT_EQ(ar["bytes"], 4096);
+    EXPECT_EQ(ar["errors"], 0);
+    const auto& init = rows[8];
+    EXPECT_EQ(init["comm"], "0x0");
+    EXPECT_FALSE(init.contains("collective"));
+    EXPECT_FALSE(init.contains("dtype"));
+    EXPECT_FALSE(init.contains("comm_id"));
+    EXPECT_EQ(rows[7]["comm_id"], "0x1234abcd5678ef00");
+    EXPECT_EQ(rows[10]["errors"], 1);
+}
+
+TEST(Render, TableSummaryShowsCallsBytesAndErrorsPerKind) {
+    Scenario s;
+    auto r = s.report();
+    std::string table = render_table(r, s.t, 1, false);
+    std::string ar = line_with(table, "  nccl.all_reduce ");
+    EXPECT_NE(ar.find("calls=1 "), std::string::npos) << ar;
+    EXPECT_NE(ar.find("bytes=4096"), std::string::npos) << ar;
+    EXPECT_EQ(ar.find("errors="), std::string::npos) << ar;  // only when > 0
+    std::string send = line_with(table, "  nccl.send ");
+    EXPECT_NE(send.find("calls=1 "), std::string::npos) << send;
+    EXPECT_NE(send.find("bytes=64"), std::string::npos) << send;
+    EXPECT_NE(send.find("errors=1"), std::string::npos) << send;
+    auto sum = coll_summary(r, s.t);
+    EXPECT_EQ(sum.at("nccl.send").errors, 1u);
+    EXPECT_EQ(sum.at("nccl.all_gather").bytes, 512u);
+    EXPECT_EQ(sum.count("nccl.none"), 0u);
 }
