@@ -53,6 +53,17 @@ TEST(Records, ElementsAndBytesAreRightForEveryDatatype) {
         }
         EXPECT_EQ(seen.size(), kDtypeBytes.size()) << kind;
         for (const auto& [dt, n] : seen) EXPECT_EQ(n, rounds) << kind << " " << dt;
+        // The exact kernel counters agree, per datatype.
+        std::map<std::string, int> counted;
+        for (const auto& c : j["counters"]) {
+            if (c.value("collective", "") != kind) continue;
+            std::string dt = c.at("dtype").get<std::string>();
+            ++counted[dt];
+            EXPECT_EQ(c.at("calls").get<long>(), rounds) << kind << " " << dt;
+            EXPECT_EQ(c.at("elements").get<long>(), static_cast<long>(rounds) * count) << kind << " " << dt;
+            EXPECT_EQ(c.at("bytes").get<long>(), static_cast<long>(rounds) * count * kDtypeBytes.at(dt)) << kind << " " << dt;
+        }
+        EXPECT_EQ(counted.size(), kDtypeBytes.size()) << kind;
     }
 }
 
