@@ -186,6 +186,19 @@ static __always_inline void count_call(struct cd_count_key *key, __u64 elements,
 	__sync_fetch_and_add(&v->bytes, bytes);
 }
 
+/* Every record starts with the same header. */
+static __always_inline void fill_header(struct cd_header *h, __u32 kind, __u32 size, __u32 tail_kind,
+					__u32 tail_len, __u32 tgid, __u32 tid, __u64 ts)
+{
+	h->kind = kind;
+	h->size = size;
+	h->tail_kind = tail_kind;
+	h->tail_len = tail_len;
+	h->tgid = tgid;
+	h->tid = tid;
+	h->ts_ns = ts;
+}
+
 static __always_inline void emit_enter(struct pt_regs *ctx, __u32 tgid, __u32 tid, __u64 ts,
 				       __u64 cookie, __u64 sp, const __u64 *args, __u32 group_depth,
 				       const bool with_id)
@@ -197,13 +210,8 @@ static __always_inline void emit_enter(struct pt_regs *ctx, __u32 tgid, __u32 ti
 		count_ringbuf_drop(tgid);
 		return;
 	}
-	e->h.kind = CD_EV_CALL_ENTER;
-	e->h.size = size;
-	e->h.tail_kind = with_id ? CD_TAIL_UNIQUE_ID : CD_TAIL_NONE;
-	e->h.tail_len = with_id ? CD_UNIQUE_ID_BYTES : 0;
-	e->h.tgid = tgid;
-	e->h.tid = tid;
-	e->h.ts_ns = ts;
+	fill_header(&e->h, CD_EV_CALL_ENTER, size, with_id ? CD_TAIL_UNIQUE_ID : CD_TAIL_NONE,
+		    with_id ? CD_UNIQUE_ID_BYTES : 0, tgid, tid, ts);
 	e->cookie = cookie;
 	e->ip = PT_REGS_IP(ctx);
 	e->sp = sp;
@@ -428,13 +436,7 @@ int call_exit(struct pt_regs *ctx)
 		count_drop(CD_DROP_EXIT_LOST);
 		return 0;
 	}
-	e->h.kind = CD_EV_CALL_EXIT;
-	e->h.size = sizeof(*e);
-	e->h.tail_kind = CD_TAIL_NONE;
-	e->h.tail_len = 0;
-	e->h.tgid = tgid;
-	e->h.tid = tid;
-	e->h.ts_ns = bpf_ktime_get_ns();
+	fill_header(&e->h, CD_EV_CALL_EXIT, sizeof(*e), CD_TAIL_NONE, 0, tgid, tid, bpf_ktime_get_ns());
 	e->cookie = cookie;
 	e->enter_ts_ns = s->ts;
 	e->ret = ret;
@@ -473,13 +475,8 @@ int dl_debug_state(struct pt_regs *ctx)
 	}
 	if ((*flags & CD_TRACE_DL_STOP) && bpf_send_signal_thread(SIGSTOP) == 0)
 		stopped = 1;
-	e->h.kind = CD_EV_DL_CHANGE;
-	e->h.size = sizeof(*e);
-	e->h.tail_kind = CD_TAIL_NONE;
-	e->h.tail_len = 0;
-	e->h.tgid = tgid;
-	e->h.tid = (__u32)pid_tgid;
-	e->h.ts_ns = bpf_ktime_get_ns();
+	fill_header(&e->h, CD_EV_DL_CHANGE, sizeof(*e), CD_TAIL_NONE, 0, tgid, (__u32)pid_tgid,
+		    bpf_ktime_get_ns());
 	e->stopped = stopped;
 	e->pad = 0;
 	bpf_ringbuf_submit(e, 0);
@@ -494,13 +491,7 @@ static __always_inline void emit_proc(__u32 kind, __u32 tgid, __u32 parent, __s3
 		count_drop(CD_DROP_PROC_EVENT);
 		return;
 	}
-	e->h.kind = kind;
-	e->h.size = sizeof(*e);
-	e->h.tail_kind = CD_TAIL_NONE;
-	e->h.tail_len = 0;
-	e->h.tgid = tgid;
-	e->h.tid = tgid;
-	e->h.ts_ns = bpf_ktime_get_ns();
+	fill_header(&e->h, kind, sizeof(*e), CD_TAIL_NONE, 0, tgid, tgid, bpf_ktime_get_ns());
 	e->parent_tgid = parent;
 	e->exit_code = code;
 	bpf_ringbuf_submit(e, 0);
