@@ -252,20 +252,124 @@ std::vector<ProbeSpec> select_specs(const std::vector<std::string>& names, std::
     return out;
 }
 
+namespace {
+
+// ATen names an operator's C++ struct `<op>_<overload>` (or `<op>` when the
+// overload is empty): at::_ops::add_Tensor is aten::add.Tensor, add_out is
+// aten::add.out, add__Tensor is aten::add_.Tensor.  The split point is not
+// recoverable from the struct name alone, and at run time there is nothing
+// else (the name/overload_name strings are constexpr members, not exported
+// symbols; libtorch ships without headers).  So: split at the first '_'
+// (after any leading run of '_') whose remainder is a known overload name,
+// unless the struct starts with an operator whose own name ends in what looks
+// like an overload (broadcast_to, sum_to_size, ...).
+//
+// Both tables are the complete lists for PyTorch 1.13 (ATen/ops/*_ops.h,
+// 2952 operators): tests/unit/test_probe_spec.cpp checks every operator of the
+// installed headers against this function.  An overload newer than the table
+// shows unsplit (aten::foo_newoverload): still one distinct, stable name.
+constexpr std::string_view kAtenOverloads[] = {
+    "Dimname", "DimnameList", "DimnameList_out", "Dimname_Scalar", "Dimname_Tensor", "Dimname_out",
+    "IntList", "IntList_out", "KN", "L", "List", "List_out", "OutScalar_Other", "OutScalar_Self",
+    "OutTensor", "Q", "Scalar", "ScalarList", "ScalarList_out", "ScalarOpt_dim",
+    "ScalarOpt_dim_dtype", "ScalarOpt_dim_dtype_out", "ScalarOpt_dtype", "ScalarOpt_dtype_out",
+    "ScalarOther", "ScalarSelf", "Scalar_Other", "Scalar_Scalar", "Scalar_Self", "Scalar_Tensor",
+    "Scalar_Tensor_out", "Scalar_mode", "Scalar_mode_out", "Scalar_out", "Sequence", "Tensor",
+    "TensorList_bins", "Tensor_Scalar", "Tensor_Scalar_out", "Tensor_Tensor", "Tensor_Tensor_out",
+    "Tensor_float", "Tensor_float_out", "Tensor_mode", "Tensor_out", "U", "X", "a", "all_out",
+    "array", "atol_rtol_float", "atol_rtol_float_out", "atol_rtol_tensor", "atol_rtol_tensor_out",
+    "b", "beta", "beta_out", "bin_ct", "bin_ct_out", "bins_tensor", "bins_tensor_out",
+    "ccol_row_value", "ccol_row_value_size", "center", "comp_plain_value", "comp_plain_value_size",
+    "correction", "correction_names", "correction_names_out", "correction_out", "crow_col_value",
+    "crow_col_value_size", "data", "decimals", "decimals_out", "deprecated", "device", "dim",
+    "dim_Dimname", "dim_DimnameList", "dim_IntList", "dim_IntList_out", "dim_dtype",
+    "dim_dtype_out", "dim_int", "dim_max", "dim_min", "dim_out", "dim_values", "dimname",
+    "dimname_out", "dimname_src", "dimname_stable", "dimname_value", "dimname_values",
+    "dimname_values_stable", "dtype", "dtype_layout", "dtype_out", "dx", "e", "eigenvalues",
+    "eigvals", "ellipsis_idx", "float", "float_Tensor", "float_Tensor_out", "float_float",
+    "float_float_out", "float_out", "from", "from_out", "fullcoverage", "fullcoverage_out",
+    "generator", "generator_out", "generator_with_names", "generator_with_names_out", "grad_input",
+    "indexing", "indices", "indices_size", "input", "int", "int_Scalar", "int_Scalar_out",
+    "int_Tensor", "int_Tensor_out", "int_bins", "int_out", "intlist", "inverse", "low", "low_dtype",
+    "low_dtype_out", "low_generator", "low_generator_out", "low_out", "m", "m_out", "memory_format",
+    "n_scalar", "n_scalar_out", "named_out_dim", "names", "names_ScalarOpt_dim",
+    "names_ScalarOpt_dim_dtype", "names_dim", "names_dim_max", "names_dim_min", "names_dim_values",
+    "names_dtype_out", "names_out", "ntonly", "ord_str", "ord_str_out", "other", "other_scalar",
+    "other_scalar_out", "out", "out_", "out_mode", "out_rcond_tensor", "out_tol_tensor", "output",
+    "output_mask", "output_mask_out", "p", "p_str", "p_str_out", "padding", "padding_idx",
+    "periodic", "periodic_alpha", "periodic_alpha_beta", "periodic_alpha_beta_out",
+    "periodic_alpha_out", "periodic_out", "rcond_tensor", "reduce", "reduce_out", "result",
+    "scalar", "scalar_out", "scalararray", "scalarint", "scalarrayarray", "scalarrayint",
+    "sections", "self", "self_Tensor", "self_int", "self_out", "self_scalar", "self_scalar_out",
+    "sign", "size", "size_out", "sizes", "source_Storage", "source_Storage_out",
+    "source_Storage_storage_offset", "source_Storage_storage_offset_out", "source_Tensor",
+    "source_Tensor_out", "source_Tensor_storage_offset", "sparse_dim", "sparse_dim_out", "src",
+    "src_out", "stable", "stable_out", "start", "start_out", "start_step", "step", "str_ord",
+    "str_ord_out", "tensor_indices_or_sections", "tensor_qparams", "tensor_qparams_out",
+    "tensorarray", "tensorarrayint", "tensors", "tensors_out", "to", "to_out", "tol_tensor", "two",
+    "two_out", "using_ints", "using_names", "value", "value_out", "value_reduce",
+    "value_reduce_out", "values", "values_stable", "vec", "vec_out", "x", "x_scalar", "x_scalar_out"
+};
+
+// Operators whose name ends in "_<known overload>": never split inside them.
+constexpr std::string_view kAtenOpsWithOverloadLikeTail[] = {
+    "_add_batch_dim", "_copy_from", "_cufft_get_plan_cache_max_size", "_cufft_get_plan_cache_size",
+    "_cufft_set_plan_cache_max_size", "_fake_quantize_per_tensor_affine_cachemask_tensor_qparams",
+    "_histogramdd_from_bin_tensors", "_log_softmax_backward_data", "_nested_tensor_size",
+    "_remove_batch_dim", "_resize_output", "_softmax_backward_data", "_sparse_broadcast_to",
+    "_sparse_coo_tensor_with_dims_and_tensors", "_sparse_log_softmax_backward_data",
+    "_sparse_softmax_backward_data", "_test_optional_filled_intlist", "_test_optional_intlist",
+    "_validate_compressed_sparse_indices", "affine_grid_generator", "align_tensors", "align_to",
+    "batch_norm_backward_reduce", "broadcast_tensors", "broadcast_to", "ccol_indices",
+    "cholesky_inverse", "col_indices", "crow_indices", "cudnn_affine_grid_generator", "dense_dim",
+    "flatten_dense_tensors", "index_reduce", "is_same_size", "is_set_to", "linalg_eigvals",
+    "max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices",
+    "mkldnn_linear_backward_input", "norm_except_dim", "refine_names", "row_indices",
+    "segment_reduce", "set_data", "sparse_dim", "special_legendre_polynomial_p", "split_with_sizes",
+    "sum_to_size", "take_along_dim", "tril_indices", "triu_indices", "unflatten_dense_tensors",
+    "unique_dim", "unsafe_split_with_sizes"
+};
+
+bool is_aten_overload(std::string_view s) {
+    for (auto o : kAtenOverloads)
+        if (o == s) return true;
+    return false;
+}
+
+// "add_Tensor" -> "aten::add.Tensor"
+std::string aten_display_name(std::string_view st) {
+    auto join = [](std::string_view op, std::string_view ov) {
+        std::string out = "aten::";
+        out += op;
+        if (!ov.empty()) out += '.', out += ov;
+        return out;
+    };
+    std::string_view best;
+    for (auto op : kAtenOpsWithOverloadLikeTail) {
+        if (op.size() <= best.size() || !st.starts_with(op)) continue;
+        if (st.size() == op.size() || (st[op.size()] == '_' && is_aten_overload(st.substr(op.size() + 1))))
+            best = op;
+    }
+    if (!best.empty()) return join(best, st.size() == best.size() ? std::string_view{} : st.substr(best.size() + 1));
+    size_t i = 0;
+    while (i < st.size() && st[i] == '_') ++i;  // _foo, __and__: leading '_' belong to the name
+    for (size_t k = i + 1; k + 1 < st.size(); ++k)
+        if (st[k] == '_' && is_aten_overload(st.substr(k + 1))) return join(st.substr(0, k), st.substr(k + 1));
+    return join(st, {});
+}
+
+}  // namespace
+
 std::string derive_name(const SymbolRule& rule, const std::string& symbol, const std::string& demangled) {
     if (!rule.info.name.empty()) return rule.info.name;
     if (rule.name_from == NameFrom::AtenOp) {
-        // at::_ops::add_Tensor::call(...) -> aten::add.Tensor.  The overload
-        // is joined by '_' in the struct name; ATen op names never start with
-        // an upper-case letter after '_', overload names do (Tensor, Scalar,
-        // out, ...): split at the last '_' followed by the overload.
-        const std::string_view prefix = "at::_ops::";
+        // at::_ops::add_Tensor::call(...) -> aten::add.Tensor
+        constexpr std::string_view prefix = "at::_ops::";
         std::string_view d = demangled;
         if (d.starts_with(prefix)) {
             d.remove_prefix(prefix.size());
-            auto end = d.find("::");
-            std::string op(d.substr(0, end));
-            return "aten::" + op;  // overload split is refined by the aten spec's table
+            if (auto end = d.find("::"); end != std::string_view::npos && end > 0)
+                return aten_display_name(d.substr(0, end));
         }
     }
     // Plain: C names as they are; C++ names without their parameter list.

@@ -1,0 +1,437 @@
+// SPDX-License-Identifier: Apache-2.0
+// Probe specs: every built-in parses; malformed specs say file, field and
+// problem; glob_match; display names (ATen struct -> aten::op.overload, checked
+// against every operator of the installed ATen headers when they exist); the
+// torch specs resolved against the real libtorch_cpu when it is installed.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "demangle.hpp"
+#include "nccl.hpp"
+#include "probe_attach.hpp"
+#include "probe_spec.hpp"
+#include "symbol_table.hpp"
+
+namespace fs = std::filesystem;
+
+namespace commdbg {
+namespace {
+
+// ---- built-ins ---------------------------------------------------------------
+
+TEST(ProbeSpec, EveryBuiltinSpecFileParses) {
+    std::set<std::string> files;
+    for (const auto& e : fs::directory_iterator(fs::path(SOURCE_DIR) / "specs"))
+        if (e.path().extension() == ".json") files.insert(e.path().stem().string());
+    ASSERT_FALSE(files.empty());
+    // builtin_specs() silently drops a broken one; parse each file here to name it.
+    for (const auto& f : files) {
+        std::ifstream in(fs::path(SOURCE_DIR) / "specs" / (f + ".json"));
+        std::stringstream ss;
+        ss << in.rdbuf();
+        auto r = parse_probe_spec(ss.str(), f + ".json");
+        EXPECT_TRUE(r.ok()) << r.error();
+        if (r) {
+            EXPECT_EQ(r->name, f) << "spec name and file name differ";
+        }
+    }
+    const auto& specs = builtin_specs();
+    EXPECT_EQ(specs.size(), files.size()) << "a specs/*.json is missing from the binary or does not parse "
+                                             "(re-run cmake configure after adding one)";
+    std::set<std::string> names;
+    for (const auto& s : specs) names.insert(s.name);
+    EXPECT_EQ(names, files);
+}
+
+TEST(ProbeSpec, TorchSpecsNeverUseReturnProbes) {
+    // The uretprobe hazard: an exception unwinding through a return probe aborts the process.
+    for (const auto& s : builtin_specs()) {
+        if (s.layer != "aten" && s.layer != "c10d") continue;
+        EXPECT_FALSE(s.return_probes) << s.name;
+        for (const auto& r : s.symbols) EXPECT_FALSE(r.info.return_probe) << s.name;
+    }
+}
+
+TEST(ProbeSpec, SelectByNameAndUnknownName) {
+    std::vector<std::string> errors;
+    auto specs = select_specs({"nccl", "torch-c10d", "torch-aten"}, errors);
+    EXPECT_TRUE(errors.empty()) << errors.front();
+    ASSERT_EQ(specs.size(), 3u);
+    EXPECT_EQ(specs[1].layer, "c10d");
+    EXPECT_EQ(specs[2].layer, "aten");
+    specs = select_specs({"no-such-spec"}, errors);
+    EXPECT_TRUE(specs.empty());
+    ASSERT_EQ(errors.size(), 1u);
+    EXPECT_NE(errors[0].find("no-such-spec"), std::string::npos) << errors[0];
+    EXPECT_NE(errors[0].find("torch-aten"), std::string::npos) << "lists the built-ins: " << errors[0];
+}
+
+// ---- malformed specs ---------------------------------------------------------
+
+std::string spec_error(const std::string& text) {
+    auto r = parse_probe_spec(text, "bad.json");
+    EXPECT_FALSE(r.ok()) << "accepted: " << text;
+    return r.ok() ? std::string{} : r.error();
+}
+
+void expect_has(const std::string& msg, std::initializer_list<const char*> parts) {
+    for (const char* p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "\"" << p << "\" not in: " << msg;
+}
+
+const char* kRule = R"({"match": "f", "role": "op"})";
+
+std::string spec_with(const std::string& top, const std::string& rule = kRule) {
+    return "{" + top + R"("layer": "x", "library": ["libx.so*"], "symbols": [)" + rule + "]}";
+}
+
+TEST(ProbeSpecErrors, NotJson) { expect_has(spec_error("{ not json"), {"bad.json", "not valid JSON"}); }
+
+TEST(ProbeSpecErrors, NotAnObject) { expect_has(spec_error("[1, 2]"), {"bad.json", "object"}); }
+
+TEST(ProbeSpecErrors, MissingName) { expect_has(spec_error(spec_with("")), {"bad.json", "\"name\"", "missing"}); }
+
+TEST(ProbeSpecErrors, NameNotAString) {
+    expect_has(spec_error(spec_with(R"("name": 3,)")), {"bad.json", "\"name\"", "must be a string"});
+}
+
+TEST(ProbeSpecErrors, MissingLibrary) {
+    expect_has(spec_error(R"({"name": "a", "layer": "x", "symbols": [{"match": "f", "role": "op"}]})"),
+               {"bad.json", "\"library\"", "missing"});
+}
+
+TEST(ProbeSpecErrors, BadRole) {
+    expect_has(spec_error(spec_with(R"("name": "a",)", R"({"match": "f", "role": "kernel"})")),
+               {"bad.json", "symbols[0]", "\"role\"", "unknown role \"kernel\"", "collective"});
+}
+
+TEST(ProbeSpecErrors, MissingRole) {
+    expect_has(spec_error(spec_with(R"("name": "a",)", R"({"match": "f"})")),
+               {"bad.json", "symbols[0]", "\"role\"", "missing"});
+}
+
+TEST(ProbeSpecErrors, CollectiveWithoutKindAndUnknownKind) {
+    expect_has(spec_error(spec_with(R"("name": "a",)", R"({"match": "f", "role": "collective"})")),
+               {"bad.json", "symbols[0]", "\"collective\""});
+    expect_has(spec_error(spec_with(R"("name": "a",)",
+                                    R"({"match": "f", "role": "collective", "collective": "allreduce"})")),
+               {"bad.json", "\"collective\"", "unknown kind \"allreduce\"", "all_reduce"});
+}
+
+TEST(ProbeSpecErrors, BadRegex) {
+    expect_has(spec_error(spec_with(R"("name": "a",)", R"({"regex": "^at::(unclosed", "role": "op"})")),
+               {"bad.json", "symbols[0]", "\"regex\"", "invalid regular expression"});
+}
+
+TEST(ProbeSpecErrors, ArgIndexOutOfRange) {
+    std::string rule = R"({"match": "f", "role": "op", "args": {"count": )" + std::to_string(CD_NUM_ARGS) + "}}";
+    expect_has(spec_error(spec_with(R"("name": "a",)", rule)),
+               {"bad.json", "symbols[0]", "args.count", "argument index"});
+    expect_has(spec_error(spec_with(R"("name": "a",)", R"({"match": "f", "role": "op", "args": {"count": -1}})")),
+               {"bad.json", "args.count", "argument index"});
+    expect_has(spec_error(spec_with(R"("name": "a",)", R"({"match": "f", "role": "op", "args": {"bogus": 1}})")),
+               {"bad.json", "\"args\"", "unknown argument \"bogus\""});
+}
+
+TEST(ProbeSpecErrors, SymbolsNotAnArray) {
+    expect_has(spec_error(R"({"name": "a", "layer": "x", "library": "libx.so", "symbols": {"match": "f"}})"),
+               {"bad.json", "\"symbols\"", "list"});
+    expect_has(spec_error(R"({"name": "a", "layer": "x", "library": "libx.so", "symbols": []})"),
+               {"bad.json", "\"symbols\"", "non-empty"});
+}
+
+TEST(ProbeSpecErrors, NotExactlyOneSelector) {
+    expect_has(spec_error(spec_with(R"("name": "a",)", R"({"match": "f", "glob": "g*", "role": "op"})")),
+               {"bad.json", "symbols[0]", "exactly one of"});
+    expect_has(spec_error(spec_with(R"("name": "a",)", R"({"role": "op"})")), {"bad.json", "exactly one of"});
+}
+
+TEST(ProbeSpecErrors, SecondRuleIsNamed) {
+    expect_has(spec_error(spec_with(R"("name": "a",)", std::string(kRule) + R"(, {"match": "g", "role": "nope"})")),
+               {"bad.json", "symbols[1]", "unknown role"});
+}
+
+TEST(ProbeSpecErrors, BadReturnProbesAndNameFrom) {
+    expect_has(spec_error(spec_with(R"("name": "a", "return_probes": "yes",)")),
+               {"bad.json", "\"return_probes\"", "true or false"});
+    expect_has(spec_error(spec_with(R"("name": "a",)", R"({"match": "f", "role": "op", "name_from": "x"})")),
+               {"bad.json", "\"name_from\"", "unknown \"x\""});
+}
+
+TEST(ProbeSpecErrors, LibraryListWithNonString) {
+    expect_has(spec_error(R"({"name": "a", "layer": "x", "library": ["a", 1], "symbols": [{"match": "f", "role": "op"}]})"),
+               {"bad.json", "\"library\"", "strings"});
+}
+
+TEST(ProbeSpecErrors, SelectSpecsNamesTheFile) {
+    fs::path p = fs::temp_directory_path() / ("commdbg-bad-spec-" + std::to_string(::getpid()) + ".json");
+    {
+        std::ofstream out(p);
+        out << spec_with(R"("name": "a",)", R"({"match": "f", "role": "kernel"})");
+    }
+    std::vector<std::string> errors;
+    auto specs = select_specs({p.string()}, errors);
+    fs::remove(p);
+    EXPECT_TRUE(specs.empty());
+    ASSERT_EQ(errors.size(), 1u);
+    expect_has(errors[0], {p.string().c_str(), "\"role\"", "kernel"});
+    errors.clear();
+    select_specs({"/no/such/spec.json"}, errors);
+    ASSERT_EQ(errors.size(), 1u);
+    expect_has(errors[0], {"/no/such/spec.json", "cannot read"});
+}
+
+// ---- glob_match ----------------------------------------------------------------
+
+TEST(GlobMatch, Basics) {
+    EXPECT_TRUE(glob_match("libnccl.so.*", "libnccl.so.2"));
+    EXPECT_TRUE(glob_match("libnccl.so*", "libnccl.so"));
+    EXPECT_FALSE(glob_match("libnccl.so.*", "libnccl.so"));
+    EXPECT_TRUE(glob_match("libtorch_cpu.so.*", "libtorch_cpu.so.1.13.0"));
+    EXPECT_FALSE(glob_match("libtorch_cpu.so.*", "libtorch_cuda.so.1.13.0"));
+    EXPECT_TRUE(glob_match("*", ""));
+    EXPECT_TRUE(glob_match("", ""));
+    EXPECT_FALSE(glob_match("", "a"));
+    EXPECT_TRUE(glob_match("a?c", "abc"));
+    EXPECT_FALSE(glob_match("a?c", "ac"));
+    EXPECT_TRUE(glob_match("*a*b*c*", "xxaxxbxxcxx"));
+    EXPECT_FALSE(glob_match("*a*b*c*", "xxaxxcxxbxx"));
+    EXPECT_TRUE(glob_match("a**b", "ab"));
+    EXPECT_TRUE(glob_match("*.so.*", "lib.so.so.1"));
+}
+
+TEST(GlobMatch, C10dRulesDoNotOverlap) {
+    const char* ar = "c10d::ProcessGroupGloo::allreduce(*";
+    EXPECT_TRUE(glob_match(ar, "c10d::ProcessGroupGloo::allreduce(std::vector<at::Tensor, std::allocator<at::Tensor> >&, "
+                               "c10d::AllreduceOptions const&)"));
+    EXPECT_FALSE(glob_match(ar, "c10d::ProcessGroupGloo::allreduce_coalesced(std::vector<at::Tensor>&, "
+                                "c10d::AllreduceCoalescedOptions const&)"));
+    EXPECT_FALSE(glob_match("c10d::ProcessGroup::allreduce(*", "c10d::ProcessGroupGloo::allreduce(x)"));
+    EXPECT_FALSE(glob_match("c10d::ProcessGroupGloo::reduce(*", "c10d::ProcessGroupGloo::reduce_scatter(x)"));
+    EXPECT_FALSE(glob_match("c10d::ProcessGroupGloo::allgather(*", "c10d::ProcessGroupGloo::allgather_coalesced(x)"));
+}
+
+// ---- derive_name -----------------------------------------------------------------
+
+SymbolRule aten_rule() {
+    SymbolRule r;
+    r.name_from = NameFrom::AtenOp;
+    return r;
+}
+
+std::string aten(const std::string& st) {
+    return derive_name(aten_rule(), "_ZN2at4_ops" + st, "at::_ops::" + st + "::call(at::Tensor const&)");
+}
+
+TEST(DeriveName, AtenCasesFromTheBrief) {
+    EXPECT_EQ(aten("add_Tensor"), "aten::add.Tensor");
+    EXPECT_EQ(aten("addmm"), "aten::addmm");
+    EXPECT_EQ(aten("linear"), "aten::linear");
+    EXPECT_EQ(aten("add_out"), "aten::add.out");
+    EXPECT_EQ(aten("_to_copy"), "aten::_to_copy");
+    EXPECT_EQ(aten("sum_dim_IntList"), "aten::sum.dim_IntList");
+    EXPECT_EQ(aten("mm"), "aten::mm");
+}
+
+// Real at::_ops structs of libtorch_cpu 1.13 (nm -DC), with name/overload_name
+// from their ATen/ops/*_ops.h.
+TEST(DeriveName, AtenRealNames) {
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"add__Tensor", "aten::add_.Tensor"},
+        {"relu_", "aten::relu_"},
+        {"__and___Tensor", "aten::__and__.Tensor"},
+        {"__iand___Scalar", "aten::__iand__.Scalar"},
+        {"_foreach_add_Scalar_out", "aten::_foreach_add.Scalar_out"},
+        {"_foreach_add__ScalarList", "aten::_foreach_add_.ScalarList"},
+        {"max_pool2d_with_indices_out", "aten::max_pool2d_with_indices.out"},
+        {"max_pool2d_with_indices", "aten::max_pool2d_with_indices"},
+        {"broadcast_to", "aten::broadcast_to"},
+        {"sum_to_size", "aten::sum_to_size"},
+        {"take_along_dim_out", "aten::take_along_dim.out"},
+        {"convolution_backward", "aten::convolution_backward"},
+        {"native_layer_norm", "aten::native_layer_norm"},
+        {"_log_softmax_backward_data_out", "aten::_log_softmax_backward_data.out"},
+        {"_cast_Byte", "aten::_cast_Byte"},
+        {"matrix_H", "aten::matrix_H"},
+        {"arange_start_step", "aten::arange.start_step"},
+        {"avg_pool2d_backward_grad_input", "aten::avg_pool2d_backward.grad_input"},
+        {"upsample_nearest2d_vec", "aten::upsample_nearest2d.vec"},
+        {"index_put_", "aten::index_put_"},
+        {"copy_", "aten::copy_"},
+        {"view", "aten::view"},
+        {"view_dtype", "aten::view.dtype"},
+        {"to_dtype_layout", "aten::to.dtype_layout"},
+        {"empty_memory_format", "aten::empty.memory_format"},
+        {"div_Tensor_mode", "aten::div.Tensor_mode"},
+        {"std_correction_names_out", "aten::std.correction_names_out"},
+    };
+    for (const auto& [st, want] : cases) EXPECT_EQ(aten(st), want) << st;
+}
+
+TEST(DeriveName, AtenOddInputsFallBack) {
+    // Not at::_ops: the plain rule (no parameters).
+    EXPECT_EQ(derive_name(aten_rule(), "_Z3foov", "foo()"), "foo");
+    // A struct name newer than the table: unsplit but stable.
+    EXPECT_EQ(aten("frobnicate_NewOverload2099"), "aten::frobnicate_NewOverload2099");
+}
+
+TEST(DeriveName, PlainAndExplicitName) {
+    SymbolRule r;
+    EXPECT_EQ(derive_name(r, "ncclAllReduce", ""), "ncclAllReduce");
+    EXPECT_EQ(derive_name(r, "ncclAllReduce", "ncclAllReduce"), "ncclAllReduce");
+    EXPECT_EQ(derive_name(r, "_ZN4c10d16ProcessGroupGloo9allreduceERSt6vectorIN2at6TensorESaIS3_EERKNS_16AllreduceOptionsE",
+                          "c10d::ProcessGroupGloo::allreduce(std::vector<at::Tensor, std::allocator<at::Tensor> >&, "
+                          "c10d::AllreduceOptions const&)"),
+              "c10d::ProcessGroupGloo::allreduce");
+    r.info.name = "fixed";
+    EXPECT_EQ(derive_name(r, "x", "x"), "fixed");
+}
+
+// Every operator of the installed ATen headers: struct -> name + "." + overload_name.
+std::vector<fs::path> aten_ops_dirs() {
+    std::vector<fs::path> out;
+    for (const char* d : {"/usr/include/ATen/ops", "/usr/lib/python3/dist-packages/torch/include/ATen/ops",
+                          "/usr/local/include/ATen/ops"})
+        if (fs::is_directory(d)) out.emplace_back(d);
+    return out;
+}
+
+TEST(DeriveName, EveryOperatorOfTheInstalledAtenHeaders) {
+    auto dirs = aten_ops_dirs();
+    if (dirs.empty()) GTEST_SKIP() << "no ATen headers (ATen/ops/*_ops.h) installed: libtorch-dev";
+    size_t total = 0, pass = 0;
+    std::vector<std::string> failures;
+    // The quoted string after `key` within [from, limit), or npos.
+    auto quoted = [](const std::string& t, const std::string& key, size_t from, size_t limit, std::string& out) {
+        size_t k = t.find(key, from);
+        if (k == std::string::npos || k >= limit) return false;
+        size_t b = k + key.size(), e = t.find('"', b);
+        if (e == std::string::npos) return false;
+        out = t.substr(b, e - b);
+        return true;
+    };
+    for (const auto& e : fs::directory_iterator(dirs.front())) {
+        std::string fn = e.path().filename().string();
+        if (!fn.ends_with("_ops.h")) continue;
+        std::ifstream in(e.path());
+        std::stringstream ss;
+        ss << in.rdbuf();
+        const std::string text = ss.str();
+        const std::string kStruct = "struct TORCH_API ";
+        for (size_t pos = text.find(kStruct); pos != std::string::npos; pos = text.find(kStruct, pos + 1)) {
+            size_t b = pos + kStruct.size(), end = text.find(' ', b);
+            size_t close = text.find("};", b);
+            std::string st = text.substr(b, end - b), name, overload;
+            if (!quoted(text, "(name, \"", b, close, name) ||
+                !quoted(text, "(overload_name, \"", b, close, overload))
+                continue;
+            std::string want = name + (overload.empty() ? "" : "." + overload);
+            std::string got = aten(st);
+            ++total;
+            if (got == want) ++pass;
+            else if (failures.size() < 50) failures.push_back(st + " -> " + got + " (want " + want + ")");
+        }
+    }
+    ASSERT_GT(total, 1000u) << "parsed too few operators from " << dirs.front();
+    std::string list;
+    for (const auto& f : failures) list += "\n  " + f;
+    EXPECT_EQ(pass, total) << pass << "/" << total << " operators named right; first failures:" << list;
+    std::printf("[ aten names ] %zu/%zu operators of %s named right\n", pass, total, dirs.front().c_str());
+}
+
+// ---- the torch specs against the real library ---------------------------------------
+
+std::string find_libtorch_cpu() {
+    for (const char* p : {"/usr/lib/x86_64-linux-gnu/libtorch_cpu.so.1.13.0", "/usr/lib/x86_64-linux-gnu/libtorch_cpu.so"})
+        if (fs::exists(p)) return fs::canonical(p).string();
+    return {};
+}
+
+const ProbeSpec& builtin(const std::string& name) {
+    for (const auto& s : builtin_specs())
+        if (s.name == name) return s;
+    throw std::runtime_error("no built-in spec " + name);
+}
+
+TEST(TorchSpecs, LibraryGlobs) {
+    EXPECT_TRUE(builtin("torch-aten").matches_library("/usr/lib/x86_64-linux-gnu/libtorch_cpu.so.1.13.0"));
+    EXPECT_TRUE(builtin("torch-aten").matches_library("/x/site-packages/torch/lib/libtorch_cpu.so"));
+    EXPECT_FALSE(builtin("torch-aten").matches_library("/usr/lib/x86_64-linux-gnu/libtorch_python.so.1.13"));
+    EXPECT_TRUE(builtin("torch-c10d").matches_library("/usr/lib/x86_64-linux-gnu/libtorch_cpu.so.1.13"));
+    EXPECT_TRUE(builtin("torch-c10d").matches_library("/x/torch/lib/libtorch_cuda.so"));
+}
+
+TEST(TorchSpecs, AtenPlanOnRealLibtorch) {
+    std::string lib = find_libtorch_cpu();
+    if (lib.empty()) GTEST_SKIP() << "libtorch_cpu.so not installed (python3-torch)";
+    SymbolTable syms;
+    auto t0 = std::chrono::steady_clock::now();
+    auto plan = ProbeAttacher::plan(builtin("torch-aten"), lib, syms);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(plan.ok()) << plan.error();
+    std::printf("[ torch-aten ] %zu entry probes planned on %s in %.0f ms\n", plan->offsets.size(), lib.c_str(), ms);
+    EXPECT_GT(plan->offsets.size(), 2000u);
+    EXPECT_TRUE(plan->ret_offsets.empty()) << "return probes on ATen: the uretprobe hazard";
+    std::set<std::string> names;
+    for (auto c : plan->cookies) {
+        const SymbolInfo* s = syms.from_cookie(c);
+        ASSERT_NE(s, nullptr);
+        EXPECT_EQ(s->role, CD_ROLE_OP);
+        EXPECT_EQ(s->layer, "aten");
+        names.insert(s->name);
+    }
+    for (const char* want : {"aten::addmm", "aten::linear", "aten::mm", "aten::add.Tensor", "aten::add.out",
+                             "aten::_to_copy", "aten::sum.dim_IntList", "aten::t"})
+        EXPECT_TRUE(names.count(want)) << want;
+    for (const auto& n : names) EXPECT_TRUE(n.starts_with("aten::")) << n;
+}
+
+TEST(TorchSpecs, C10dPlanOnRealLibtorch) {
+    std::string lib = find_libtorch_cpu();
+    if (lib.empty()) GTEST_SKIP() << "libtorch_cpu.so not installed (python3-torch)";
+    SymbolTable syms;
+    auto plan = ProbeAttacher::plan(builtin("torch-c10d"), lib, syms);
+    ASSERT_TRUE(plan.ok()) << plan.error();
+    EXPECT_TRUE(plan->ret_offsets.empty());
+    std::map<std::string, cd_coll> got;
+    for (auto c : plan->cookies) {
+        const SymbolInfo* s = syms.from_cookie(c);
+        ASSERT_NE(s, nullptr);
+        EXPECT_EQ(s->role, CD_ROLE_COLLECTIVE) << s->name;
+        got[s->name] = s->coll;
+    }
+    std::string listing;
+    for (const auto& [n, k] : got) listing += "\n  " + n + " " + std::string(coll_name(k));
+    std::printf("[ torch-c10d ] %zu probes on %s:%s\n", got.size(), lib.c_str(), listing.c_str());
+    // What libtorch_cpu 1.13 exports for ProcessGroupGloo.
+    const std::map<std::string, cd_coll> want = {
+        {"c10d::ProcessGroupGloo::allreduce", CD_COLL_ALL_REDUCE},
+        {"c10d::ProcessGroupGloo::allreduce_coalesced", CD_COLL_ALL_REDUCE},
+        {"c10d::ProcessGroupGloo::allgather", CD_COLL_ALL_GATHER},
+        {"c10d::ProcessGroupGloo::_allgather_base", CD_COLL_ALL_GATHER},
+        {"c10d::ProcessGroupGloo::broadcast", CD_COLL_BROADCAST},
+        {"c10d::ProcessGroupGloo::alltoall_base", CD_COLL_ALL_TO_ALL},
+        {"c10d::ProcessGroupGloo::barrier", CD_COLL_BARRIER},
+        {"c10d::ProcessGroupGloo::send", CD_COLL_SEND},
+        {"c10d::ProcessGroupGloo::recv", CD_COLL_RECV},
+    };
+    for (const auto& [n, k] : want) {
+        auto it = got.find(n);
+        ASSERT_NE(it, got.end()) << n << " not probed";
+        EXPECT_EQ(it->second, k) << n;
+    }
+}
+
+}  // namespace
+}  // namespace commdbg
