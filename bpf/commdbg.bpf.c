@@ -73,10 +73,18 @@ struct inflight_slot {
 	__u32 pad;
 };
 
+struct frame {
+	__u64 sp;
+	__u64 ret; /* return address stored at sp on entry */
+};
+
 struct thread_state {
 	__u32 depth;	   /* open return-probed calls */
 	__u32 group_depth; /* ncclGroupStart nesting */
+	__u32 nframes;	   /* open entry-only frames (see events.h) */
+	__u32 pad;
 	struct inflight_slot s[CD_MAX_INFLIGHT];
+	struct frame frames[CD_MAX_FRAMES];
 	__u8 unique_id[CD_UNIQUE_ID_BYTES]; /* of the open CommInitRank */
 };
 
@@ -167,6 +175,28 @@ static __always_inline struct thread_state *thread_get(__u32 tid)
 	return bpf_map_lookup_elem(&threads, &tid);
 }
 
+/* Pops the frames that returned before an entry at `sp`; returns the depth
+ * left, the parent level of the new call. */
+static __always_inline __u32 pop_returned_frames(struct thread_state *st, __u64 sp)
+{
+	__u32 n = st->nframes;
+
+	for (int i = 0; i < CD_MAX_FRAMES; i++) {
+		struct frame *f;
+		__u64 cur = 0;
+
+		if (n == 0 || n > CD_MAX_FRAMES)
+			break;
+		f = &st->frames[(n - 1) & (CD_MAX_FRAMES - 1)];
+		if (f->sp > sp && bpf_probe_read_user(&cur, sizeof(cur), (void *)f->sp) == 0 &&
+		    cur == f->ret)
+			break; /* still open: below us, return address intact */
+		n--;
+	}
+	st->nframes = n;
+	return n;
+}
+
 static __always_inline void count_call(struct cd_count_key *key, __u64 elements, __u64 bytes)
 {
 	struct cd_count_val *v = bpf_map_lookup_elem(&counters, key);
@@ -201,7 +231,7 @@ static __always_inline void fill_header(struct cd_header *h, __u32 kind, __u32 s
 
 static __always_inline void emit_enter(struct pt_regs *ctx, __u32 tgid, __u32 tid, __u64 ts,
 				       __u64 cookie, __u64 sp, const __u64 *args, __u32 group_depth,
-				       const bool with_id)
+				       __u32 frame_depth, const bool with_id)
 {
 	const __u32 size = sizeof(struct cd_call_enter) + (with_id ? CD_UNIQUE_ID_BYTES : 0);
 	struct cd_call_enter *e = bpf_ringbuf_reserve(&events, size, 0);
@@ -217,7 +247,7 @@ static __always_inline void emit_enter(struct pt_regs *ctx, __u32 tgid, __u32 ti
 	e->sp = sp;
 	__builtin_memcpy(e->args, args, sizeof(e->args));
 	e->group_depth = group_depth;
-	e->pad = 0;
+	e->frame_depth = frame_depth;
 	if (with_id && bpf_probe_read_user((void *)(e + 1), CD_UNIQUE_ID_BYTES, (void *)(sp + 8)))
 		__builtin_memset((void *)(e + 1), 0, CD_UNIQUE_ID_BYTES);
 	bpf_ringbuf_submit(e, 0);
@@ -231,7 +261,7 @@ int call_enter(struct pt_regs *ctx)
 	__u32 *flags = bpf_map_lookup_elem(&traced, &tgid);
 	struct thread_state *st = 0;
 	__u64 cookie, sp, ts, args[CD_NUM_ARGS] = {};
-	__u32 role, group_depth = 0;
+	__u32 role, group_depth = 0, frame_depth = CD_DEPTH_UNKNOWN;
 
 	if (!flags)
 		return 0;
@@ -249,14 +279,27 @@ int call_enter(struct pt_regs *ctx)
 	if (bpf_probe_read_user(&args[6], 2 * sizeof(__u64), (void *)(sp + 8)))
 		args[6] = args[7] = 0;
 
-	if (role == CD_ROLE_GROUP_START || role == CD_ROLE_GROUP_END || CD_COOKIE_RET(cookie)) {
-		st = thread_get(tid);
-		if (st) {
-			if (role == CD_ROLE_GROUP_START)
-				st->group_depth++;
-			else if (role == CD_ROLE_GROUP_END && st->group_depth > 0)
-				st->group_depth--;
-			group_depth = st->group_depth;
+	st = thread_get(tid);
+	if (st) {
+		if (role == CD_ROLE_GROUP_START)
+			st->group_depth++;
+		else if (role == CD_ROLE_GROUP_END && st->group_depth > 0)
+			st->group_depth--;
+		group_depth = st->group_depth;
+		frame_depth = pop_returned_frames(st, sp);
+		if (!CD_COOKIE_RET(cookie) && role != CD_ROLE_GROUP_START && role != CD_ROLE_GROUP_END) {
+			__u32 n = st->nframes;
+
+			if (n < CD_MAX_FRAMES) {
+				struct frame *f = &st->frames[n & (CD_MAX_FRAMES - 1)];
+
+				f->sp = sp;
+				if (bpf_probe_read_user(&f->ret, sizeof(f->ret), (void *)sp))
+					f->ret = 0;
+				st->nframes = n + 1;
+			} else {
+				frame_depth = CD_DEPTH_UNKNOWN; /* too deep to track: sp rule */
+			}
 		}
 	}
 
@@ -308,9 +351,9 @@ int call_enter(struct pt_regs *ctx)
 
 	/* Constant sizes per branch: the verifier must see the tail's bounds. */
 	if (CD_COOKIE_TAIL(cookie) == CD_TAIL_UNIQUE_ID)
-		emit_enter(ctx, tgid, tid, ts, cookie, sp, args, group_depth, true);
+		emit_enter(ctx, tgid, tid, ts, cookie, sp, args, group_depth, frame_depth, true);
 	else
-		emit_enter(ctx, tgid, tid, ts, cookie, sp, args, group_depth, false);
+		emit_enter(ctx, tgid, tid, ts, cookie, sp, args, group_depth, frame_depth, false);
 	return 0;
 }
 

@@ -123,7 +123,7 @@ struct cd_call_enter {
 	__u64 sp;		  /* user stack pointer at entry: nesting */
 	__u64 args[CD_NUM_ARGS]; /* 6 registers, then sp+8, sp+16 */
 	__u32 group_depth;	  /* ncclGroupStart nesting of this thread */
-	__u32 pad;
+	__u32 frame_depth;	  /* open entry-only frames of this thread, or CD_DEPTH_UNKNOWN */
 	/* tail follows */
 };
 
@@ -218,5 +218,16 @@ enum cd_drop_cause {
 };
 
 #define CD_MAX_INFLIGHT 8
+
+/*
+ * Entry-only frames (C++ symbols: no return probes) are tracked per thread in
+ * the kernel as (sp, return address) pairs.  A frame has returned when a new
+ * entry's sp is at or above its sp, or when the stack slot that held its
+ * return address no longer does: Python calls sibling ops from different
+ * native depths, so the sp rule alone would nest a later, deeper sibling
+ * under an earlier one.  The depth left after popping goes with each entry.
+ */
+#define CD_MAX_FRAMES 32
+#define CD_DEPTH_UNKNOWN 0xffffffffu
 
 #endif /* COMMDBG_EVENTS_H */

@@ -82,6 +82,7 @@ DecodeResult decode(std::span<const uint8_t> bytes) {
         out.sp = e.sp;
         std::memcpy(out.args.data(), e.args, sizeof(e.args));
         out.group_depth = e.group_depth;
+        out.frame_depth = e.frame_depth;
         if (h.tail_kind == CD_TAIL_UNIQUE_ID) {
             out.has_unique_id = true;
             std::memcpy(out.unique_id.data(), bytes.data() + body, CD_UNIQUE_ID_BYTES);

@@ -34,6 +34,7 @@ struct CallEnter {
     uint64_t sp = 0;
     std::array<uint64_t, CD_NUM_ARGS> args{};
     uint32_t group_depth = 0;
+    uint32_t frame_depth = CD_DEPTH_UNKNOWN;  // kernel's open-frame count after popping
     bool has_unique_id = false;
     std::array<uint8_t, CD_UNIQUE_ID_BYTES> unique_id{};
 };

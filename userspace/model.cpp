@@ -228,8 +228,14 @@ void TraceModel::on_enter(const CallEnter& e) {
 
     ProcessTree::ThreadState& th = p.thread(e.tid);
     th.seen = true;
-    // The sp rule: every open frame at or above the new entry's sp has returned.
-    while (!th.stack.empty() && th.stack.back().sp <= e.sp) {
+    // Which open frames have returned: the kernel knows, having checked each
+    // frame's return-address slot (a later sibling may enter at a deeper sp).
+    // Without its depth, the sp rule: a frame at or above the new sp returned.
+    auto returned = [&] {
+        if (e.frame_depth != CD_DEPTH_UNKNOWN) return th.stack.size() > e.frame_depth;
+        return !th.stack.empty() && th.stack.back().sp <= e.sp;
+    };
+    while (returned()) {
         uint32_t rec = th.stack.back().rec;
         if (rec != kNoRecord && p.records_[rec].end_ns == 0) {
             p.records_[rec].end_ns = e.ts_ns;

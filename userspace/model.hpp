@@ -4,8 +4,11 @@
 //
 // Nesting comes from the user stack pointer at entry (framework symbols have
 // no return probes: a uretprobe under a C++ exception aborts the process).
-// On one thread an open frame whose entry sp is <= a new entry's sp has
-// returned.  Return-probed symbols (the NCCL API) are leaves: linked under the
+// The kernel tracks each thread's open entry-only frames and sends the depth
+// left once returned ones are popped (it also checks each frame's saved
+// return address, see events.h); the model pops to that depth.  Without it,
+// the sp rule: on one thread an open frame whose entry sp is <= a new entry's
+// sp has returned.  Return-probed symbols (the NCCL API) are leaves: linked under the
 // open frame, never pushed, completed by their CallExit.
 //
 // Budget: at most max_records retained per process and max_depth nesting.

@@ -145,11 +145,9 @@ TEST(Torch, SpawnedGlooRanksGiveExactC10dCounts) {
 // total_counts counts each logical collective once: with c10d only (no
 // NCCL underneath) that is the sum of the kinds.  Sibling collectives issued
 // from Python at different C stack depths must not be taken for nested ones.
-// KNOWN BUG, disabled until fixed: nesting from the entry stack pointer alone
-// takes a later sibling entered at a deeper sp for a child (the earlier
-// frame's return-address slot is already overwritten).  The fix checks that
-// slot in the BPF program; see the framework-probes issue note.
-TEST(Torch, DISABLED_TotalCountsEqualSumOfKinds) {
+// (By the stack pointer alone a later sibling entered at a deeper sp looks
+// nested; the kernel's return-address check tells them apart.)
+TEST(Torch, TotalCountsEqualSumOfKinds) {
     REQUIRE_BPF();
     REQUIRE_TORCH(py);
     TempDir tmp;

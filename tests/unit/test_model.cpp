@@ -313,6 +313,35 @@ TEST(Model, InterleavedThreadsKeepSeparateStacks) {
     EXPECT_EQ(p->records()[1].end_ns, 0u);
 }
 
+TEST(Model, KernelFrameDepthMakesADeeperLaterSiblingASiblingNotAChild) {
+    // Python issues c10d allreduce, then allgather from a deeper native
+    // frame: by sp alone the second looks nested.  The kernel saw the first
+    // frame's return-address slot overwritten and says depth 0.
+    Fixture f;
+    TraceModel m(f.t);
+    CallEnter first = f.enter(f.c10d_allreduce, 100, 1000);
+    first.frame_depth = 0;
+    CallEnter second = f.enter(f.c10d_allreduce, 200, 900);  // deeper sp
+    second.frame_depth = 0;
+    CallEnter child = f.enter(f.allreduce, 300, 800);  // NCCL leaf inside the second
+    child.frame_depth = 1;
+    m.on_event(first);
+    m.on_event(second);
+    m.on_event(child);
+    const ProcessTree* p = m.process(kPid);
+    EXPECT_EQ(p->roots(), (std::vector<uint32_t>{0, 1}));
+    EXPECT_EQ(children(*p, 1), std::vector<uint32_t>{2});
+    EXPECT_EQ(p->records()[0].end_ns, 200u);
+    EXPECT_TRUE(p->records()[0].has(kEndInferred));
+    EXPECT_EQ(p->nested_collectives(), 1u);  // only the NCCL call inside the second
+
+    // Without the kernel's depth the same stream falls back to the sp rule.
+    TraceModel by_sp(f.t);
+    by_sp.on_event(f.enter(f.c10d_allreduce, 100, 1000));
+    by_sp.on_event(f.enter(f.c10d_allreduce, 200, 900));
+    EXPECT_EQ(by_sp.process(kPid)->roots(), std::vector<uint32_t>{0});
+}
+
 TEST(Model, FramesEnteredBeforeAttachLeaveTheirChildrenAsRoots) {
     Fixture f;
     TraceModel m(f.t);
