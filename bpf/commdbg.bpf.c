@@ -19,6 +19,33 @@
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #define SIGSTOP 19
+#define PROT_EXEC 0x4
+
+/* Set before load by commdbgd: count every process that calls a probed
+ * symbol (within the scope cgroup when scope_cgroup is set), not only those
+ * in `traced`; and stop a process mapping a libnccl file not yet probed. */
+const volatile __u32 count_all = 0;
+const volatile __u32 scope_cgroup = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_CGROUP_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} scope SEC(".maps");
+
+/* Library files already probed, (kernel dev, inode): mapping one needs no stop. */
+struct file_key {
+	__u64 dev;
+	__u64 ino;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct file_key);
+	__type(value, __u32);
+} known_files SEC(".maps");
 
 /* tgid -> CD_TRACE_* flags.  Only these processes are counted or recorded. */
 struct {
@@ -128,6 +155,21 @@ static __always_inline __u64 dtype_size(__u32 dtype)
 	default:
 		return 0;
 	}
+}
+
+static __always_inline int in_scope(void)
+{
+	return !scope_cgroup || bpf_current_task_under_cgroup(&scope, 0) == 1;
+}
+
+/* CD_TRACE_* flags for `tgid`, 0 when it is not traced. */
+static __always_inline __u32 trace_flags(__u32 tgid)
+{
+	__u32 *f = bpf_map_lookup_elem(&traced, &tgid);
+
+	if (f)
+		return *f;
+	return count_all && in_scope() ? CD_TRACE_COUNT : 0;
 }
 
 static __always_inline void count_drop(__u32 cause)
@@ -258,7 +300,7 @@ int call_enter(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
-	__u32 *flags = bpf_map_lookup_elem(&traced, &tgid);
+	__u32 flags = trace_flags(tgid);
 	struct thread_state *st = 0;
 	__u64 cookie, sp, ts, args[CD_NUM_ARGS] = {};
 	__u32 role, group_depth = 0, frame_depth = CD_DEPTH_UNKNOWN;
@@ -320,7 +362,7 @@ int call_enter(struct pt_regs *ctx)
 			bytes = elements * dtype_size(key.dtype);
 		}
 	}
-	if (*flags & CD_TRACE_COUNT)
+	if (flags & CD_TRACE_COUNT)
 		count_call(&key, elements, bytes);
 
 	if (CD_COOKIE_RET(cookie) && st) {
@@ -336,7 +378,7 @@ int call_enter(struct pt_regs *ctx)
 			s->a1 = slot_arg(args, CD_COOKIE_PEER(cookie));
 			s->a2 = slot_arg(args, CD_COOKIE_COMM(cookie));
 			s->ckey = key;
-			s->counted = !!(*flags & CD_TRACE_COUNT);
+			s->counted = !!(flags & CD_TRACE_COUNT);
 			st->depth = d + 1;
 			if (CD_COOKIE_TAIL(cookie) == CD_TAIL_UNIQUE_ID &&
 			    bpf_probe_read_user(st->unique_id, CD_UNIQUE_ID_BYTES, (void *)(sp + 8)))
@@ -346,7 +388,7 @@ int call_enter(struct pt_regs *ctx)
 		}
 	}
 
-	if (!(*flags & CD_TRACE_RECORDS))
+	if (!(flags & CD_TRACE_RECORDS))
 		return 0;
 
 	/* Constant sizes per branch: the verifier must see the tail's bounds. */
@@ -392,7 +434,7 @@ int call_exit(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
-	__u32 *flags = bpf_map_lookup_elem(&traced, &tgid);
+	__u32 flags = trace_flags(tgid);
 	struct thread_state *st;
 	struct inflight_slot *s;
 	__u64 cookie, out = 0;
@@ -471,7 +513,7 @@ int call_exit(struct pt_regs *ctx)
 			v->destroyed = 1;
 	}
 
-	if (!(*flags & CD_TRACE_RECORDS))
+	if (!(flags & CD_TRACE_RECORDS))
 		return 0;
 	struct cd_call_exit *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 
@@ -573,5 +615,45 @@ int BPF_PROG(on_exit, struct task_struct *p)
 		return 0;
 	bpf_map_delete_elem(&traced, &tgid);
 	emit_proc(CD_EV_PROC_EXIT, tgid, 0, BPF_CORE_READ(p, exit_code));
+	return 0;
+}
+
+/*
+ * commdbgd only: a process mapping a libnccl file executable that is not
+ * probed yet is stopped until the daemon has attached to the file, so even
+ * its first call (a communicator init) is counted.  Once per file: the
+ * daemon records probed files in known_files.
+ */
+SEC("fentry/security_mmap_file")
+int BPF_PROG(on_mmap_file, struct file *file, unsigned long prot, unsigned long flags)
+{
+	char name[16] = {};
+	struct file_key k;
+	struct cd_dl_change *e;
+	__u64 pid_tgid;
+
+	if (!count_all || !file || !(prot & PROT_EXEC))
+		return 0;
+	if (bpf_probe_read_kernel_str(name, sizeof(name), BPF_CORE_READ(file, f_path.dentry, d_name.name)) < 0)
+		return 0;
+	/* "libnccl.so*" only: not the net/tuner/profiler plugins (libnccl-*) */
+	if (name[0] != 'l' || name[1] != 'i' || name[2] != 'b' || name[3] != 'n' || name[4] != 'c' ||
+	    name[5] != 'c' || name[6] != 'l' || name[7] != '.' || name[8] != 's' || name[9] != 'o')
+		return 0;
+	k.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
+	k.ino = BPF_CORE_READ(file, f_inode, i_ino);
+	if (bpf_map_lookup_elem(&known_files, &k) || !in_scope())
+		return 0;
+	pid_tgid = bpf_get_current_pid_tgid();
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_drop(CD_DROP_DL_EVENT);
+		return 0;
+	}
+	e->stopped = bpf_send_signal_thread(SIGSTOP) == 0;
+	fill_header(&e->h, CD_EV_DL_CHANGE, sizeof(*e), CD_TAIL_NONE, 0, pid_tgid >> 32, (__u32)pid_tgid,
+		    bpf_ktime_get_ns());
+	e->pad = 0;
+	bpf_ringbuf_submit(e, 0);
 	return 0;
 }

@@ -55,21 +55,7 @@ int run_attach(const AttachOptions& o) {
     std::cerr << " (" << s.attached_files().size() << " library file(s) probed; Ctrl-C to stop)\n";
 
     install_stop_handlers();
-    using clock = std::chrono::steady_clock;
-    auto deadline = clock::now() + std::chrono::milliseconds(static_cast<long>(std::llround(o.duration * 1000)));
-    while (!g_stop_signal) {
-        int wait_ms = 100;
-        if (o.duration > 0) {
-            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
-            if (left <= 0) break;
-            wait_ms = static_cast<int>(std::min<long>(left, 100));
-        }
-        s.poll(wait_ms);
-        if (s.exited(o.pid)) break;
-        if (kill(o.pid, 0) != 0 && errno == ESRCH) break;
-    }
-    s.drain();
-    if (s.exited(o.pid) || (kill(o.pid, 0) != 0 && errno == ESRCH))
+    if (run_attach_window(s, o.pid, o.duration, [] { return g_stop_signal != 0; }))
         std::cerr << "commdbg: pid " << o.pid << " exited; report covers its life since attach\n";
     return emit_outputs(s, o.trace);
 }

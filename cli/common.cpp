@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "report.hpp"
+#include "session_output.hpp"
 
 namespace commdbg::cli {
 
@@ -58,37 +59,9 @@ void print_messages(TraceSession& s) {
     for (const auto& m : s.take_messages()) std::cerr << "commdbg: note: " << m << "\n";
 }
 
-int emit_outputs(TraceSession& s, const TraceCliOptions& o) {
-    print_messages(s);
-    auto reports = s.reports();
-    const auto& syms = s.symbols();
-    if (s.decode_errors())
-        std::cerr << "commdbg: warning: " << s.decode_errors() << " malformed records were discarded\n";
-    // Kernel-side losses by cause (session-wide): never silent.
-    nlohmann::ordered_json kernel_drops = nlohmann::ordered_json::object();
-    auto drops = s.kernel_drops();
-    for (uint32_t i = 0; i < drops.size(); ++i)
-        if (drops[i]) kernel_drops[drop_cause_name(i)] = drops[i];
-    if (!kernel_drops.empty())
-        std::cerr << "commdbg: warning: kernel-side losses by cause: " << kernel_drops.dump()
-                  << " (counters stay exact; a larger --ringbuf-kb keeps more records)\n";
-    bool color = isatty(STDOUT_FILENO);
-    std::string table_text;
-    for (const auto& r : reports) {
-        if (reports.size() > 1)
-            table_text += "== pid " + std::to_string(r.pid) + ": " + r.command + " ==\n";
-        table_text += render_table(r, syms, o.noise_level, false);
-        if (reports.size() > 1) table_text += "\n";
-    }
-    if (color) {
-        for (const auto& r : reports) {
-            if (reports.size() > 1) std::cout << "== pid " << r.pid << ": " << r.command << " ==\n";
-            std::cout << render_table(r, syms, o.noise_level, true);
-            if (reports.size() > 1) std::cout << "\n";
-        }
-    } else {
-        std::cout << table_text;
-    }
+int write_outputs(const SessionOutput& out, const TraceCliOptions& o) {
+    for (const auto& m : out.messages) std::cerr << "commdbg: " << m << "\n";
+    std::cout << (isatty(STDOUT_FILENO) ? out.table_color : out.table);
     std::cout.flush();
     int rc = 0;
     auto write = [&](const std::string& path, const std::string& content, const char* what) {
@@ -100,14 +73,14 @@ int emit_outputs(TraceSession& s, const TraceCliOptions& o) {
             rc = 1;
         }
     };
-    write(o.table_file, table_text, "table");
-    if (!o.json_file.empty()) {
-        auto j = to_json(reports, syms, o.noise_level);
-        if (!kernel_drops.empty()) j["kernel_drops"] = kernel_drops;
-        write(o.json_file, j.dump(2) + "\n", "JSON dump");
-    }
-    if (!o.trace_file.empty()) write(o.trace_file, chrome_trace(reports, syms).dump() + "\n", "trace");
+    write(o.table_file, out.table, "table");
+    write(o.json_file, out.json, "JSON dump");
+    write(o.trace_file, out.trace, "trace");
     return rc;
+}
+
+int emit_outputs(TraceSession& s, const TraceCliOptions& o) {
+    return write_outputs(render_session(s, o.noise_level, !o.trace_file.empty()), o);
 }
 
 }  // namespace commdbg::cli

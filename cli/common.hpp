@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "session_output.hpp"
 #include "trace_session.hpp"
 
 namespace commdbg::cli {
@@ -37,5 +38,9 @@ void install_stop_handlers();
 int emit_outputs(TraceSession& s, const TraceCliOptions& o);
 
 void print_messages(TraceSession& s);
+
+// Prints messages and the table, writes the requested files (also used for a
+// session that commdbgd ran).  Returns 0, or 1 when a file could not be written.
+int write_outputs(const SessionOutput& out, const TraceCliOptions& o);
 
 }  // namespace commdbg::cli

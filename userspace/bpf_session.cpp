@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "bpf_session.hpp"
 
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <bpf/bpf.h>
@@ -72,13 +73,24 @@ Result<std::unique_ptr<BpfSession>> BpfSession::open(const BpfOptions& opts) {
     if (!s->skel_) return R::fail(bpf_error_message("commdbg: opening the BPF object", errno));
     s->ringbuf_bytes_ = round_ringbuf(opts.ringbuf_bytes);
     bpf_map__set_max_entries(s->skel_->maps.events, s->ringbuf_bytes_);
+    s->skel_->rodata->count_all = opts.count_all ? 1 : 0;
+    s->skel_->rodata->scope_cgroup = opts.scope_cgroup_fd >= 0 ? 1 : 0;
+    bpf_program__set_autoload(s->skel_->progs.on_mmap_file, opts.count_all);
     // Attached per library later, never by the skeleton.
     bpf_program__set_autoattach(s->skel_->progs.call_enter, false);
     bpf_program__set_autoattach(s->skel_->progs.call_exit, false);
     bpf_program__set_autoattach(s->skel_->progs.dl_debug_state, false);
     if (int err = commdbg_bpf__load(s->skel_))
         return R::fail(bpf_error_message("commdbg: loading the BPF programs", err));
-    for (bpf_program* p : {s->skel_->progs.on_fork, s->skel_->progs.on_exit}) {
+    if (opts.scope_cgroup_fd >= 0) {
+        uint32_t zero = 0;
+        uint32_t fd = static_cast<uint32_t>(opts.scope_cgroup_fd);
+        if (bpf_map__update_elem(s->skel_->maps.scope, &zero, sizeof(zero), &fd, sizeof(fd), BPF_ANY))
+            return R::fail(bpf_error_message("commdbg: setting the scope cgroup", errno));
+    }
+    std::vector<bpf_program*> tracepoints = {s->skel_->progs.on_fork, s->skel_->progs.on_exit};
+    if (opts.count_all) tracepoints.push_back(s->skel_->progs.on_mmap_file);
+    for (bpf_program* p : tracepoints) {
         bpf_link* l = bpf_program__attach(p);
         if (!l)
             return R::fail(bpf_error_message(std::string("commdbg: attaching ") + bpf_program__name(p), errno));
@@ -159,6 +171,15 @@ std::array<uint64_t, CD_DROP_MAX> BpfSession::drops() const {
         for (uint64_t v : per_cpu) out[i] += v;
     }
     return out;
+}
+
+void BpfSession::mark_known_file(uint64_t st_dev, uint64_t inode) {
+    // The kernel's dev_t packs major:minor as 12:20 bits, not glibc's layout.
+    struct {
+        uint64_t dev, ino;
+    } k{(static_cast<uint64_t>(major(st_dev)) << 20) | minor(st_dev), inode};
+    uint32_t one = 1;
+    bpf_map__update_elem(skel_->maps.known_files, &k, sizeof(k), &one, sizeof(one), BPF_ANY);
 }
 
 uint64_t BpfSession::ringbuf_drops_of(uint32_t tgid) const {

@@ -24,6 +24,10 @@ namespace commdbg {
 
 struct BpfOptions {
     size_t ringbuf_bytes = 8u << 20;  // rounded up to a power of two >= one page
+    // commdbgd: count every process calling a probed symbol (not only traced
+    // ones) and stop a process that maps a libnccl file not probed yet.
+    bool count_all = false;
+    int scope_cgroup_fd = -1;  // with count_all: only processes in this cgroup v2 subtree
 };
 
 struct CounterEntry {
@@ -65,6 +69,8 @@ public:
     uint64_t ringbuf_drops_of(uint32_t tgid) const;  // records `tgid` lost to a full ring buffer
     // Removes a process's counters and communicators (e.g. after it exited).
     void forget_process(uint32_t tgid);
+    // A probed library file: mapping it needs no stop (count_all mode).
+    void mark_known_file(uint64_t st_dev, uint64_t inode);
 
     bpf_program* enter_program() const;
     bpf_program* exit_program() const;

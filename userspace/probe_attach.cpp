@@ -153,6 +153,7 @@ Result<ScanResult> ProbeAttacher::scan_process(int pid) {
                 if (ret) af.return_probes = ret.value();
                 else out.notes.push_back("spec " + spec.name + ": return probes: " + ret.error());
             }
+            bpf_.mark_known_file(f.dev, f.inode);
             files_.push_back(std::move(af));
             ++out.new_files;
         }

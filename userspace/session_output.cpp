@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "session_output.hpp"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+
+#include "report.hpp"
+
+namespace commdbg {
+
+SessionOutput render_session(TraceSession& s, int noise_level, bool with_trace) {
+    SessionOutput out;
+    for (auto& m : s.take_messages()) out.messages.push_back("note: " + m);
+    if (s.decode_errors())
+        out.messages.push_back("warning: " + std::to_string(s.decode_errors()) + " malformed records were discarded");
+    // Kernel-side losses by cause (session-wide): never silent.
+    nlohmann::ordered_json kernel_drops = nlohmann::ordered_json::object();
+    auto drops = s.kernel_drops();
+    for (uint32_t i = 0; i < drops.size(); ++i)
+        if (drops[i]) kernel_drops[drop_cause_name(i)] = drops[i];
+    if (!kernel_drops.empty())
+        out.messages.push_back("warning: kernel-side losses by cause: " + kernel_drops.dump() +
+                               " (counters stay exact; a larger --ringbuf-kb keeps more records)");
+    auto reports = s.reports();
+    const auto& syms = s.symbols();
+    for (const auto& r : reports) {
+        std::string head = reports.size() > 1 ? "== pid " + std::to_string(r.pid) + ": " + r.command + " ==\n" : "";
+        std::string tail = reports.size() > 1 ? "\n" : "";
+        out.table += head + render_table(r, syms, noise_level, false) + tail;
+        out.table_color += head + render_table(r, syms, noise_level, true) + tail;
+    }
+    auto j = to_json(reports, syms, noise_level);
+    if (!kernel_drops.empty()) j["kernel_drops"] = kernel_drops;
+    out.json = j.dump(2) + "\n";
+    if (with_trace) out.trace = chrome_trace(reports, syms).dump() + "\n";
+    return out;
+}
+
+bool run_attach_window(TraceSession& s, int pid, double duration_s, const std::function<bool()>& stop) {
+    using clock = std::chrono::steady_clock;
+    auto deadline = clock::now() + std::chrono::milliseconds(static_cast<long>(std::llround(duration_s * 1000)));
+    auto gone = [&] { return s.exited(pid) || (kill(pid, 0) != 0 && errno == ESRCH); };
+    while (!stop()) {
+        int wait_ms = 100;
+        if (duration_s > 0) {
+            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
+            if (left <= 0) break;
+            wait_ms = static_cast<int>(std::min<long>(left, 100));
+        }
+        s.poll(wait_ms);
+        if (gone()) break;
+    }
+    s.drain();
+    return gone();
+}
+
+}  // namespace commdbg

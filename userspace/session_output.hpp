@@ -1,0 +1,28 @@
+// SPDX-License-Identifier: Apache-2.0
+// What a finished tracing window produces, rendered once and shared by the
+// CLI (embedded session) and commdbgd (session on behalf of a client).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "trace_session.hpp"
+
+namespace commdbg {
+
+struct SessionOutput {
+    std::string table;        // plain text
+    std::string table_color;  // ANSI colours, for a terminal
+    std::string json;         // the --json dump
+    std::string trace;        // Chrome trace JSON (only when asked)
+    std::vector<std::string> messages;  // "note: ...", "warning: ..." lines for stderr
+};
+
+SessionOutput render_session(TraceSession& s, int noise_level, bool with_trace);
+
+// Traces until `duration_s` passes (0: no limit), `stop()` turns true, or the
+// target exits; then drains the ring buffer.  Returns whether it exited.
+bool run_attach_window(TraceSession& s, int pid, double duration_s, const std::function<bool()>& stop);
+
+}  // namespace commdbg
