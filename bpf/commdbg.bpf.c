@@ -47,6 +47,15 @@ struct {
 	__type(value, __u32);
 } known_files SEC(".maps");
 
+/* tgids stopped by on_mmap_file and not resumed yet: the daemon's guard
+ * process holds this map and resumes them if the daemon dies. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u32);
+} stopped_pids SEC(".maps");
+
 /* tgid -> CD_TRACE_* flags.  Only these processes are counted or recorded. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -651,6 +660,11 @@ int BPF_PROG(on_mmap_file, struct file *file, unsigned long prot, unsigned long 
 		return 0;
 	}
 	e->stopped = bpf_send_signal_thread(SIGSTOP) == 0;
+	if (e->stopped) {
+		__u32 tgid = pid_tgid >> 32, one = 1;
+
+		bpf_map_update_elem(&stopped_pids, &tgid, &one, BPF_ANY);
+	}
 	fill_header(&e->h, CD_EV_DL_CHANGE, sizeof(*e), CD_TAIL_NONE, 0, pid_tgid >> 32, (__u32)pid_tgid,
 		    bpf_ktime_get_ns());
 	e->pad = 0;

@@ -182,6 +182,10 @@ void BpfSession::mark_known_file(uint64_t st_dev, uint64_t inode) {
     bpf_map__update_elem(skel_->maps.known_files, &k, sizeof(k), &one, sizeof(one), BPF_ANY);
 }
 
+void BpfSession::resumed(uint32_t tgid) { bpf_map__delete_elem(skel_->maps.stopped_pids, &tgid, sizeof(tgid), 0); }
+
+int BpfSession::stopped_pids_fd() const { return bpf_map__fd(skel_->maps.stopped_pids); }
+
 uint64_t BpfSession::ringbuf_drops_of(uint32_t tgid) const {
     uint64_t v = 0;
     bpf_map__lookup_elem(skel_->maps.proc_drops, &tgid, sizeof(tgid), &v, sizeof(v), 0);

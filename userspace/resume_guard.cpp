@@ -8,6 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <bpf/bpf.h>
+
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -19,7 +21,7 @@ namespace {
 
 constexpr int32_t kDone = 0;  // sentinel: clean shutdown, resume nothing
 
-[[noreturn]] void guard_main(int rfd) {
+[[noreturn]] void guard_main(int rfd, int map_fd) {
     // Detach from the terminal's signals so Ctrl-C on commdbg does not kill
     // the guard before it could do its job.
     setsid();
@@ -39,12 +41,25 @@ constexpr int32_t kDone = 0;  // sentinel: clean shutdown, resume nothing
         break;  // EOF: commdbg is gone without saying done
     }
     for (pid_t p : pids) kill(p, SIGCONT);
+    if (map_fd >= 0) {
+        uint32_t key = 0, next = 0;
+        const uint32_t* prev = nullptr;
+        while (bpf_map_get_next_key(map_fd, prev, &next) == 0) {
+            kill(static_cast<pid_t>(next), SIGCONT);
+            key = next;
+            prev = &key;
+        }
+    }
     _exit(0);
 }
 
 }  // namespace
 
-bool ResumeGuard::start() {
+bool ResumeGuard::start() { return start_impl(-1); }
+
+bool ResumeGuard::start_with_map(int stopped_map_fd) { return start_impl(stopped_map_fd); }
+
+bool ResumeGuard::start_impl(int keep_fd) {
     int p[2];
     if (pipe2(p, O_CLOEXEC) != 0) return false;
     pid_t pid = fork();
@@ -60,12 +75,12 @@ bool ResumeGuard::start() {
             std::vector<int> fds;
             while (dirent* e = readdir(d)) {
                 int fd = atoi(e->d_name);
-                if (fd > 2 && fd != p[0] && fd != dirfd(d)) fds.push_back(fd);
+                if (fd > 2 && fd != p[0] && fd != keep_fd && fd != dirfd(d)) fds.push_back(fd);
             }
             closedir(d);
             for (int fd : fds) close(fd);
         }
-        guard_main(p[0]);
+        guard_main(p[0], keep_fd);
     }
     close(p[0]);
     fd_ = p[1];

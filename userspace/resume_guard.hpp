@@ -18,10 +18,14 @@ public:
     ResumeGuard& operator=(const ResumeGuard&) = delete;
 
     bool start();          // forks the guard; false if it could not
+    // Variant for commdbgd: the guard also keeps `stopped_map_fd` (a BPF hash
+    // of stopped tgids) and resumes every tgid in it when the daemon dies.
+    bool start_with_map(int stopped_map_fd);
     void watch(pid_t pid); // pid may be stopped by us from now on
     bool running() const { return fd_ >= 0; }
 
 private:
+    bool start_impl(int keep_fd);
     int fd_ = -1;
     pid_t guard_ = -1;
 };

@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "events.hpp"
-#include "nccl.hpp"
+#include "comm_registry.hpp"
 #include "procfs.hpp"
 
 namespace commdbg {
@@ -180,59 +180,11 @@ std::vector<ProcessReport> TraceSession::reports() const {
         r.kernel_dropped_records = bpf_->ringbuf_drops_of(pid);
         r.notes = p.notes;
 
-        std::set<uint64_t> comm_ptrs_used;
-        for (const auto& c : counters) {
-            if (c.key.tgid != pid) continue;
-            r.counters.push_back({c.key.sym, c.key.comm, c.key.dtype, c.val.calls, c.val.elements, c.val.bytes,
-                                  c.val.errors});
-            if (c.key.comm) comm_ptrs_used.insert(c.key.comm);
-        }
-        // Communicator ids: NCCL's commHash for id-created comms; splits derive
-        // theirs from the parent's, in creation order so parents come first.
-        std::vector<const CommEntry*> mine;
-        for (const auto& c : comms)
-            if (c.key.tgid == pid) mine.push_back(&c);
-        std::sort(mine.begin(), mine.end(),
-                  [](const CommEntry* a, const CommEntry* b) { return a->val.created_ns < b->val.created_ns; });
-        std::map<uint64_t, uint64_t> id_of;
-        for (const CommEntry* c : mine) {
-            CommInfo ci;
-            ci.ptr = c->key.comm;
-            ci.nranks = c->val.nranks;
-            ci.rank = c->val.rank;
-            ci.destroyed = c->val.destroyed != 0;
-            switch (c->val.origin) {
-            case CD_COMM_FROM_ID:
-                ci.origin = "init_rank";
-                ci.id = nccl_comm_hash(std::span<const uint8_t, CD_UNIQUE_ID_BYTES>(c->val.unique_id, CD_UNIQUE_ID_BYTES));
-                break;
-            case CD_COMM_FROM_SPLIT: {
-                ci.origin = "split";
-                ci.parent_ptr = c->val.parent;
-                auto parent = id_of.find(c->val.parent);
-                if (parent != id_of.end() && c->val.split_index >= 0)
-                    ci.id = nccl_split_comm_id(parent->second, c->val.color, static_cast<uint32_t>(c->val.split_index));
-                break;
-            }
-            case CD_COMM_FROM_ALL:
-                ci.origin = "init_all";
-                break;
-            default:
-                ci.origin = "unknown";
-            }
-            if (ci.id) id_of[ci.ptr] = *ci.id;
-            comm_ptrs_used.erase(ci.ptr);
-            r.comms.push_back(std::move(ci));
-        }
-        // Used but never created in the window: created before attach.
-        for (uint64_t ptr : comm_ptrs_used) {
-            CommInfo ci;
-            ci.ptr = ptr;
-            ci.origin = "before_attach";
-            r.comms.push_back(std::move(ci));
-        }
-        // Split children need nranks/rank: NCCL does not pass them, so they
-        // stay unknown (-1) unless a later issue reads them from the comm.
+        for (const auto& c : counters)
+            if (c.key.tgid == pid)
+                r.counters.push_back({c.key.sym, c.key.comm, c.key.dtype, c.val.calls, c.val.elements, c.val.bytes,
+                                      c.val.errors});
+        r.comms = communicators_of(pid, comms, counters);
         if (p.libraries.empty()) {
             std::string names;
             for (const auto& s : attacher_.specs())
