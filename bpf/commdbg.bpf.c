@@ -19,7 +19,6 @@
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #define SIGSTOP 19
-#define PROT_EXEC 0x4
 
 /* Set before load by commdbgd: count every process that calls a probed
  * symbol (within the scope cgroup when scope_cgroup is set), not only those
@@ -631,27 +630,52 @@ int BPF_PROG(on_exit, struct task_struct *p)
  * commdbgd only: a process mapping a libnccl file executable that is not
  * probed yet is stopped until the daemon has attached to the file, so even
  * its first call (a communicator init) is counted.  Once per file: the
- * daemon records probed files in known_files.
+ * daemon records probed files in known_files.  (Here fentry on the mmap LSM
+ * hook is refused and there is no kprobe PMU, so the hook is the exit of an
+ * mmap syscall, with bpf_find_vma to look at what was mapped.)
  */
-SEC("fentry/security_mmap_file")
-int BPF_PROG(on_mmap_file, struct file *file, unsigned long prot, unsigned long flags)
-{
-	char name[16] = {};
-	struct file_key k;
-	struct cd_dl_change *e;
-	__u64 pid_tgid;
+#define NR_MMAP 9
+#define VM_EXEC 0x4
 
-	if (!count_all || !file || !(prot & PROT_EXEC))
+struct vma_match {
+	struct file_key k;
+	int hit;
+};
+
+static long check_vma(struct task_struct *task, struct vm_area_struct *vma, void *data)
+{
+	struct vma_match *m = data;
+	char name[16] = {};
+	struct file *f;
+
+	if (!(BPF_CORE_READ(vma, vm_flags) & VM_EXEC))
 		return 0;
-	if (bpf_probe_read_kernel_str(name, sizeof(name), BPF_CORE_READ(file, f_path.dentry, d_name.name)) < 0)
+	f = BPF_CORE_READ(vma, vm_file);
+	if (!f)
+		return 0;
+	if (bpf_probe_read_kernel_str(name, sizeof(name), BPF_CORE_READ(f, f_path.dentry, d_name.name)) < 0)
 		return 0;
 	/* "libnccl.so*" only: not the net/tuner/profiler plugins (libnccl-*) */
 	if (name[0] != 'l' || name[1] != 'i' || name[2] != 'b' || name[3] != 'n' || name[4] != 'c' ||
 	    name[5] != 'c' || name[6] != 'l' || name[7] != '.' || name[8] != 's' || name[9] != 'o')
 		return 0;
-	k.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
-	k.ino = BPF_CORE_READ(file, f_inode, i_ino);
-	if (bpf_map_lookup_elem(&known_files, &k) || !in_scope())
+	m->k.dev = BPF_CORE_READ(f, f_inode, i_sb, s_dev);
+	m->k.ino = BPF_CORE_READ(f, f_inode, i_ino);
+	m->hit = 1;
+	return 0;
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(on_mmap_file, struct pt_regs *regs, long ret)
+{
+	struct vma_match m = {};
+	struct cd_dl_change *e;
+	__u64 pid_tgid;
+
+	if (!count_all || BPF_CORE_READ(regs, orig_ax) != NR_MMAP || (unsigned long)ret >= (unsigned long)-4095L)
+		return 0;
+	bpf_find_vma(bpf_get_current_task_btf(), (__u64)ret, check_vma, &m, 0);
+	if (!m.hit || bpf_map_lookup_elem(&known_files, &m.k) || !in_scope())
 		return 0;
 	pid_tgid = bpf_get_current_pid_tgid();
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);

@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "commands.hpp"
+#include "daemon_client.hpp"
 #include "procfs.hpp"
 
 namespace commdbg::cli {
@@ -18,7 +19,55 @@ struct AttachOptions {
     int pid = 0;
     double duration = 0;  // 0: until Ctrl-C or the target exits
     TraceCliOptions trace;
+    std::string socket;
+    bool no_daemon = false;
 };
+
+// The session runs inside commdbgd, which decides from our credentials what
+// we may trace; Ctrl-C detaches it and still prints what it saw.
+int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
+    const std::string who = "commdbg: attach " + std::to_string(o.pid);
+    nlohmann::json req = {{"op", "attach"},
+                          {"pid", o.pid},
+                          {"duration_s", o.duration},
+                          {"noise_level", o.trace.noise_level},
+                          {"max_records", o.trace.max_records},
+                          {"max_depth", o.trace.max_depth},
+                          {"counts_only", o.trace.counts_only}};
+    if (!o.trace.probes.empty()) req["probes"] = o.trace.probes;
+    install_stop_handlers();
+    auto started = client.call(req);
+    if (!started) {
+        std::cerr << who << ": " << started.error() << "\n";
+        return 1;
+    }
+    uint64_t id = started->value("session", 0ull);
+    std::cerr << "commdbg: tracing " << started->value("target", std::string("pid ") + std::to_string(o.pid))
+              << (o.duration > 0 ? " for " + std::to_string(o.duration) + " s" : "") << " (session " << id
+              << " in commdbgd, " << started->value("library_files", 0) << " library file(s) probed; Ctrl-C to stop)\n";
+    bool detached = false;
+    for (;;) {
+        auto r = client.receive();
+        if (r) {
+            SessionOutput out;
+            out.table = r->value("table", "");
+            out.table_color = r->value("table_color", "");
+            out.json = r->value("json", "");
+            out.trace = r->value("trace", "");
+            out.messages = r->value("messages", std::vector<std::string>{});
+            return write_outputs(out, o.trace);
+        }
+        if (g_stop_signal && !detached) {
+            detached = true;
+            if (auto second = DaemonClient::connect(socket_path(o.socket)))
+                second->call({{"op", "detach"}, {"id", id}});
+            continue;
+        }
+        if (r.error() == "interrupted") continue;
+        std::cerr << who << ": " << r.error() << "\n";
+        return 1;
+    }
+}
 
 int run_attach(const AttachOptions& o) {
     const std::string who = "commdbg: attach " + std::to_string(o.pid);
@@ -31,6 +80,9 @@ int run_attach(const AttachOptions& o) {
         std::cerr << who << ": is a kernel thread (" << info->comm
                   << ") — attach to the user process that runs the training job\n";
         return 1;
+    }
+    if (!o.no_daemon) {
+        if (auto client = DaemonClient::connect(socket_path(o.socket))) return attach_via_daemon(o, *client);
     }
     if (geteuid() != 0 && info->uid != geteuid()) {
         std::cerr << who << ": permission denied — run as root or as the process owner\n";
@@ -69,6 +121,10 @@ void register_attach(CLI::App& app) {
     sub->add_option("-d,--duration", opts->duration, "Seconds to trace (default: until Ctrl-C or the process exits)")
         ->check(CLI::NonNegativeNumber);
     add_trace_options(sub, opts->trace);
+    sub->add_option("--socket", opts->socket,
+                    "commdbgd control socket (default $COMMDBG_SOCKET or /run/commdbg/commdbgd.sock); "
+                    "when a daemon answers there the session runs in it");
+    sub->add_flag("--no-daemon", opts->no_daemon, "Trace in this process even when commdbgd is running");
     sub->callback([opts] { throw CommandDone(run_attach(*opts)); });
 }
 

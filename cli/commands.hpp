@@ -16,5 +16,6 @@ struct CommandDone {
 void register_attach(CLI::App& app);
 void register_run(CLI::App& app);
 void register_probes(CLI::App& app);
+void register_daemon_commands(CLI::App& app);  // status, counts, sessions, detach
 
 }  // namespace commdbg::cli

@@ -61,8 +61,6 @@ void print_messages(TraceSession& s) {
 
 int write_outputs(const SessionOutput& out, const TraceCliOptions& o) {
     for (const auto& m : out.messages) std::cerr << "commdbg: " << m << "\n";
-    std::cout << (isatty(STDOUT_FILENO) ? out.table_color : out.table);
-    std::cout.flush();
     int rc = 0;
     auto write = [&](const std::string& path, const std::string& content, const char* what) {
         if (path.empty()) return;
@@ -76,6 +74,9 @@ int write_outputs(const SessionOutput& out, const TraceCliOptions& o) {
     write(o.table_file, out.table, "table");
     write(o.json_file, out.json, "JSON dump");
     write(o.trace_file, out.trace, "trace");
+    // Files first: a closed stdout (`| head`) must not cost the user the dump.
+    std::cout << (isatty(STDOUT_FILENO) ? out.table_color : out.table);
+    std::cout.flush();
     return rc;
 }
 

@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "daemon_client.hpp"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace commdbg::cli {
+
+std::string socket_path(const std::string& flag) {
+    if (!flag.empty()) return flag;
+    if (const char* env = getenv("COMMDBG_SOCKET"); env && *env) return env;
+    return "/run/commdbg/commdbgd.sock";
+}
+
+std::optional<DaemonClient> DaemonClient::connect(const std::string& path) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.size() >= sizeof(addr.sun_path)) return std::nullopt;
+    std::strcpy(addr.sun_path, path.c_str());
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return std::nullopt;
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+        close(fd);
+        return std::nullopt;
+    }
+    return DaemonClient(fd);
+}
+
+DaemonClient::~DaemonClient() {
+    if (fd_ >= 0) close(fd_);
+}
+
+bool DaemonClient::send(const nlohmann::json& request) {
+    std::string line = request.dump() + "\n";
+    size_t off = 0;
+    while (off < line.size()) {
+        ssize_t n = ::send(fd_, line.data() + off, line.size() - off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return false;
+        off += static_cast<size_t>(n);
+    }
+    return true;
+}
+
+Result<nlohmann::json> DaemonClient::receive() {
+    using R = Result<nlohmann::json>;
+    for (;;) {
+        auto nl = buf_.find('\n');
+        if (nl != std::string::npos) {
+            std::string line = buf_.substr(0, nl);
+            buf_.erase(0, nl + 1);
+            auto j = nlohmann::json::parse(line, nullptr, false);
+            if (j.is_discarded() || !j.is_object()) return R::fail("commdbgd sent a malformed reply");
+            if (!j.value("ok", false)) return R::fail(j.value("error", std::string("commdbgd refused the request")));
+            return R(std::move(j));
+        }
+        char tmp[65536];
+        ssize_t n = recv(fd_, tmp, sizeof(tmp), 0);
+        if (n < 0 && errno == EINTR) return R::fail("interrupted");
+        if (n <= 0) return R::fail("commdbgd closed the connection");
+        buf_.append(tmp, static_cast<size_t>(n));
+    }
+}
+
+Result<nlohmann::json> DaemonClient::call(const nlohmann::json& request) {
+    if (!send(request)) return Result<nlohmann::json>::fail("commdbgd closed the connection");
+    return receive();
+}
+
+}  // namespace commdbg::cli

@@ -1,0 +1,135 @@
+// SPDX-License-Identifier: Apache-2.0
+// commdbg status | counts | sessions | detach: questions for commdbgd.
+#include <iostream>
+
+#include "commands.hpp"
+#include "daemon_client.hpp"
+
+namespace commdbg::cli {
+
+namespace {
+
+struct DaemonOptions {
+    std::string socket;
+    bool json = false;
+    int pid = 0;
+    bool by_comm = false;
+    uint64_t id = 0;
+};
+
+Result<nlohmann::json> ask(const DaemonOptions& o, const nlohmann::json& req) {
+    std::string path = socket_path(o.socket);
+    auto client = DaemonClient::connect(path);
+    if (!client)
+        return Result<nlohmann::json>::fail("no commdbgd answers at " + path +
+                                            " — start it (systemctl start commdbgd) or give --socket");
+    return client->call(req);
+}
+
+int print_status(const nlohmann::json& j) {
+    std::cout << "commdbgd " << j.value("version", "?") << " on " << j.value("host", "?") << ", up "
+              << static_cast<long>(j.value("uptime_s", 0.0)) << " s"
+              << (j.value("scope_cgroup", "").empty() ? "" : ", scope " + j.value("scope_cgroup", "")) << "\n"
+              << "processes counted: " << j.value("processes", 0) << "\n"
+              << "events: " << j.value("events", 0) << ", resumed after a new library: "
+              << j.value("resumed_after_new_library", 0) << "\n"
+              << "series exported: " << j.value("series", 0) << " (overflow " << j.value("series_overflow", 0) << ")\n";
+    std::cout << "library files attached:\n";
+    const nlohmann::json files = j.value("library_files", nlohmann::json::array());
+    for (const auto& f : files)
+        std::cout << "  " << f.value("spec", "") << "  " << f.value("path", "") << "  (" << f.value("probes", 0)
+                  << " probes)\n";
+    std::cout << "drops by cause:";
+    const nlohmann::json drops = j.value("drops", nlohmann::json::object());
+    for (const auto& [k, v] : drops.items()) std::cout << " " << k << "=" << v;
+    std::cout << "\n";
+    return 0;
+}
+
+int print_counts(const nlohmann::json& j) {
+    // (Locals: a range-for over .items() of a temporary would dangle.)
+    const nlohmann::json procs = j.value("processes", nlohmann::json::array());
+    for (const auto& p : procs) {
+        std::cout << "pid " << p.value("pid", 0) << "  " << p.value("command", "") << "\n";
+        const nlohmann::json env = p.value("env", nlohmann::json::object());
+        for (const auto& [k, v] : env.items()) std::cout << "  " << k << "=" << v.get<std::string>() << "\n";
+        const nlohmann::json counts = p.value("comm_counts", nlohmann::json::object());
+        for (const auto& [k, v] : counts.items())
+            std::cout << "  " << k << " calls=" << v << " bytes=" << p["comm_bytes"].value(k, 0ull) << "\n";
+    }
+    if (j.contains("communicators")) {
+        std::cout << "communicators (calls per rank seen on " << j.value("host", "this node") << "):\n";
+        for (const auto& c : j["communicators"]) {
+            std::cout << "  " << c.value("comm_id", "") << " nranks=" << c.value("nranks", -1) << "\n";
+            const nlohmann::json ranks = c.value("ranks", nlohmann::json::array());
+            for (const auto& r : ranks)
+                std::cout << "    rank " << r.value("rank", -1) << " pid " << r.value("pid", 0) << " calls "
+                          << r.value("calls", 0) << "\n";
+        }
+    }
+    return 0;
+}
+
+CLI::App* daemon_command(CLI::App& app, const char* name, const char* help, std::shared_ptr<DaemonOptions> o) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    sub->add_option("--socket", o->socket, "commdbgd control socket (default $COMMDBG_SOCKET or /run/commdbg/commdbgd.sock)");
+    return sub;
+}
+
+void run(const char* what, const DaemonOptions& o, const nlohmann::json& req,
+         const std::function<int(const nlohmann::json&)>& print) {
+    auto r = ask(o, req);
+    if (!r) {
+        std::cerr << "commdbg: " << what << ": " << r.error() << "\n";
+        throw CommandDone{1};
+    }
+    r->erase("ok");
+    if (o.json) {
+        std::cout << r->dump(2) << "\n";
+        throw CommandDone{0};
+    }
+    throw CommandDone{print(*r)};
+}
+
+}  // namespace
+
+void register_daemon_commands(CLI::App& app) {
+    auto o = std::make_shared<DaemonOptions>();
+    CLI::App* status = daemon_command(app, "status", "commdbgd: version, uptime, processes, library files, drops", o);
+    status->add_flag("--json", o->json, "Print the reply as JSON");
+    status->callback([o] { run("status", *o, {{"op", "status"}}, print_status); });
+
+    CLI::App* counts = daemon_command(app, "counts", "commdbgd: exact collective counts per process", o);
+    counts->add_option("--pid", o->pid, "Only this process")->check(CLI::PositiveNumber);
+    counts->add_flag("--by-comm", o->by_comm, "Per communicator id, the calls of each rank seen on this node");
+    counts->add_flag("--json", o->json, "Print the reply as JSON");
+    counts->callback([o] {
+        nlohmann::json req = {{"op", "counts"}, {"by_comm", o->by_comm}};
+        if (o->pid) req["pid"] = o->pid;
+        run("counts", *o, req, print_counts);
+    });
+
+    CLI::App* sessions = daemon_command(app, "sessions", "commdbgd: tracing sessions running now", o);
+    sessions->add_flag("--json", o->json, "Print the reply as JSON");
+    sessions->callback([o] {
+        run("sessions", *o, {{"op", "sessions"}}, [](const nlohmann::json& j) {
+            const nlohmann::json list = j.value("sessions", nlohmann::json::array());
+            for (const auto& s : list)
+                std::cout << "session " << s.value("id", 0) << "  pid " << s.value("pid", 0) << "  uid "
+                          << s.value("uid", 0) << "  running " << static_cast<long>(s.value("running_s", 0.0))
+                          << " s\n";
+            return 0;
+        });
+    });
+
+    CLI::App* detach = daemon_command(app, "detach", "commdbgd: end a tracing session now (its client prints what it saw)", o);
+    detach->add_option("id", o->id, "Session id (see `commdbg sessions`)")->required()->check(CLI::PositiveNumber);
+    detach->callback([o] {
+        run("detach", *o, {{"op", "detach"}, {"id", o->id}}, [](const nlohmann::json& j) {
+            std::cout << "detached session " << j.value("detached", 0) << "\n";
+            return 0;
+        });
+    });
+}
+
+}  // namespace commdbg::cli

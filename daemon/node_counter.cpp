@@ -1,0 +1,325 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "node_counter.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <bpf/bpf.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "comm_registry.hpp"
+#include "events.hpp"
+#include "nccl.hpp"
+#include "procfs.hpp"
+
+namespace commdbg {
+
+const std::vector<std::string> kLabelEnv = {"RANK",         "LOCAL_RANK",         "WORLD_SIZE", "GROUP_RANK",
+                                            "MASTER_ADDR", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"};
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kRefreshPeriod = std::chrono::milliseconds(500);
+
+std::string hex(uint64_t v) {
+    char b[24];
+    snprintf(b, sizeof(b), "0x%016llx", static_cast<unsigned long long>(v));
+    return b;
+}
+
+std::string lower(std::string s) {
+    for (auto& c : s) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
+    return s;
+}
+
+// Mount point of the cgroup v2 hierarchy that holds `path`.
+std::string cgroup2_mount_for(const std::string& path) {
+    std::ifstream in("/proc/self/mountinfo");
+    std::string line, best;
+    while (std::getline(in, line)) {
+        // ... mountpoint ... - fstype source options
+        std::istringstream ss(line);
+        std::string id, parent, dev, root, mp;
+        ss >> id >> parent >> dev >> root >> mp;
+        auto dash = line.find(" - ");
+        if (dash == std::string::npos || line.compare(dash + 3, 8, "cgroup2 ") != 0) continue;
+        if (path.rfind(mp, 0) == 0 && mp.size() > best.size()) best = mp;
+    }
+    return best;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<NodeCounter>> NodeCounter::create(const NodeCounterOptions& opts) {
+    using R = Result<std::unique_ptr<NodeCounter>>;
+    std::unique_ptr<NodeCounter> n(new NodeCounter(opts));
+    if (!opts.scope_cgroup.empty()) {
+        n->scope_fd_ = ::open(opts.scope_cgroup.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (n->scope_fd_ < 0)
+            return R::fail("commdbgd: --scope-cgroup " + opts.scope_cgroup + ": " + std::strerror(errno) +
+                           " — give a cgroup v2 directory, e.g. /sys/fs/cgroup/unified/job1");
+        std::string mp = cgroup2_mount_for(opts.scope_cgroup);
+        if (mp.empty())
+            return R::fail("commdbgd: --scope-cgroup " + opts.scope_cgroup +
+                           ": not inside a cgroup v2 hierarchy — give a directory under the cgroup2 mount");
+        n->scope_rel_ = opts.scope_cgroup.substr(mp.size());
+        while (n->scope_rel_.size() > 1 && n->scope_rel_.back() == '/') n->scope_rel_.pop_back();
+        if (n->scope_rel_.empty()) n->scope_rel_ = "/";
+    }
+    std::vector<std::string> errors;
+    auto specs = select_specs(opts.probes, errors);
+    if (!errors.empty()) return R::fail("commdbgd: " + errors.front());
+    auto bpf = BpfSession::open(BpfOptions{opts.ringbuf_bytes, true, n->scope_fd_});
+    if (!bpf) return R::fail(bpf.error());
+    n->bpf_ = std::move(bpf.value());
+    // After the load: the guard keeps only the stopped-pid map, never links.
+    n->guard_ = std::make_unique<ResumeGuard>();
+    n->guard_->start_with_map(n->bpf_->stopped_pids_fd());
+    n->attacher_ = std::make_unique<ProbeAttacher>(*n->bpf_, n->symbols_, std::move(specs));
+    n->bpf_->set_event_handler([p = n.get()](std::span<const uint8_t> b) { p->on_record(b); });
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    n->host_ = host;
+    n->metrics_.describe("commdbg_collective_calls_total", "Collective calls, exact (kernel counters)", "counter");
+    n->metrics_.describe("commdbg_collective_bytes_total", "Bytes of collective calls: count x datatype size", "counter");
+    n->metrics_.describe("commdbg_collective_errors_total", "Collective calls that returned an error", "counter");
+    n->metrics_.describe("commdbg_events_dropped_total", "Kernel-side losses by cause", "counter");
+    n->metrics_.describe("commdbg_processes", "Processes counted now", "gauge");
+    n->metrics_.describe("commdbg_build_info", "commdbg version", "gauge");
+    n->scan_proc();
+    n->refresh();
+    return R(std::move(n));
+}
+
+NodeCounter::~NodeCounter() {
+    if (!bpf_) return;
+    // Nothing may stay stopped by us after a clean shutdown.
+    int fd = bpf_->stopped_pids_fd();
+    uint32_t key = 0, next = 0;
+    const uint32_t* prev = nullptr;
+    while (bpf_map_get_next_key(fd, prev, &next) == 0) {
+        kill(static_cast<pid_t>(next), SIGCONT);
+        key = next;
+        prev = &key;
+    }
+    if (scope_fd_ >= 0) close(scope_fd_);
+}
+
+bool NodeCounter::in_scope(uint32_t pid) const {
+    if (scope_rel_.empty()) return true;
+    std::ifstream in("/proc/" + std::to_string(pid) + "/cgroup");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("0::", 0) != 0) continue;
+        std::string rel = line.substr(3);
+        if (scope_rel_ == "/") return true;
+        return rel == scope_rel_ || rel.rfind(scope_rel_ + "/", 0) == 0;
+    }
+    return false;
+}
+
+void NodeCounter::scan_proc() {
+    DIR* d = opendir("/proc");
+    if (!d) return;
+    std::vector<uint32_t> pids;
+    while (dirent* e = readdir(d)) {
+        char* end = nullptr;
+        unsigned long pid = strtoul(e->d_name, &end, 10);
+        if (end && *end == '\0' && pid > 0 && pid != static_cast<unsigned long>(getpid())) pids.push_back(pid);
+    }
+    closedir(d);
+    for (uint32_t pid : pids) {
+        if (!in_scope(pid)) continue;
+        auto r = attacher_->scan_process(static_cast<int>(pid));
+        if (r && !r->libraries.empty()) adopt(pid);
+    }
+}
+
+void NodeCounter::adopt(uint32_t pid) {
+    std::lock_guard lock(mu_);
+    if (procs_.count(pid)) return;
+    CountedProcess p;
+    p.pid = pid;
+    if (auto info = read_process(static_cast<int>(pid))) {
+        p.uid = info->uid;
+        p.command = info->cmdline.empty() ? info->comm : info->cmdline;
+    }
+    p.env = read_environ(static_cast<int>(pid), kLabelEnv);
+    procs_.emplace(pid, std::move(p));
+    // In the filter too, so its exit is reported and its series retired.
+    bpf_->trace_process(pid, CD_TRACE_COUNT);
+}
+
+void NodeCounter::retire(uint32_t pid) {
+    metrics_.retire_pid(pid, Clock::now());
+    bpf_->forget_process(pid);
+    bpf_->untrace_process(pid);
+    std::lock_guard lock(mu_);
+    procs_.erase(pid);
+}
+
+void NodeCounter::on_record(std::span<const uint8_t> bytes) {
+    ++events_;
+    DecodeResult d = decode(bytes);
+    if (!d.event) {
+        ++decode_errors_;
+        return;
+    }
+    if (auto* dl = std::get_if<DlChange>(&*d.event)) {
+        auto r = attacher_->scan_process(static_cast<int>(dl->tgid));
+        if (r && !r->libraries.empty() && in_scope(dl->tgid)) adopt(dl->tgid);
+        if (dl->stopped) {
+            kill(static_cast<pid_t>(dl->tgid), SIGCONT);
+            bpf_->resumed(dl->tgid);
+            ++resumed_;
+        }
+    } else if (auto* x = std::get_if<ProcExit>(&*d.event)) {
+        refresh();  // the final counts, before they are forgotten
+        retire(x->tgid);
+    }
+}
+
+void NodeCounter::step(int timeout_ms) {
+    bpf_->poll(timeout_ms);
+    if (Clock::now() - last_refresh_ >= kRefreshPeriod) refresh();
+}
+
+void NodeCounter::refresh() {
+    auto now = Clock::now();
+    last_refresh_ = now;
+    auto counters = bpf_->counters();
+    auto comms = bpf_->comms();
+    std::set<uint32_t> seen;
+    for (const auto& c : counters) seen.insert(c.key.tgid);
+    for (uint32_t pid : seen) adopt(pid);
+    // A missed exit event must not leak: a process that is gone is retired.
+    std::vector<uint32_t> gone;
+    {
+        std::lock_guard lock(mu_);
+        for (const auto& [pid, p] : procs_)
+            if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) gone.push_back(pid);
+    }
+    std::map<uint32_t, std::vector<CommInfo>> comm_info;
+    {
+        std::lock_guard lock(mu_);
+        counters_ = counters;
+        comms_ = comms;
+        files_ = attacher_->files();  // the attacher itself is the main thread's
+        for (const auto& c : counters) {
+            const SymbolInfo* s = symbols_.find(c.key.sym);
+            if (!s || s->role != CD_ROLE_COLLECTIVE) continue;
+            auto pit = procs_.find(c.key.tgid);
+            if (pit == procs_.end()) continue;
+            if (!comm_info.count(c.key.tgid)) comm_info[c.key.tgid] = communicators_of(c.key.tgid, comms, counters);
+            std::string comm = c.key.comm ? "ptr:" + hex(c.key.comm) : "";
+            std::string rank, nranks;
+            for (const auto& ci : comm_info[c.key.tgid]) {
+                if (ci.ptr != c.key.comm) continue;
+                if (ci.id) comm = hex(*ci.id);
+                if (ci.rank >= 0) rank = std::to_string(ci.rank);
+                if (ci.nranks >= 0) nranks = std::to_string(ci.nranks);
+            }
+            auto dt = nccl_datatype_name(c.key.dtype);
+            Labels labels = {{"layer", s->layer},
+                             {"collective", std::string(coll_name(s->coll))},
+                             {"dtype", c.key.dtype == 0xffffffffu ? "" : dt ? std::string(*dt) : std::to_string(c.key.dtype)},
+                             {"comm", comm},
+                             {"rank", rank},
+                             {"nranks", nranks},
+                             {"pid", std::to_string(c.key.tgid)},
+                             {"host", host_}};
+            for (const auto& k : kLabelEnv) {
+                auto e = pit->second.env.find(k);
+                labels.emplace_back("env_" + lower(k), e == pit->second.env.end() ? "" : e->second);
+            }
+            metrics_.set("commdbg_collective_calls_total", labels, static_cast<double>(c.val.calls), c.key.tgid, now);
+            metrics_.set("commdbg_collective_bytes_total", labels, static_cast<double>(c.val.bytes), c.key.tgid, now);
+            metrics_.set("commdbg_collective_errors_total", labels, static_cast<double>(c.val.errors), c.key.tgid, now);
+        }
+        metrics_.set("commdbg_processes", {{"host", host_}}, static_cast<double>(procs_.size()), 0, now);
+    }
+    auto drops = bpf_->drops();
+    for (uint32_t i = 0; i < drops.size(); ++i)
+        metrics_.set("commdbg_events_dropped_total", {{"cause", drop_cause_name(i)}, {"host", host_}},
+                     static_cast<double>(drops[i]), 0, now);
+    metrics_.set("commdbg_build_info", {{"version", COMMDBG_VERSION}, {"host", host_}}, 1, 0, now);
+    for (uint32_t pid : gone) retire(pid);
+    metrics_.expire(now);
+}
+
+std::optional<uint32_t> NodeCounter::owner_of(uint32_t pid) {
+    auto info = read_process(static_cast<int>(pid));
+    if (!info) return std::nullopt;
+    return info->uid;
+}
+
+nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, std::optional<uint32_t> only_uid) {
+    std::lock_guard lock(mu_);
+    nlohmann::json procs = nlohmann::json::array();
+    nlohmann::json by = nlohmann::json::object();  // comm id -> nranks, ranks
+    for (const auto& [p, info] : procs_) {
+        if (pid && p != *pid) continue;
+        if (only_uid && info.uid != *only_uid) continue;
+        nlohmann::json cc = nlohmann::json::object(), cb = nlohmann::json::object();
+        std::map<uint64_t, uint64_t> calls_by_comm;
+        for (const auto& c : counters_) {
+            if (c.key.tgid != p) continue;
+            const SymbolInfo* s = symbols_.find(c.key.sym);
+            if (!s || s->role != CD_ROLE_COLLECTIVE) continue;
+            std::string key = s->layer + "." + std::string(coll_name(s->coll));
+            cc[key] = cc.value(key, 0ull) + c.val.calls;
+            cb[key] = cb.value(key, 0ull) + c.val.bytes;
+            calls_by_comm[c.key.comm] += c.val.calls;
+        }
+        nlohmann::json env = nlohmann::json::object();
+        for (const auto& [k, v] : info.env) env[k] = v;
+        procs.push_back({{"pid", p}, {"command", info.command}, {"env", env}, {"comm_counts", cc}, {"comm_bytes", cb}});
+        if (!by_comm) continue;
+        for (const auto& ci : communicators_of(p, comms_, counters_)) {
+            std::string id = ci.id ? hex(*ci.id) : "ptr:" + hex(ci.ptr);
+            auto& entry = by[id];
+            if (ci.nranks >= 0) entry["nranks"] = ci.nranks;
+            entry["ranks"].push_back({{"rank", ci.rank}, {"pid", p}, {"calls", calls_by_comm[ci.ptr]}});
+        }
+    }
+    nlohmann::json out = {{"host", host_}, {"processes", procs}};
+    if (by_comm) {
+        nlohmann::json list = nlohmann::json::array();
+        for (auto& [id, e] : by.items()) {
+            e["comm_id"] = id;
+            list.push_back(e);
+        }
+        out["communicators"] = list;
+    }
+    return out;
+}
+
+nlohmann::json NodeCounter::status() {
+    std::lock_guard lock(mu_);
+    nlohmann::json files = nlohmann::json::array();
+    for (const auto& f : files_) files.push_back({{"spec", f.spec}, {"path", f.path}, {"probes", f.entry_probes}});
+    nlohmann::json drops = nlohmann::json::object();
+    auto d = bpf_->drops();
+    for (uint32_t i = 0; i < d.size(); ++i) drops[drop_cause_name(i)] = d[i];
+    return {{"version", COMMDBG_VERSION},
+            {"host", host_},
+            {"uptime_s", std::chrono::duration<double>(Clock::now() - started_).count()},
+            {"scope_cgroup", opts_.scope_cgroup},
+            {"processes", procs_.size()},
+            {"library_files", files},
+            {"events", events_},
+            {"decode_errors", decode_errors_},
+            {"resumed_after_new_library", resumed_},
+            {"drops", drops},
+            {"series", metrics_.series()},
+            {"series_overflow", metrics_.overflowed()}};
+}
+
+}  // namespace commdbg

@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: Apache-2.0
+// commdbgd's always-on part: exact collective counts of every process on the
+// node (or in one cgroup) that calls libnccl, labelled for Prometheus.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bpf_session.hpp"
+#include "metrics.hpp"
+#include "probe_attach.hpp"
+#include "resume_guard.hpp"
+#include "symbol_table.hpp"
+
+namespace commdbg {
+
+struct NodeCounterOptions {
+    std::vector<std::string> probes = {"nccl"};
+    std::string scope_cgroup;  // cgroup v2 directory, empty: the whole node
+    size_t max_series = 10000;
+    std::chrono::seconds series_ttl = std::chrono::minutes(10);
+    size_t ringbuf_bytes = 1u << 20;  // only loader/process events: small
+};
+
+// Environment variables that label a process's series (lower-cased).
+extern const std::vector<std::string> kLabelEnv;
+
+struct CountedProcess {
+    uint32_t pid = 0;
+    uint32_t uid = 0;
+    std::string command;
+    std::map<std::string, std::string> env;  // RANK, LOCAL_RANK, ... as found
+};
+
+class NodeCounter {
+public:
+    static Result<std::unique_ptr<NodeCounter>> create(const NodeCounterOptions& opts);
+    ~NodeCounter();
+
+    // Handles ring-buffer events for up to timeout_ms, then refreshes the
+    // counts and metrics at most once per refresh period.
+    void step(int timeout_ms);
+    void refresh();
+
+    // {"processes": [...]} for `commdbg counts`; uid filter for non-root callers.
+    nlohmann::json counts(std::optional<uint32_t> pid, bool by_comm, std::optional<uint32_t> only_uid);
+    nlohmann::json status();
+    std::optional<uint32_t> owner_of(uint32_t pid);
+    MetricsRegistry& metrics() { return metrics_; }
+
+private:
+    NodeCounter(const NodeCounterOptions& opts) : opts_(opts), metrics_(opts.max_series, opts.series_ttl) {}
+    void on_record(std::span<const uint8_t> bytes);
+    void scan_proc();
+    void adopt(uint32_t pid);
+    void retire(uint32_t pid);
+    bool in_scope(uint32_t pid) const;
+
+    NodeCounterOptions opts_;
+    std::unique_ptr<ResumeGuard> guard_;
+    std::unique_ptr<BpfSession> bpf_;
+    SymbolTable symbols_;
+    std::unique_ptr<ProbeAttacher> attacher_;
+    MetricsRegistry metrics_;
+    std::string scope_rel_;  // scope as it appears in /proc/PID/cgroup ("0::<rel>")
+    int scope_fd_ = -1;
+
+    std::mutex mu_;  // guards the fields below (control and HTTP threads read them)
+    std::map<uint32_t, CountedProcess> procs_;
+    std::vector<CounterEntry> counters_;
+    std::vector<CommEntry> comms_;
+    std::vector<AttachedFile> files_;
+    uint64_t events_ = 0, decode_errors_ = 0, resumed_ = 0;
+    std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+    std::chrono::steady_clock::time_point last_refresh_{};
+    std::string host_;
+};
+
+}  // namespace commdbg

@@ -1,0 +1,386 @@
+// SPDX-License-Identifier: Apache-2.0
+// commdbgd control protocol: line framing (split across feeds, many per feed,
+// over-long lines), request parsing with defaults and field-naming errors,
+// nesting bombs refused before the parser sees them, the authorization matrix
+// for root / process owner / other user, and the response encoding.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "control_protocol.hpp"
+
+namespace commdbg {
+namespace {
+
+using json = nlohmann::json;
+using Strings = std::vector<std::string>;
+
+// ---- LineReader --------------------------------------------------------------
+
+TEST(LineReader, JoinsALineSplitAcrossFeeds) {
+    LineReader r;
+    EXPECT_TRUE(r.feed("{\"op\":").empty());
+    EXPECT_TRUE(r.feed("\"sta").empty());
+    EXPECT_EQ(r.feed("tus\"}\n"), Strings{"{\"op\":\"status\"}"});
+    EXPECT_FALSE(r.overflowed());
+}
+
+TEST(LineReader, ReturnsEveryLineOfOneFeedInOrderAndKeepsTheTail) {
+    LineReader r;
+    EXPECT_EQ(r.feed("a\nb\nc\npart"), (Strings{"a", "b", "c"}));
+    EXPECT_EQ(r.feed("ial\n"), Strings{"partial"});
+}
+
+TEST(LineReader, DropsCarriageReturnAndSkipsBlankLines) {
+    LineReader r;
+    EXPECT_EQ(r.feed("a\r\n\n\r\nb\n"), (Strings{"a", "b"}));
+}
+
+TEST(LineReader, ByteAtATimeFeedingYieldsTheSameLines) {
+    LineReader r;
+    Strings got;
+    for (char c : std::string("one\ntwo\nthree\n"))
+        for (auto& l : r.feed(std::string_view(&c, 1))) got.push_back(l);
+    EXPECT_EQ(got, (Strings{"one", "two", "three"}));
+}
+
+TEST(LineReader, LineOfExactlyMaxBytesIsAccepted) {
+    LineReader r(8);
+    EXPECT_TRUE(r.feed("12345678").empty());
+    EXPECT_FALSE(r.overflowed());
+    EXPECT_EQ(r.feed("\n"), Strings{"12345678"});
+}
+
+TEST(LineReader, MaxBytesWithoutNewlineOverflowsAndStaysOverflowed) {
+    LineReader r(8);
+    EXPECT_EQ(r.feed("ok\n123456789"), Strings{"ok"});  // lines before the bad one survive
+    EXPECT_TRUE(r.overflowed());
+    EXPECT_EQ(r.error(), "request too large (> 8 bytes)");
+    EXPECT_TRUE(r.feed("\nfine\n").empty());
+    EXPECT_TRUE(r.overflowed());
+}
+
+TEST(LineReader, OverLongLineArrivingWholeWithItsNewlineOverflows) {
+    LineReader r(8);
+    EXPECT_TRUE(r.feed("123456789\nnext\n").empty());
+    EXPECT_TRUE(r.overflowed());
+}
+
+TEST(LineReader, DefaultLimitIs64KiBWithTheDocumentedMessage) {
+    LineReader r;
+    EXPECT_TRUE(r.feed(std::string(kMaxRequestBytes, 'x')).empty());
+    EXPECT_FALSE(r.overflowed());
+    EXPECT_TRUE(r.feed("x").empty());
+    EXPECT_TRUE(r.overflowed());
+    EXPECT_EQ(r.error(), "request too large (> 65536 bytes)");
+}
+
+// ---- parse_request: valid requests and defaults ------------------------------
+
+Request parse_ok(const std::string& line) {
+    auto r = parse_request(line);
+    EXPECT_TRUE(r.ok()) << line << " -> " << r.error();
+    return r.ok() ? r.value() : Request{};
+}
+
+std::string parse_err(const std::string& line) {
+    auto r = parse_request(line);
+    EXPECT_FALSE(r.ok()) << line << " was accepted";
+    return r.ok() ? std::string() : r.error();
+}
+
+TEST(ParseRequest, StatusAndSessionsTakeNoFields) {
+    EXPECT_EQ(parse_ok(R"({"op":"status"})").op, "status");
+    EXPECT_EQ(parse_ok(R"({"op":"sessions"})").op, "sessions");
+    EXPECT_EQ(parse_err(R"({"op":"status","pid":1})"),
+              "status: unknown field \"pid\" (it takes no fields)");
+}
+
+TEST(ParseRequest, CountsDefaultsToAllProcessesWithoutComm) {
+    auto r = parse_ok(R"({"op":"counts"})");
+    EXPECT_EQ(r.op, "counts");
+    EXPECT_FALSE(r.pid);
+    EXPECT_FALSE(r.by_comm);
+    r = parse_ok(R"({"op":"counts","pid":77,"by_comm":true})");
+    EXPECT_EQ(r.pid, 77);
+    EXPECT_TRUE(r.by_comm);
+}
+
+TEST(ParseRequest, AttachWithOnlyPidGetsTheDefaults) {
+    auto r = parse_ok(R"({"op":"attach","pid":4242})");
+    EXPECT_EQ(r.pid, 4242);
+    EXPECT_EQ(r.duration_s, 0);
+    EXPECT_EQ(r.noise_level, 1);
+    EXPECT_EQ(r.max_records, 200000u);
+    EXPECT_EQ(r.max_depth, 128u);
+    EXPECT_TRUE(r.probes.empty());
+    EXPECT_FALSE(r.counts_only);
+    EXPECT_FALSE(r.id);
+}
+
+TEST(ParseRequest, AttachTakesEveryField) {
+    auto r = parse_ok(R"({"op":"attach","pid":9,"duration_s":2.5,"noise_level":3,)"
+                      R"("max_records":10,"max_depth":4,"probes":["nccl","torch"],"counts_only":true})");
+    EXPECT_EQ(r.pid, 9);
+    EXPECT_DOUBLE_EQ(r.duration_s, 2.5);
+    EXPECT_EQ(r.noise_level, 3);
+    EXPECT_EQ(r.max_records, 10u);
+    EXPECT_EQ(r.max_depth, 4u);
+    EXPECT_EQ(r.probes, (Strings{"nccl", "torch"}));
+    EXPECT_TRUE(r.counts_only);
+    EXPECT_DOUBLE_EQ(parse_ok(R"({"op":"attach","pid":9,"duration_s":86400})").duration_s, 86400);
+    EXPECT_EQ(parse_ok(R"({"op":"attach","pid":9,"noise_level":0})").noise_level, 0);
+}
+
+TEST(ParseRequest, DetachNeedsAPositiveId) {
+    EXPECT_EQ(parse_ok(R"({"op":"detach","id":3})").id, 3u);
+    EXPECT_EQ(parse_ok(R"({"op":"detach","id":18446744073709551615})").id, UINT64_MAX);
+    EXPECT_EQ(parse_err(R"({"op":"detach"})"), "detach: field \"id\" is required (a session id)");
+    EXPECT_EQ(parse_err(R"({"op":"detach","id":0})"),
+              "detach: field \"id\" must be a session id (an integer >= 1)");
+    EXPECT_EQ(parse_err(R"({"op":"detach","id":"3"})"),
+              "detach: field \"id\" must be a session id (an integer >= 1)");
+}
+
+TEST(ParseRequest, SurroundingWhitespaceIsAllowed) {
+    EXPECT_EQ(parse_ok("  {\"op\" : \"status\"}\t ").op, "status");
+}
+
+// ---- parse_request: each invalid field ---------------------------------------
+
+TEST(ParseRequest, AttachWithoutPidIsRefused) {
+    EXPECT_EQ(parse_err(R"({"op":"attach"})"), "attach: field \"pid\" is required (a positive integer)");
+}
+
+TEST(ParseRequest, PidMustBeAPositiveIntegerThatFitsAnInt) {
+    const std::string msg = "attach: field \"pid\" must be a positive integer";
+    for (const char* pid : {"0", "-1", "1.5", "1.0", "\"42\"", "null", "true", "[1]", "2147483648",
+                            "99999999999999999999"})
+        EXPECT_EQ(parse_err(std::string(R"({"op":"attach","pid":)") + pid + "}"), msg) << pid;
+    EXPECT_EQ(parse_ok(R"({"op":"attach","pid":2147483647})").pid, 2147483647);
+    EXPECT_EQ(parse_err(R"({"op":"counts","pid":0})"), "counts: field \"pid\" must be a positive integer");
+}
+
+TEST(ParseRequest, DurationMustBeInZeroTo86400Seconds) {
+    const std::string msg = "attach: field \"duration_s\" must be in (0, 86400] seconds";
+    for (const char* d : {"0", "-1", "86400.5", "1e9", "-0.0"})
+        EXPECT_EQ(parse_err(std::string(R"({"op":"attach","pid":1,"duration_s":)") + d + "}"), msg) << d;
+    EXPECT_EQ(parse_err(R"({"op":"attach","pid":1,"duration_s":"5"})"),
+              "attach: field \"duration_s\" must be a number of seconds");
+}
+
+TEST(ParseRequest, NoiseLevelMustBeZeroToThree) {
+    const std::string msg = "attach: field \"noise_level\" must be an integer from 0 to 3";
+    for (const char* n : {"4", "-1", "1.5", "\"1\""})
+        EXPECT_EQ(parse_err(std::string(R"({"op":"attach","pid":1,"noise_level":)") + n + "}"), msg) << n;
+}
+
+TEST(ParseRequest, LimitsMustBeAtLeastOne) {
+    for (const char* f : {"max_records", "max_depth"})
+        for (const char* n : {"0", "-5", "2.5", "\"10\""})
+            EXPECT_EQ(parse_err(std::string(R"({"op":"attach","pid":1,")") + f + "\":" + n + "}"),
+                      std::string("attach: field \"") + f + "\" must be an integer >= 1")
+                << f << "=" << n;
+}
+
+TEST(ParseRequest, ProbesMustBeAnArrayOfNonEmptyStrings) {
+    EXPECT_EQ(parse_err(R"({"op":"attach","pid":1,"probes":"nccl"})"),
+              "attach: field \"probes\" must be an array of probe names");
+    for (const char* p : {R"([1])", R"([""])", R"(["nccl",null])", R"([["nccl"]])"})
+        EXPECT_EQ(parse_err(std::string(R"({"op":"attach","pid":1,"probes":)") + p + "}"),
+                  "attach: field \"probes\" must be an array of non-empty strings")
+            << p;
+}
+
+TEST(ParseRequest, BooleansMustBeBooleans) {
+    EXPECT_EQ(parse_err(R"({"op":"attach","pid":1,"counts_only":1})"),
+              "attach: field \"counts_only\" must be true or false");
+    EXPECT_EQ(parse_err(R"({"op":"counts","by_comm":"yes"})"),
+              "counts: field \"by_comm\" must be true or false");
+}
+
+TEST(ParseRequest, UnknownOpListsTheOps) {
+    EXPECT_EQ(parse_err(R"({"op":"foo"})"),
+              "unknown op \"foo\" (one of status, counts, attach, sessions, detach)");
+    // Echoed client text is bounded.
+    EXPECT_LT(parse_err(R"({"op":")" + std::string(10000, 'a') + "\"}").size(), 200u);
+}
+
+TEST(ParseRequest, MissingOrNonStringOpIsRefused) {
+    EXPECT_EQ(parse_err(R"({"pid":1})"),
+              "request has no \"op\" field (one of status, counts, attach, sessions, detach)");
+    EXPECT_EQ(parse_err(R"({"op":1})"),
+              "field \"op\" must be a string (one of status, counts, attach, sessions, detach)");
+}
+
+TEST(ParseRequest, ExtraFieldIsRejectedNamingTheAllowedOnes) {
+    EXPECT_EQ(parse_err(R"({"op":"counts","pid":1,"verbose":true})"),
+              "counts: unknown field \"verbose\" (allowed: pid, by_comm)");
+    // A field of another op is just as unknown.
+    EXPECT_EQ(parse_err(R"({"op":"detach","id":1,"pid":2})"),
+              "detach: unknown field \"pid\" (allowed: id)");
+}
+
+TEST(ParseRequest, NotJsonSaysSo) {
+    for (const char* l : {"", "status", "{\"op\":\"status\"", "{\"op\":\"status\"} trailing", "{'op':1}",
+                          "\xff\xfe", "{\"op\":\"\xc3\x28\"}"}) {
+        std::string e = parse_err(l);
+        EXPECT_EQ(e.rfind("not valid JSON: ", 0), 0u) << l << " -> " << e;
+    }
+}
+
+TEST(ParseRequest, NotJsonErrorIsBoundedInSize) {
+    std::string e = parse_err("{\"op\":\"" + std::string(60000, 'a'));
+    EXPECT_EQ(e.rfind("not valid JSON: ", 0), 0u);
+    EXPECT_LT(e.size(), 400u);
+}
+
+TEST(ParseRequest, NonObjectIsRefused) {
+    for (const char* l : {"[]", "[{\"op\":\"status\"}]", "\"status\"", "42", "null", "true"})
+        EXPECT_EQ(parse_err(l), "request must be a JSON object") << l;
+}
+
+TEST(ParseRequest, NestingBombsAreRefusedWithoutParsing) {
+    for (char open : {'[', '{'}) {
+        EXPECT_EQ(parse_err(std::string(60000, open)), "not valid JSON: nesting deeper than 32 levels");
+        EXPECT_EQ(parse_err("{\"op\":" + std::string(60000, open)),
+                  "not valid JSON: nesting deeper than 32 levels");
+        // Past the line limit the size check answers first; still an error.
+        EXPECT_FALSE(parse_request(std::string(100000, open)).ok());
+    }
+    // Well-formed but deep: still refused, the parser never recurses on it.
+    std::string deep = R"({"op":"attach","pid":1,"probes":)" + std::string(40, '[') + std::string(40, ']') + "}";
+    EXPECT_EQ(parse_err(deep), "not valid JSON: nesting deeper than 32 levels");
+}
+
+TEST(ParseRequest, BracketsInsideStringsDoNotCountAsNesting) {
+    std::string name = std::string(1000, '[') + "\\\"" + std::string(1000, '{');
+    auto r = parse_ok(R"({"op":"attach","pid":1,"probes":[")" + name + "\"]}");
+    ASSERT_EQ(r.probes.size(), 1u);
+    EXPECT_EQ(r.probes[0].size(), 2001u);
+}
+
+TEST(ParseRequest, NestingAtTheLimitStillParses) {
+    // 32 levels: the object plus 31 arrays; reaches field validation.
+    std::string l = R"({"op":"attach","pid":1,"probes":)" + std::string(31, '[') + std::string(31, ']') + "}";
+    EXPECT_EQ(parse_err(l), "attach: field \"probes\" must be an array of non-empty strings");
+}
+
+TEST(ParseRequest, OverLongLineIsRefused) {
+    EXPECT_EQ(parse_err(std::string(kMaxRequestBytes + 1, ' ')), "request too large (> 65536 bytes)");
+}
+
+// ---- authorize ---------------------------------------------------------------
+
+constexpr uint32_t kAlice = 1000, kBob = 1001;
+const std::map<int, uint32_t> kOwners = {{100, 0}, {200, kAlice}, {300, kBob}};
+
+std::optional<uint32_t> owner_of(int pid) {
+    auto it = kOwners.find(pid);
+    if (it == kOwners.end()) return std::nullopt;
+    return it->second;
+}
+
+Access access(const std::string& line, uint32_t uid) {
+    auto r = parse_request(line);
+    EXPECT_TRUE(r.ok()) << r.error();
+    return authorize(r.value(), PeerCred{1, uid, uid}, owner_of);
+}
+
+TEST(Authorize, RootMayDoAnything) {
+    for (const char* l : {R"({"op":"status"})", R"({"op":"sessions"})", R"({"op":"counts"})",
+                          R"({"op":"counts","pid":300})", R"({"op":"attach","pid":300})",
+                          R"({"op":"attach","pid":100})", R"({"op":"detach","id":1})"})
+        EXPECT_EQ(access(l, 0), Access::Allow) << l;
+}
+
+TEST(Authorize, AnyUserMayAskStatus) {
+    EXPECT_EQ(access(R"({"op":"status"})", kAlice), Access::Allow);
+}
+
+TEST(Authorize, NonRootSeesOnlyTheirOwnSessionsCountsAndDetaches) {
+    EXPECT_EQ(access(R"({"op":"sessions"})", kAlice), Access::AllowOwnOnly);
+    EXPECT_EQ(access(R"({"op":"counts"})", kAlice), Access::AllowOwnOnly);
+    EXPECT_EQ(access(R"({"op":"counts","by_comm":true})", kAlice), Access::AllowOwnOnly);
+    EXPECT_EQ(access(R"({"op":"detach","id":7})", kAlice), Access::AllowOwnOnly);
+}
+
+TEST(Authorize, CountsOfAnExplicitPidRequireOwningIt) {
+    EXPECT_EQ(access(R"({"op":"counts","pid":200})", kAlice), Access::AllowOwnOnly);
+    EXPECT_EQ(access(R"({"op":"counts","pid":300})", kAlice), Access::Deny);
+    EXPECT_EQ(access(R"({"op":"counts","pid":100})", kAlice), Access::Deny);
+    EXPECT_EQ(access(R"({"op":"counts","pid":999})", kAlice), Access::AllowOwnOnly);
+}
+
+TEST(Authorize, AttachOnlyToOwnProcessesUnknownPidLetThrough) {
+    EXPECT_EQ(access(R"({"op":"attach","pid":200})", kAlice), Access::Allow);
+    EXPECT_EQ(access(R"({"op":"attach","pid":300})", kAlice), Access::Deny);
+    EXPECT_EQ(access(R"({"op":"attach","pid":100})", kAlice), Access::Deny);
+    EXPECT_EQ(access(R"({"op":"attach","pid":300})", kBob), Access::Allow);
+    EXPECT_EQ(access(R"({"op":"attach","pid":999})", kAlice), Access::Allow);
+}
+
+TEST(Authorize, WithoutAnOwnerLookupProcessScopedRequestsAreDenied) {
+    Request attach = parse_request(R"({"op":"attach","pid":200})").value();
+    EXPECT_EQ(authorize(attach, PeerCred{1, kAlice, kAlice}, nullptr), Access::Deny);
+    EXPECT_EQ(authorize(attach, PeerCred{1, 0, 0}, nullptr), Access::Allow);
+}
+
+TEST(Authorize, UnknownOpIsDeniedToNonRoot) {
+    Request r;
+    r.op = "reboot";
+    EXPECT_EQ(authorize(r, PeerCred{1, kAlice, kAlice}, owner_of), Access::Deny);
+}
+
+TEST(Authorize, DenyMessageNamesTheOpThePidAndTheWayOut) {
+    Request r = parse_request(R"({"op":"attach","pid":4242})").value();
+    EXPECT_EQ(deny_message(r, PeerCred{1, kAlice, kAlice}),
+              "permission denied — attach 4242: the process belongs to another user; "
+              "run as root or as the process owner");
+    r = parse_request(R"({"op":"counts","pid":300})").value();
+    EXPECT_EQ(deny_message(r, PeerCred{1, kAlice, kAlice}),
+              "permission denied — counts 300: the process belongs to another user; "
+              "run as root or as the process owner");
+}
+
+// ---- responses ---------------------------------------------------------------
+
+TEST(Responses, ErrorResponseIsOneJsonLine) {
+    std::string s = error_response("bad \"thing\"\nhere");
+    EXPECT_EQ(s, "{\"ok\":false,\"error\":\"bad \\\"thing\\\"\\nhere\"}\n");
+    EXPECT_EQ(s.find('\n'), s.size() - 1);
+}
+
+TEST(Responses, ErrorResponseSurvivesInvalidUtf8) {
+    std::string s = error_response("bad \xff byte");
+    auto j = json::parse(s);
+    EXPECT_EQ(j["ok"], false);
+    EXPECT_EQ(j["error"], "bad \xEF\xBF\xBD byte");
+}
+
+TEST(Responses, OkResponsePutsOkFirst) {
+    EXPECT_EQ(ok_response(json{{"a", 1}, {"z", "y"}}), "{\"ok\":true,\"a\":1,\"z\":\"y\"}\n");
+    EXPECT_EQ(ok_response(json::object()), "{\"ok\":true}\n");
+    EXPECT_EQ(ok_response(nullptr), "{\"ok\":true}\n");
+    // The body cannot claim failure.
+    EXPECT_EQ(ok_response(json{{"ok", false}, {"b", 2}}), "{\"ok\":true,\"b\":2}\n");
+    EXPECT_EQ(ok_response(json::array({1, 2})), "{\"ok\":true,\"result\":[1,2]}\n");
+}
+
+TEST(Responses, NotJsonErrorFromTheParserMakesAValidReply) {
+    auto r = parse_request("{\"op\":\xff}");
+    ASSERT_FALSE(r.ok());
+    std::string reply = error_response(r.error());
+    json parsed;
+    EXPECT_NO_THROW(parsed = json::parse(reply));
+    EXPECT_EQ(parsed["ok"], false);
+}
+
+}  // namespace
+}  // namespace commdbg

@@ -1,0 +1,283 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "control_protocol.hpp"
+
+#include <climits>
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <utility>
+
+namespace commdbg {
+
+using json = nlohmann::json;
+
+// ---- framing -----------------------------------------------------------------
+
+LineReader::LineReader(size_t max) : max_(max == 0 ? 1 : max) {}
+
+std::string LineReader::error() const {
+    if (!overflowed_) return {};
+    return "request too large (> " + std::to_string(max_) + " bytes)";
+}
+
+std::vector<std::string> LineReader::feed(std::string_view bytes) {
+    std::vector<std::string> lines;
+    if (overflowed_) return lines;
+    buffer_.append(bytes.data(), bytes.size());
+    size_t start = 0;
+    for (;;) {
+        size_t nl = buffer_.find('\n', start + scanned_);
+        if (nl == std::string::npos) break;
+        size_t len = nl - start;
+        if (len > max_) break;  // complete but over-long: caught below
+        if (len > 0 && buffer_[nl - 1] == '\r') --len;
+        if (len > 0) lines.emplace_back(buffer_, start, len);
+        start = nl + 1;
+        scanned_ = 0;
+    }
+    buffer_.erase(0, start);
+    // A line is over-long once max bytes have arrived without its '\n'.
+    size_t nl = buffer_.find('\n', scanned_);
+    if ((nl == std::string::npos ? buffer_.size() : nl) > max_) {
+        overflowed_ = true;
+        buffer_.clear();
+        buffer_.shrink_to_fit();
+        scanned_ = 0;
+        return lines;
+    }
+    scanned_ = buffer_.size();
+    return lines;
+}
+
+// ---- parsing -----------------------------------------------------------------
+
+namespace {
+
+constexpr const char* kOps = "status, counts, attach, sessions, detach";
+
+// Deepest [ / { nesting outside strings; stops counting past the limit.
+size_t nesting_depth(std::string_view s) {
+    size_t depth = 0, deepest = 0;
+    bool in_string = false, escaped = false;
+    for (char c : s) {
+        if (in_string) {
+            if (escaped) escaped = false;
+            else if (c == '\\') escaped = true;
+            else if (c == '"') in_string = false;
+            continue;
+        }
+        switch (c) {
+        case '"': in_string = true; break;
+        case '[':
+        case '{':
+            if (++depth > deepest) deepest = depth;
+            if (deepest > kMaxNestingDepth) return deepest;
+            break;
+        case ']':
+        case '}':
+            if (depth > 0) --depth;
+            break;
+        default: break;
+        }
+    }
+    return deepest;
+}
+
+// Client text echoed in an error: bounded so a reply stays small.
+std::string bounded(std::string_view s) {
+    constexpr size_t kMax = 64;
+    std::string out(s.substr(0, kMax));
+    if (s.size() > kMax) out += "...";
+    return out;
+}
+
+std::string in_quotes(std::string_view s) { return "\"" + bounded(s) + "\""; }
+
+std::string field_error(const std::string& op, const std::string& field, const char* problem) {
+    return op + ": field \"" + field + "\" " + problem;
+}
+
+// Integer in [lo, hi]; nlohmann keeps integers as int64 or uint64, floats apart.
+std::optional<uint64_t> get_uint(const json& v, uint64_t lo, uint64_t hi) {
+    uint64_t n;
+    if (v.is_number_unsigned()) n = v.get<uint64_t>();
+    else if (v.is_number_integer()) {
+        int64_t i = v.get<int64_t>();
+        if (i < 0) return std::nullopt;
+        n = static_cast<uint64_t>(i);
+    } else {
+        return std::nullopt;
+    }
+    if (n < lo || n > hi) return std::nullopt;
+    return n;
+}
+
+struct OpFields {
+    const char* op;
+    std::vector<const char*> fields;
+};
+
+const OpFields kOpFields[] = {
+    {"status", {}},
+    {"counts", {"pid", "by_comm"}},
+    {"attach", {"pid", "duration_s", "noise_level", "max_records", "max_depth", "probes",
+                "counts_only"}},
+    {"sessions", {}},
+    {"detach", {"id"}},
+};
+
+std::optional<std::string> fill_field(Request& r, const std::string& key, const json& v) {
+    const std::string& op = r.op;
+    if (key == "pid") {
+        auto n = get_uint(v, 1, INT_MAX);
+        if (!n) return field_error(op, key, "must be a positive integer");
+        r.pid = static_cast<int>(*n);
+    } else if (key == "by_comm" || key == "counts_only") {
+        if (!v.is_boolean()) return field_error(op, key, "must be true or false");
+        (key == "by_comm" ? r.by_comm : r.counts_only) = v.get<bool>();
+    } else if (key == "duration_s") {
+        if (!v.is_number()) return field_error(op, key, "must be a number of seconds");
+        double d = v.get<double>();
+        if (!(d > 0 && d <= 86400)) return field_error(op, key, "must be in (0, 86400] seconds");
+        r.duration_s = d;
+    } else if (key == "noise_level") {
+        auto n = get_uint(v, 0, 3);
+        if (!n) return field_error(op, key, "must be an integer from 0 to 3");
+        r.noise_level = static_cast<int>(*n);
+    } else if (key == "max_records" || key == "max_depth") {
+        auto n = get_uint(v, 1, SIZE_MAX);
+        if (!n) return field_error(op, key, "must be an integer >= 1");
+        (key == "max_records" ? r.max_records : r.max_depth) = static_cast<size_t>(*n);
+    } else if (key == "probes") {
+        if (!v.is_array()) return field_error(op, key, "must be an array of probe names");
+        r.probes.clear();
+        for (const auto& p : v) {
+            if (!p.is_string() || p.get_ref<const std::string&>().empty())
+                return field_error(op, key, "must be an array of non-empty strings");
+            r.probes.push_back(p.get<std::string>());
+        }
+    } else if (key == "id") {
+        auto n = get_uint(v, 1, UINT64_MAX);
+        if (!n) return field_error(op, key, "must be a session id (an integer >= 1)");
+        r.id = *n;
+    }
+    return std::nullopt;
+}
+
+Result<Request> validate(const json& j) {
+    using R = Result<Request>;
+    if (!j.is_object()) return R::fail("request must be a JSON object");
+    auto op_it = j.find("op");
+    if (op_it == j.end()) return R::fail(std::string("request has no \"op\" field (one of ") + kOps + ")");
+    if (!op_it->is_string()) return R::fail(std::string("field \"op\" must be a string (one of ") + kOps + ")");
+    Request r;
+    r.op = op_it->get<std::string>();
+    const OpFields* spec = nullptr;
+    for (const auto& s : kOpFields)
+        if (r.op == s.op) spec = &s;
+    if (!spec) return R::fail("unknown op " + in_quotes(r.op) + " (one of " + kOps + ")");
+
+    for (const auto& [key, v] : j.items()) {
+        if (key == "op") continue;
+        bool known = false;
+        for (const char* f : spec->fields) known = known || key == f;
+        if (!known) {
+            std::string allowed;
+            for (const char* f : spec->fields) allowed += (allowed.empty() ? "" : ", ") + std::string(f);
+            return R::fail(r.op + ": unknown field " + in_quotes(key) +
+                           (allowed.empty() ? " (it takes no fields)" : " (allowed: " + allowed + ")"));
+        }
+        if (auto err = fill_field(r, key, v)) return R::fail(*err);
+    }
+    if (r.op == "attach" && !r.pid) return R::fail("attach: field \"pid\" is required (a positive integer)");
+    if (r.op == "detach" && !r.id) return R::fail("detach: field \"id\" is required (a session id)");
+    return r;
+}
+
+}  // namespace
+
+Result<Request> parse_request(std::string_view line) {
+    using R = Result<Request>;
+    if (line.size() > kMaxRequestBytes)
+        return R::fail("request too large (> " + std::to_string(kMaxRequestBytes) + " bytes)");
+    // Checked before parsing: the parser must never see a nesting bomb.
+    if (nesting_depth(line) > kMaxNestingDepth)
+        return R::fail("not valid JSON: nesting deeper than " + std::to_string(kMaxNestingDepth) + " levels");
+    try {
+        json j = json::parse(line.begin(), line.end());
+        return validate(j);
+    } catch (const json::parse_error& e) {
+        // nlohmann quotes the whole offending token: keep the reply small.
+        std::string what = e.what();
+        if (what.size() > 256) what = what.substr(0, 256) + "...";
+        return R::fail("not valid JSON: " + what);
+    } catch (const std::exception& e) {
+        return R::fail(std::string("invalid request: ") + e.what());
+    }
+}
+
+// ---- authorization -----------------------------------------------------------
+
+Access authorize(const Request& req, const PeerCred& peer,
+                 const std::function<std::optional<uint32_t>(int pid)>& owner_uid) {
+    if (peer.uid == 0) return Access::Allow;
+    // Without a way to learn a process owner, a process-scoped request is refused.
+    auto owner_of = [&](int pid) -> std::optional<std::optional<uint32_t>> {
+        if (!owner_uid) return std::nullopt;
+        return owner_uid(pid);
+    };
+    if (req.op == "status") return Access::Allow;
+    if (req.op == "sessions" || req.op == "detach") return Access::AllowOwnOnly;
+    if (req.op == "counts") {
+        if (!req.pid) return Access::AllowOwnOnly;
+        auto owner = owner_of(*req.pid);
+        if (!owner) return Access::Deny;
+        if (*owner && **owner != peer.uid) return Access::Deny;
+        return Access::AllowOwnOnly;
+    }
+    if (req.op == "attach") {
+        if (!req.pid) return Access::Deny;
+        auto owner = owner_of(*req.pid);
+        if (!owner) return Access::Deny;
+        // An unknown pid is let through so the session reports "no such process".
+        if (*owner && **owner != peer.uid) return Access::Deny;
+        return Access::Allow;
+    }
+    return Access::Deny;
+}
+
+std::string deny_message(const Request& req, const PeerCred& peer) {
+    std::string what = req.op.empty() ? std::string("request") : bounded(req.op);
+    if ((req.op == "attach" || req.op == "counts") && req.pid)
+        return "permission denied — " + what + " " + std::to_string(*req.pid) +
+               ": the process belongs to another user; run as root or as the process owner";
+    return "permission denied — " + what + ": not allowed for uid " + std::to_string(peer.uid) +
+           "; run as root";
+}
+
+// ---- responses ---------------------------------------------------------------
+
+namespace {
+// Client bytes may reach a message (an invalid-UTF-8 token in a parse error):
+// replace them rather than let dump() throw.
+std::string dump(const json& j) {
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+}  // namespace
+
+std::string error_response(std::string_view message) {
+    json j = json::object();
+    j["error"] = std::string(message);
+    return "{\"ok\":false," + dump(j).substr(1) + "\n";
+}
+
+std::string ok_response(json body) {
+    if (body.is_null()) body = json::object();
+    if (!body.is_object()) body = json{{"result", std::move(body)}};
+    body.erase("ok");
+    std::string rest = dump(body);  // "{...}"
+    if (rest == "{}") return "{\"ok\":true}\n";
+    return "{\"ok\":true," + rest.substr(1) + "\n";
+}
+
+}  // namespace commdbg
