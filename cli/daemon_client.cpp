@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "control_protocol.hpp"
+
 namespace commdbg::cli {
 
 std::string socket_path(const std::string& flag) {
@@ -35,17 +37,7 @@ DaemonClient::~DaemonClient() {
     if (fd_ >= 0) close(fd_);
 }
 
-bool DaemonClient::send(const nlohmann::json& request) {
-    std::string line = request.dump() + "\n";
-    size_t off = 0;
-    while (off < line.size()) {
-        ssize_t n = ::send(fd_, line.data() + off, line.size() - off, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return false;
-        off += static_cast<size_t>(n);
-    }
-    return true;
-}
+bool DaemonClient::send(const nlohmann::json& request) { return send_all(fd_, request.dump() + "\n"); }
 
 Result<nlohmann::json> DaemonClient::receive() {
     using R = Result<nlohmann::json>;

@@ -21,17 +21,6 @@ namespace {
 constexpr int kMaxConnections = 64;
 constexpr int kIdleTimeoutMs = 30000;  // a half-sent request does not hold a thread forever
 
-bool send_all(int fd, const std::string& s) {
-    size_t off = 0;
-    while (off < s.size()) {
-        ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return false;
-        off += static_cast<size_t>(n);
-    }
-    return true;
-}
-
 }  // namespace
 
 Result<std::unique_ptr<ControlServer>> ControlServer::open(const std::string& path, NodeCounter& counter) {

@@ -101,14 +101,7 @@ Result<std::unique_ptr<NodeCounter>> NodeCounter::create(const NodeCounterOption
 NodeCounter::~NodeCounter() {
     if (!bpf_) return;
     // Nothing may stay stopped by us after a clean shutdown.
-    int fd = bpf_->stopped_pids_fd();
-    uint32_t key = 0, next = 0;
-    const uint32_t* prev = nullptr;
-    while (bpf_map_get_next_key(fd, prev, &next) == 0) {
-        kill(static_cast<pid_t>(next), SIGCONT);
-        key = next;
-        prev = &key;
-    }
+    resume_all_in_map(bpf_->stopped_pids_fd());
     if (scope_fd_ >= 0) close(scope_fd_);
 }
 

@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "control_protocol.hpp"
 
+#include <sys/socket.h>
+
+#include <cerrno>
+
 #include <climits>
 #include <cstdint>
 #include <exception>
@@ -278,6 +282,17 @@ std::string ok_response(json body) {
     std::string rest = dump(body);  // "{...}"
     if (rest == "{}") return "{\"ok\":true}\n";
     return "{\"ok\":true," + rest.substr(1) + "\n";
+}
+
+bool send_all(int fd, std::string_view s) {
+    size_t off = 0;
+    while (off < s.size()) {
+        ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return false;
+        off += static_cast<size_t>(n);
+    }
+    return true;
 }
 
 }  // namespace commdbg

@@ -80,6 +80,9 @@ Access authorize(const Request& req, const PeerCred& peer,
 std::string deny_message(const Request& req, const PeerCred& peer);
 
 // {"ok":false,"error":"..."}\n
+// Writes all of `s` to a stream socket (no SIGPIPE); false when the peer is gone.
+bool send_all(int fd, std::string_view s);
+
 std::string error_response(std::string_view message);
 // body with "ok":true first, '\n'-terminated; a non-object body goes under "result".
 std::string ok_response(nlohmann::json body);

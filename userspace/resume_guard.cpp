@@ -1,16 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "resume_guard.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <bpf/bpf.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <vector>
@@ -20,7 +21,10 @@ namespace commdbg {
 namespace {
 
 constexpr int32_t kDone = 0;  // sentinel: clean shutdown, resume nothing
+constexpr size_t kMaxWatched = 8192;
 
+// Runs in a child forked from a possibly multi-threaded process: only
+// async-signal-safe calls here (no malloc, no stdio).
 [[noreturn]] void guard_main(int rfd, int map_fd) {
     // Detach from the terminal's signals so Ctrl-C on commdbg does not kill
     // the guard before it could do its job.
@@ -28,32 +32,45 @@ constexpr int32_t kDone = 0;  // sentinel: clean shutdown, resume nothing
     signal(SIGINT, SIG_IGN);
     signal(SIGTERM, SIG_IGN);
     signal(SIGHUP, SIG_IGN);
-    std::vector<pid_t> pids;
+    static pid_t pids[kMaxWatched];
+    size_t n = 0;
     int32_t v;
     for (;;) {
-        ssize_t n = read(rfd, &v, sizeof(v));
-        if (n == sizeof(v)) {
+        ssize_t r = read(rfd, &v, sizeof(v));
+        if (r == sizeof(v)) {
             if (v == kDone) _exit(0);
-            pids.push_back(v);
+            if (n < kMaxWatched) pids[n++] = v;
             continue;
         }
-        if (n < 0 && errno == EINTR) continue;
+        if (r < 0 && errno == EINTR) continue;
         break;  // EOF: commdbg is gone without saying done
     }
-    for (pid_t p : pids) kill(p, SIGCONT);
-    if (map_fd >= 0) {
-        uint32_t key = 0, next = 0;
-        const uint32_t* prev = nullptr;
-        while (bpf_map_get_next_key(map_fd, prev, &next) == 0) {
-            kill(static_cast<pid_t>(next), SIGCONT);
-            key = next;
-            prev = &key;
-        }
-    }
+    for (size_t i = 0; i < n; ++i) kill(pids[i], SIGCONT);
+    if (map_fd >= 0) resume_all_in_map(map_fd);
     _exit(0);
 }
 
+// Closes every descriptor from 3 up except the two kept: BPF links held open
+// by a guard would outlive commdbg.
+void close_all_but(int a, int b) {
+    int lo = std::min(a, b), hi = std::max(a, b);
+    if (lo < 0) lo = hi;
+    if (lo > 3) syscall(SYS_close_range, 3u, static_cast<unsigned>(lo - 1), 0u);
+    if (hi > lo + 1) syscall(SYS_close_range, static_cast<unsigned>(lo + 1), static_cast<unsigned>(hi - 1), 0u);
+    syscall(SYS_close_range, static_cast<unsigned>(hi + 1), ~0u, 0u);
+}
+
 }  // namespace
+
+void resume_all_in_map(int stopped_map_fd) {
+    uint32_t key = 0, next = 0;
+    const uint32_t* prev = nullptr;
+    while (bpf_map_get_next_key(stopped_map_fd, prev, &next) == 0) {
+        kill(static_cast<pid_t>(next), SIGCONT);
+        key = next;
+        prev = &key;
+    }
+}
 
 bool ResumeGuard::start() { return start_impl(-1); }
 
@@ -69,17 +86,7 @@ bool ResumeGuard::start_impl(int keep_fd) {
         return false;
     }
     if (pid == 0) {
-        // Close everything but the read end: BPF links held open by a guard
-        // would outlive commdbg.
-        if (DIR* d = opendir("/proc/self/fd")) {
-            std::vector<int> fds;
-            while (dirent* e = readdir(d)) {
-                int fd = atoi(e->d_name);
-                if (fd > 2 && fd != p[0] && fd != keep_fd && fd != dirfd(d)) fds.push_back(fd);
-            }
-            closedir(d);
-            for (int fd : fds) close(fd);
-        }
+        close_all_but(p[0], keep_fd);
         guard_main(p[0], keep_fd);
     }
     close(p[0]);

@@ -10,6 +10,10 @@
 
 namespace commdbg {
 
+// SIGCONT every tgid held in a BPF hash map of stopped processes (keys u32).
+// Async-signal-safe: the guard calls it in a forked child.
+void resume_all_in_map(int stopped_map_fd);
+
 class ResumeGuard {
 public:
     ResumeGuard() = default;

@@ -32,7 +32,6 @@ Result<std::unique_ptr<TraceSession>> TraceSession::create(const SessionOptions&
         return R::fail(msg);
     }
     auto guard = std::make_unique<ResumeGuard>();
-    guard->start();  // without it we simply never stop a process (see add_process)
     auto bpf = BpfSession::open(BpfOptions{opts.ringbuf_bytes});
     if (!bpf) return R::fail(bpf.error());
     std::unique_ptr<TraceSession> s(
@@ -81,6 +80,7 @@ Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
     if (opts_.records) flags |= CD_TRACE_RECORDS;
     if (follow) flags |= CD_TRACE_FOLLOW;
     // Without a guard that resumes on our death, never stop anybody.
+    if (dl_stop && !guard_->running()) guard_->start();
     if (dl_stop && guard_->running()) {
         flags |= CD_TRACE_DL_STOP;
         guard_->watch(pid);
