@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <bpf/bpf.h>
@@ -245,6 +246,37 @@ void NodeCounter::refresh() {
     metrics_.set("commdbg_build_info", {{"version", COMMDBG_VERSION}, {"host", host_}}, 1, 0, now);
     for (uint32_t pid : gone) retire(pid);
     metrics_.expire(now);
+    detach_deleted_files();
+}
+
+void NodeCounter::detach_deleted_files() {
+    // Cheap test first: is each probed file still there under its path?
+    auto replaced = [](const AttachedFile& f) {
+        struct stat st {};
+        return ::stat(f.path.c_str(), &st) != 0 || st.st_ino != f.inode || st.st_dev != f.dev;
+    };
+    bool any = false;
+    for (const auto& f : attacher_->files()) any = any || replaced(f);
+    if (!any) return;
+    // Only then the costly one: which (dev, inode) does any process still map?
+    // By inode alone: the device in /proc/PID/maps can differ from st_dev
+    // (overlayfs), and keeping a file attached too long is the safe mistake.
+    std::set<uint64_t> mapped;
+    if (DIR* d = opendir("/proc")) {
+        while (dirent* e = readdir(d)) {
+            char* end = nullptr;
+            long pid = strtol(e->d_name, &end, 10);
+            if (!end || *end || pid <= 0) continue;
+            auto maps = read_maps(static_cast<int>(pid));
+            if (!maps) continue;
+            for (const auto& m : *maps)
+                if (m.inode) mapped.insert(m.inode);
+        }
+        closedir(d);
+    }
+    auto gone = attacher_->detach_files(
+        [&](const AttachedFile& f) { return replaced(f) && !mapped.count(f.inode); });
+    for (const auto& f : gone) bpf_->forget_known_file(f.dev, f.inode);
 }
 
 std::optional<uint32_t> NodeCounter::owner_of(uint32_t pid) {

@@ -63,6 +63,7 @@ private:
     void adopt(uint32_t pid);
     void retire(uint32_t pid);
     bool in_scope(uint32_t pid) const;
+    void detach_deleted_files();
 
     NodeCounterOptions opts_;
     std::unique_ptr<ResumeGuard> guard_;

@@ -173,13 +173,25 @@ std::array<uint64_t, CD_DROP_MAX> BpfSession::drops() const {
     return out;
 }
 
+namespace {
+struct FileKey {
+    uint64_t dev, ino;
+};
+// The kernel's dev_t packs major:minor as 12:20 bits, not glibc's layout.
+FileKey kernel_file_key(uint64_t st_dev, uint64_t inode) {
+    return {(static_cast<uint64_t>(major(st_dev)) << 20) | minor(st_dev), inode};
+}
+}  // namespace
+
 void BpfSession::mark_known_file(uint64_t st_dev, uint64_t inode) {
-    // The kernel's dev_t packs major:minor as 12:20 bits, not glibc's layout.
-    struct {
-        uint64_t dev, ino;
-    } k{(static_cast<uint64_t>(major(st_dev)) << 20) | minor(st_dev), inode};
+    FileKey k = kernel_file_key(st_dev, inode);
     uint32_t one = 1;
     bpf_map__update_elem(skel_->maps.known_files, &k, sizeof(k), &one, sizeof(one), BPF_ANY);
+}
+
+void BpfSession::forget_known_file(uint64_t st_dev, uint64_t inode) {
+    FileKey k = kernel_file_key(st_dev, inode);
+    bpf_map__delete_elem(skel_->maps.known_files, &k, sizeof(k), 0);
 }
 
 void BpfSession::resumed(uint32_t tgid) { bpf_map__delete_elem(skel_->maps.stopped_pids, &tgid, sizeof(tgid), 0); }

@@ -71,6 +71,7 @@ public:
     void forget_process(uint32_t tgid);
     // A probed library file: mapping it needs no stop (count_all mode).
     void mark_known_file(uint64_t st_dev, uint64_t inode);
+    void forget_known_file(uint64_t st_dev, uint64_t inode);
     // count_all mode: a process stopped at a new library mapping was resumed.
     void resumed(uint32_t tgid);
     int stopped_pids_fd() const;

@@ -168,8 +168,9 @@ Result<size_t> ProbeAttacher::attach_multi(bpf_program* prog, const MappedFile& 
         LIBBPF_OPTS(bpf_uprobe_multi_opts, o, .offsets = offs, .cookies = cks, .cnt = n, .retprobe = retprobe);
         return bpf_program__attach_uprobe_multi(prog, -1, f.open_path.c_str(), nullptr, &o);
     };
+    auto& links = file_links_[{f.dev, f.inode}];
     if (bpf_link* l = try_attach(offsets.data(), cookies.data(), offsets.size())) {
-        links_.emplace_back(l);
+        links.emplace_back(l);
         return offsets.size();
     }
     int err = errno;
@@ -193,7 +194,7 @@ Result<size_t> ProbeAttacher::attach_multi(bpf_program* prog, const MappedFile& 
     if (ok_offsets.empty()) return Result<size_t>::fail(bpf_error_message("attaching to " + f.path, err));
     bpf_link* l = try_attach(ok_offsets.data(), ok_cookies.data(), ok_offsets.size());
     if (!l) return Result<size_t>::fail(bpf_error_message("attaching to " + f.path, errno));
-    links_.emplace_back(l);
+    links.emplace_back(l);
     return ok_offsets.size();
 }
 
@@ -220,6 +221,18 @@ Result<bool> ProbeAttacher::attach_loader_for(const std::string& exe) {
         return Result<bool>::fail("loader " + interp + ": " + std::strerror(errno));
     if (loaders_.count({st.st_dev, st.st_ino})) return true;
     return attach_loader(interp, st.st_dev, st.st_ino);
+}
+
+std::vector<AttachedFile> ProbeAttacher::detach_files(const std::function<bool(const AttachedFile&)>& unused) {
+    std::vector<AttachedFile> gone;
+    std::erase_if(files_, [&](const AttachedFile& f) {
+        if (!unused(f)) return false;
+        file_links_.erase({f.dev, f.inode});  // destroys the links
+        seen_.erase({f.dev, f.inode});
+        gone.push_back(f);
+        return true;
+    });
+    return gone;
 }
 
 }  // namespace commdbg

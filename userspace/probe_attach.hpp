@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -47,6 +49,10 @@ public:
     Result<bool> attach_loader_for(const std::string& exe);
 
     const std::vector<AttachedFile>& files() const { return files_; }
+    // Detaches every spec from the files `unused` picks (say, deleted and
+    // mapped by nobody): a node where each job brings its own NCCL must not
+    // accumulate links.  Returns what was detached.
+    std::vector<AttachedFile> detach_files(const std::function<bool(const AttachedFile&)>& unused);
     const std::vector<ProbeSpec>& specs() const { return specs_; }
 
     // Offsets + cookies for one spec on one file, without attaching (tests, bench).
@@ -70,7 +76,8 @@ private:
     std::set<std::pair<uint64_t, uint64_t>> seen_;         // files looked at (dev, inode)
     std::set<std::pair<uint64_t, uint64_t>> loaders_;      // loader files probed
     std::vector<AttachedFile> files_;
-    std::vector<LinkPtr> links_;
+    std::vector<LinkPtr> links_;  // loader probes
+    std::map<std::pair<uint64_t, uint64_t>, std::vector<LinkPtr>> file_links_;  // per library file
 };
 
 }  // namespace commdbg
