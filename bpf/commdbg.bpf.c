@@ -170,16 +170,6 @@ static __always_inline int in_scope(void)
 	return !scope_cgroup || bpf_current_task_under_cgroup(&scope, 0) == 1;
 }
 
-/* CD_TRACE_* flags for `tgid`, 0 when it is not traced. */
-static __always_inline __u32 trace_flags(__u32 tgid)
-{
-	__u32 *f = bpf_map_lookup_elem(&traced, &tgid);
-
-	if (f)
-		return *f;
-	return count_all && in_scope() ? CD_TRACE_COUNT : 0;
-}
-
 static __always_inline void count_drop(__u32 cause)
 {
 	__u64 *v = bpf_map_lookup_elem(&drops, &cause);
@@ -301,6 +291,37 @@ static __always_inline void emit_enter(struct pt_regs *ctx, __u32 tgid, __u32 ti
 	if (with_id && bpf_probe_read_user((void *)(e + 1), CD_UNIQUE_ID_BYTES, (void *)(sp + 8)))
 		__builtin_memset((void *)(e + 1), 0, CD_UNIQUE_ID_BYTES);
 	bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline void emit_proc(__u32 kind, __u32 tgid, __u32 parent, __s32 code)
+{
+	struct cd_proc *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+
+	if (!e) {
+		count_drop(CD_DROP_PROC_EVENT);
+		return;
+	}
+	fill_header(&e->h, kind, sizeof(*e), CD_TAIL_NONE, 0, tgid, tgid, bpf_ktime_get_ns());
+	e->parent_tgid = parent;
+	e->exit_code = code;
+	bpf_ringbuf_submit(e, 0);
+}
+
+/* CD_TRACE_* flags for `tgid`, 0 when it is not traced.  In count-all mode a
+ * process's first probed call puts it in `traced` and tells userspace, which
+ * reads its labels (RANK, ...) while it surely still runs. */
+static __always_inline __u32 trace_flags(__u32 tgid)
+{
+	__u32 *f = bpf_map_lookup_elem(&traced, &tgid);
+	__u32 fl = CD_TRACE_COUNT;
+
+	if (f)
+		return *f;
+	if (!count_all || !in_scope())
+		return 0;
+	if (bpf_map_update_elem(&traced, &tgid, &fl, BPF_NOEXIST) == 0)
+		emit_proc(CD_EV_PROC_SEEN, tgid, 0, 0);
+	return fl;
 }
 
 SEC("uprobe.multi")
@@ -576,19 +597,6 @@ int dl_debug_state(struct pt_regs *ctx)
 	return 0;
 }
 
-static __always_inline void emit_proc(__u32 kind, __u32 tgid, __u32 parent, __s32 code)
-{
-	struct cd_proc *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-
-	if (!e) {
-		count_drop(CD_DROP_PROC_EVENT);
-		return;
-	}
-	fill_header(&e->h, kind, sizeof(*e), CD_TAIL_NONE, 0, tgid, tgid, bpf_ktime_get_ns());
-	e->parent_tgid = parent;
-	e->exit_code = code;
-	bpf_ringbuf_submit(e, 0);
-}
 
 /* Children of a followed process are traced from their first instruction. */
 SEC("tp_btf/sched_process_fork")

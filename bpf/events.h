@@ -104,6 +104,7 @@ enum cd_event_kind {
 	CD_EV_DL_CHANGE = 3,  /* the dynamic loader changed the link map */
 	CD_EV_PROC_FORK = 4,  /* a traced process forked a traced child */
 	CD_EV_PROC_EXIT = 5,  /* a traced process exited */
+	CD_EV_PROC_SEEN = 6,  /* count-all mode: first probed call of a process, now traced */
 };
 
 struct cd_header {

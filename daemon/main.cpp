@@ -109,6 +109,12 @@ int main(int argc, char** argv) {
         http.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
             res.set_content((*counter)->metrics().render(), "text/plain; version=0.0.4; charset=utf-8");
         });
+        // httplib's default sets SO_REUSEPORT: a second daemon would share the
+        // port silently and scrapes would alternate between them.
+        http.set_socket_options([](socket_t sock) {
+            int yes = 1;
+            setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+        });
         if (!http.bind_to_port(host.c_str(), port)) {
             std::cerr << "commdbgd: --metrics-listen " << metrics_listen
                       << ": cannot listen there (in use or not a local address) — pick another port\n";

@@ -174,6 +174,8 @@ void NodeCounter::on_record(std::span<const uint8_t> bytes) {
             bpf_->resumed(dl->tgid);
             ++resumed_;
         }
+    } else if (auto* seen = std::get_if<ProcSeen>(&*d.event)) {
+        adopt(seen->tgid);  // its labels, while it still runs
     } else if (auto* x = std::get_if<ProcExit>(&*d.event)) {
         refresh();  // the final counts, before they are forgotten
         retire(x->tgid);

@@ -27,7 +27,8 @@ size_t body_size(uint16_t kind) {
     case CD_EV_CALL_EXIT: return sizeof(cd_call_exit);
     case CD_EV_DL_CHANGE: return sizeof(cd_dl_change);
     case CD_EV_PROC_FORK:
-    case CD_EV_PROC_EXIT: return sizeof(cd_proc);
+    case CD_EV_PROC_EXIT:
+    case CD_EV_PROC_SEEN: return sizeof(cd_proc);
     default: return 0;
     }
 }
@@ -118,6 +119,7 @@ DecodeResult decode(std::span<const uint8_t> bytes) {
         std::memcpy(&e, bytes.data(), sizeof(e));
         return ok(ProcExit{h.tgid, h.ts_ns, e.exit_code});
     }
+    case CD_EV_PROC_SEEN: return ok(ProcSeen{h.tgid, h.ts_ns});
     }
     return fail(DecodeError::UnknownKind);
 }

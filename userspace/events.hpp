@@ -69,7 +69,12 @@ struct ProcExit {
     int32_t exit_code = 0;
 };
 
-using Event = std::variant<CallEnter, CallExit, DlChange, ProcFork, ProcExit>;
+struct ProcSeen {  // count-all mode: a process made its first probed call
+    uint32_t tgid = 0;
+    uint64_t ts_ns = 0;
+};
+
+using Event = std::variant<CallEnter, CallExit, DlChange, ProcFork, ProcExit, ProcSeen>;
 
 // Why a record could not be decoded; each cause is counted, never hidden.
 enum class DecodeError { Truncated, BadSize, UnknownKind, BadTail };
