@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include "comm_registry.hpp"
@@ -133,6 +134,8 @@ void NodeCounter::scan_proc() {
         if (!in_scope(pid)) continue;
         auto r = attacher_->scan_process(static_cast<int>(pid));
         if (r && !r->libraries.empty()) adopt(pid);
+        if (r)
+            for (const auto& n : r->notes) std::cerr << "commdbgd: pid " << pid << ": " << n << "\n";
     }
 }
 
@@ -168,6 +171,8 @@ void NodeCounter::on_record(std::span<const uint8_t> bytes) {
     }
     if (auto* dl = std::get_if<DlChange>(&*d.event)) {
         auto r = attacher_->scan_process(static_cast<int>(dl->tgid));
+        if (r)
+            for (const auto& n : r->notes) std::cerr << "commdbgd: pid " << dl->tgid << ": " << n << "\n";
         if (r && !r->libraries.empty() && in_scope(dl->tgid)) adopt(dl->tgid);
         if (dl->stopped) {
             kill(static_cast<pid_t>(dl->tgid), SIGCONT);

@@ -127,11 +127,13 @@ Result<ScanResult> ProbeAttacher::scan_process(int pid) {
         for (const auto& spec : specs_) named = named || spec.matches_library(f.path);
         if (named) out.libraries.push_back(f.path);
         if (!named || !seen_.insert(key).second) continue;
+        bool failed = false;  // an error, not a file without the spec's symbols
         for (const auto& spec : specs_) {
             if (!spec.matches_library(f.path)) continue;
             auto plan = ProbeAttacher::plan(spec, f.open_path, symbols_);
             if (!plan) {
                 out.notes.push_back("spec " + spec.name + ": " + plan.error() + " — skipped");
+                failed = true;
                 continue;
             }
             for (const auto& m : plan->missing)
@@ -145,6 +147,7 @@ Result<ScanResult> ProbeAttacher::scan_process(int pid) {
             auto entry = attach_multi(bpf_.enter_program(), f, plan->offsets, plan->cookies, false, out.notes);
             if (!entry) {
                 out.notes.push_back("spec " + spec.name + ": " + entry.error());
+                failed = true;
                 continue;
             }
             af.entry_probes = entry.value();
@@ -157,6 +160,8 @@ Result<ScanResult> ProbeAttacher::scan_process(int pid) {
             files_.push_back(std::move(af));
             ++out.new_files;
         }
+        // A failed attach is tried again at the next scan, not given up for good.
+        if (failed) seen_.erase(key);
     }
     return out;
 }
