@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "e2e_util.hpp"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -239,6 +243,43 @@ int count_links_of_programs(const std::vector<std::string>& names) {
             if (it->second == want) ++n;
     }
     return n;
+}
+
+int free_loopback_port() {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    int port = -1;
+    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+std::vector<std::pair<int, char>> children_of(int ppid) {
+    std::vector<std::pair<int, char>> out;
+    DIR* d = opendir("/proc");
+    if (!d) return out;
+    while (dirent* e = readdir(d)) {
+        int pid = atoi(e->d_name);
+        if (pid <= 0) continue;
+        std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+        std::string stat;
+        if (!std::getline(in, stat)) continue;
+        size_t paren = stat.rfind(')');
+        if (paren == std::string::npos) continue;
+        std::istringstream rest(stat.substr(paren + 2));
+        char state;
+        int parent = 0;
+        rest >> state >> parent;
+        if (parent == ppid) out.emplace_back(pid, state);
+    }
+    closedir(d);
+    return out;
 }
 
 }  // namespace commdbg::e2e

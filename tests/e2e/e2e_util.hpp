@@ -97,4 +97,10 @@ bool wait_proc_state(int pid, char state, int timeout_ms);
 // BPF links of ours still present (bpftool link show), by program name.
 int count_links_of_programs(const std::vector<std::string>& names);
 
+// A loopback TCP port nobody listens on now (the kernel's pick for port 0).
+int free_loopback_port();
+
+// Pids whose parent is `ppid` (scan of /proc/*/stat), with their state.
+std::vector<std::pair<int, char>> children_of(int ppid);
+
 }  // namespace commdbg::e2e

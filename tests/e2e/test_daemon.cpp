@@ -97,22 +97,6 @@ json workload_report(const std::string& out) {
     return json::parse(line.substr(0, line.find('\n')), nullptr, false);
 }
 
-// A loopback port nobody listens on now (the kernel's pick for port 0).
-int free_loopback_port() {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    int port = -1;
-    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
-
 bool alive(int pid) {
     char st = proc_state(pid);
     return st != 0 && st != 'Z' && st != 'X';
@@ -595,25 +579,6 @@ long fd_count(int pid) {
          it != std::filesystem::directory_iterator(); ++it)
         ++n;
     return n;
-}
-
-std::vector<int> children_of(int pid) {
-    std::vector<int> out;
-    for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-        std::string name = e.path().filename();
-        if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-        std::ifstream in(e.path() / "stat");
-        std::string stat;
-        if (!std::getline(in, stat)) continue;
-        size_t paren = stat.rfind(')');
-        if (paren == std::string::npos) continue;
-        std::istringstream ss(stat.substr(paren + 2));
-        char st;
-        int ppid;
-        ss >> st >> ppid;
-        if (ppid == pid) out.push_back(std::stoi(name));
-    }
-    return out;
 }
 
 // ---- raw control-socket clients --------------------------------------------------
@@ -1333,7 +1298,8 @@ TEST(Daemon, SigkillLeavesWorkloadsRunningAndRestartResumes) {
         << "workload never counted";
     std::set<int> ours = link_ids_held_by(d->pid());
     ASSERT_GE(ours.size(), 6u);
-    std::vector<int> guards = children_of(d->pid());
+    std::vector<int> guards;
+    for (auto [c, state] : children_of(d->pid())) guards.push_back(c);
 
     auto r = d->stop(SIGKILL, 10);
     EXPECT_EQ(r.status, 128 + SIGKILL);

@@ -77,21 +77,6 @@ std::string read_text(const std::string& path) {
 
 // A port nobody listens on now: the kernel's pick for port 0, bound without
 // SO_REUSEPORT so a port another listener holds is never handed out.
-int free_tcp_port() {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
-    socklen_t len = sizeof(a);
-    int port = -1;
-    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
 
 std::string url_encode(const std::string& s) {
     static const char* hexd = "0123456789ABCDEF";
@@ -415,8 +400,8 @@ TEST(Fleet, PrometheusAggregatesTwoNodesAndFindsTheLaggingRank) {
     const Cgroup* cgs[2] = {&cg_a, &cg_b};
 
     // ---- two nodes: a daemon per cgroup, each with its own metrics port ----
-    int mport[2] = {free_tcp_port(), free_tcp_port()};
-    while (mport[1] == mport[0]) mport[1] = free_tcp_port();
+    int mport[2] = {free_loopback_port(), free_loopback_port()};
+    while (mport[1] == mport[0]) mport[1] = free_loopback_port();
     ASSERT_GT(mport[0], 0);
     ASSERT_GT(mport[1], 0);
     const char* node_name[2] = {"A", "B"};
@@ -446,8 +431,8 @@ TEST(Fleet, PrometheusAggregatesTwoNodesAndFindsTheLaggingRank) {
     }
 
     // ---- Prometheus scraping both, every second ----------------------------
-    int pport = free_tcp_port();
-    while (pport == mport[0] || pport == mport[1]) pport = free_tcp_port();
+    int pport = free_loopback_port();
+    while (pport == mport[0] || pport == mport[1]) pport = free_loopback_port();
     const std::string target[2] = {"127.0.0.1:" + std::to_string(mport[0]), "127.0.0.1:" + std::to_string(mport[1])};
     {
         std::ofstream y(tmp.path("prometheus.yml"));

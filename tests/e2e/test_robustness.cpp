@@ -51,29 +51,6 @@ int links_after_teardown(int timeout_ms = 5000) {
     return n;
 }
 
-// Pids whose parent is `ppid` (scan of /proc/*/stat), with their state.
-std::vector<std::pair<int, char>> children_of(int ppid) {
-    std::vector<std::pair<int, char>> out;
-    DIR* d = opendir("/proc");
-    if (!d) return out;
-    while (dirent* e = readdir(d)) {
-        int pid = atoi(e->d_name);
-        if (pid <= 0) continue;
-        std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-        std::string stat;
-        if (!std::getline(in, stat)) continue;
-        size_t paren = stat.rfind(')');
-        if (paren == std::string::npos) continue;
-        std::istringstream rest(stat.substr(paren + 2));
-        char state;
-        int parent = 0;
-        rest >> state >> parent;
-        if (parent == ppid) out.emplace_back(pid, state);
-    }
-    closedir(d);
-    return out;
-}
-
 // Makes this test process the reaper of orphans for its lifetime, so the
 // workload left behind by a killed `commdbg run` can be waited for.  Declare
 // it first in a test: on the way out it reaps the adopted zombies left (the
