@@ -33,7 +33,8 @@ int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
                           {"noise_level", o.trace.noise_level},
                           {"max_records", o.trace.max_records},
                           {"max_depth", o.trace.max_depth},
-                          {"counts_only", o.trace.counts_only}};
+                          {"counts_only", o.trace.counts_only},
+                          {"ringbuf_kb", o.trace.ringbuf_kb}};
     if (!o.trace.probes.empty()) req["probes"] = o.trace.probes;
     install_stop_handlers();
     auto started = client.call(req);

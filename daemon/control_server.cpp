@@ -174,6 +174,7 @@ std::string ControlServer::attach(const Request& req, const PeerCred& peer, int 
     so.limits.max_depth = req.max_depth;
     so.probes = req.probes;
     so.records = !req.counts_only;
+    so.ringbuf_bytes = req.ringbuf_kb * 1024;
     std::string who = "attach " + std::to_string(*req.pid);
     auto created = TraceSession::create(so);
     if (!created) return error_response(who + ": " + created.error());

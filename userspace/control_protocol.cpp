@@ -125,7 +125,7 @@ const OpFields kOpFields[] = {
     {"status", {}},
     {"counts", {"pid", "by_comm"}},
     {"attach", {"pid", "duration_s", "noise_level", "max_records", "max_depth", "probes",
-                "counts_only"}},
+                "counts_only", "ringbuf_kb"}},
     {"sessions", {}},
     {"detach", {"id"}},
 };
@@ -152,6 +152,10 @@ std::optional<std::string> fill_field(Request& r, const std::string& key, const 
         auto n = get_uint(v, 1, SIZE_MAX);
         if (!n) return field_error(op, key, "must be an integer >= 1");
         (key == "max_records" ? r.max_records : r.max_depth) = static_cast<size_t>(*n);
+    } else if (key == "ringbuf_kb") {
+        auto n = get_uint(v, 4, 1u << 20);
+        if (!n) return field_error(op, key, "must be an integer from 4 to 1048576 (KiB)");
+        r.ringbuf_kb = static_cast<size_t>(*n);
     } else if (key == "probes") {
         if (!v.is_array()) return field_error(op, key, "must be an array of probe names");
         r.probes.clear();

@@ -56,6 +56,7 @@ struct Request {
     size_t max_depth = 128;
     std::vector<std::string> probes;
     bool counts_only = false;
+    size_t ringbuf_kb = 8192;  // the session's kernel ring buffer
     std::optional<uint64_t> id;
 };
 

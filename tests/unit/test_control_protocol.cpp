@@ -121,12 +121,14 @@ TEST(ParseRequest, AttachWithOnlyPidGetsTheDefaults) {
     EXPECT_EQ(r.max_depth, 128u);
     EXPECT_TRUE(r.probes.empty());
     EXPECT_FALSE(r.counts_only);
+    EXPECT_EQ(r.ringbuf_kb, 8192u);
     EXPECT_FALSE(r.id);
 }
 
 TEST(ParseRequest, AttachTakesEveryField) {
     auto r = parse_ok(R"({"op":"attach","pid":9,"duration_s":2.5,"noise_level":3,)"
-                      R"("max_records":10,"max_depth":4,"probes":["nccl","torch"],"counts_only":true})");
+                      R"("max_records":10,"max_depth":4,"probes":["nccl","torch"],"counts_only":true,)"
+                      R"("ringbuf_kb":64})");
     EXPECT_EQ(r.pid, 9);
     EXPECT_DOUBLE_EQ(r.duration_s, 2.5);
     EXPECT_EQ(r.noise_level, 3);
@@ -134,6 +136,9 @@ TEST(ParseRequest, AttachTakesEveryField) {
     EXPECT_EQ(r.max_depth, 4u);
     EXPECT_EQ(r.probes, (Strings{"nccl", "torch"}));
     EXPECT_TRUE(r.counts_only);
+    EXPECT_EQ(r.ringbuf_kb, 64u);
+    EXPECT_EQ(parse_err(R"({"op":"attach","pid":1,"ringbuf_kb":2})"),
+              "attach: field \"ringbuf_kb\" must be an integer from 4 to 1048576 (KiB)");
     EXPECT_DOUBLE_EQ(parse_ok(R"({"op":"attach","pid":9,"duration_s":86400})").duration_s, 86400);
     EXPECT_EQ(parse_ok(R"({"op":"attach","pid":9,"noise_level":0})").noise_level, 0);
 }
