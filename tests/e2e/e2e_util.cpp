@@ -282,4 +282,28 @@ std::vector<std::pair<int, char>> children_of(int ppid) {
     return out;
 }
 
+std::string pattern_arg(const std::vector<std::pair<std::string, int>>& pattern) {
+    std::string s;
+    for (const auto& [k, n] : pattern) s += (s.empty() ? "" : ",") + k + "=" + std::to_string(n);
+    return s;
+}
+
+nlohmann::json workload_report(const std::string& out) {
+    size_t at = out.rfind("{\"pid\"");
+    if (at == std::string::npos) return nlohmann::json();
+    std::string line = out.substr(at);
+    return nlohmann::json::parse(line.substr(0, line.find('\n')), nullptr, false);
+}
+
+int pid_of_ready(const std::string& line) {
+    size_t at = line.find("ready pid=");
+    return at == std::string::npos ? -1 : std::stoi(line.substr(at + 10));
+}
+
+void touch(const std::string& path) { std::ofstream(path) << "go\n"; }
+
+std::string lib_path(bool real) { return std::string(real ? REAL_NCCL_DIR : STUB_NCCL_DIR) + "/libnccl.so.2"; }
+
+std::string commdbgd_bin() { return std::string(BUILD_DIR) + "/bin/commdbgd"; }
+
 }  // namespace commdbg::e2e

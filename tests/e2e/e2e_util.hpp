@@ -103,4 +103,16 @@ int free_loopback_port();
 // Pids whose parent is `ppid` (scan of /proc/*/stat), with their state.
 std::vector<std::pair<int, char>> children_of(int ppid);
 
+// The workload's --calls argument for a pattern: "all_reduce=13,broadcast=7".
+std::string pattern_arg(const std::vector<std::pair<std::string, int>>& pattern);
+// nccl_workload's final line: {"pid":..,"calls":{..},"errors":..,"rounds":..}; null if none.
+nlohmann::json workload_report(const std::string& out);
+// The pid in nccl_workload's "ready pid=N" line, or -1.
+int pid_of_ready(const std::string& line);
+// Creates `path` (the workload's --wait-file).
+void touch(const std::string& path);
+// The stub's or the real libnccl.so.2.
+std::string lib_path(bool real);
+std::string commdbgd_bin();
+
 }  // namespace commdbg::e2e

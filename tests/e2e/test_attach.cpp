@@ -18,13 +18,7 @@ const std::vector<std::pair<std::string, int>> kPattern = {
     {"all_reduce", 13}, {"broadcast", 7}, {"all_gather", 5}, {"send", 3}, {"recv", 2},
 };
 
-std::string pattern_arg(const std::vector<std::pair<std::string, int>>& pattern = kPattern) {
-    std::string s;
-    for (const auto& [k, n] : pattern) s += (s.empty() ? "" : ",") + k + "=" + std::to_string(n);
-    return s;
-}
 
-std::string lib_path(bool real) { return std::string(real ? REAL_NCCL_DIR : STUB_NCCL_DIR) + "/libnccl.so.2"; }
 
 int count_of(const nlohmann::json& j, const std::string& kind) {
     const auto& c = j["comm_counts"];
@@ -43,20 +37,8 @@ void expect_counts_exactly(const nlohmann::json& j, const std::vector<std::pair<
     EXPECT_EQ(j["total_counts"].get<int>(), total);
 }
 
-// The workload's final line: {"pid":..,"calls":{..},"errors":..,"rounds":..}.
-nlohmann::json workload_report(const std::string& out) {
-    size_t at = out.rfind("{\"pid\"");
-    if (at == std::string::npos) return nlohmann::json();
-    std::string line = out.substr(at);
-    return nlohmann::json::parse(line.substr(0, line.find('\n')), nullptr, false);
-}
 
-void touch(const std::string& path) { std::ofstream(path) << "go\n"; }
 
-int pid_of_ready(const std::string& line) {
-    size_t at = line.find("ready pid=");
-    return at == std::string::npos ? -1 : std::stoi(line.substr(at + 10));
-}
 
 // --- (a) attach to a process that already mapped libnccl --------------------
 
@@ -69,7 +51,7 @@ TEST_P(AttachCounts, CallsAfterAttachCountedExactly) {
     bool real = GetParam();
     if (real) REQUIRE_REAL_NCCL();
     TempDir tmp;
-    std::vector<std::string> wargv = {testprog("nccl_workload"), "--calls", pattern_arg(), "--wait-file",
+    std::vector<std::string> wargv = {testprog("nccl_workload"), "--calls", pattern_arg(kPattern), "--wait-file",
                                       tmp.path("go")};
     if (!real) wargv.push_back("--fake-comm");  // real: NULL comm, every call errs at once (still counted)
     Background work(wargv, nccl_env(real));
@@ -159,7 +141,7 @@ TEST_P(RunImmediateCalls, LinkedLibraryCallsFromFirstInstructionCountedExactly) 
     if (real) REQUIRE_REAL_NCCL();
     TempDir tmp;
     std::vector<std::string> argv = {commdbg_bin(), "run", "--json", tmp.path("out.json"), "--",
-                                     testprog("nccl_workload"), "--calls", pattern_arg()};
+                                     testprog("nccl_workload"), "--calls", pattern_arg(kPattern)};
     if (!real) argv.push_back("--fake-comm");
     auto r = run(argv, nccl_env(real));
     ASSERT_EQ(r.status, 0) << r.err;
@@ -178,7 +160,7 @@ TEST_P(RunImmediateCalls, CallsRightAfterDlopenCountedExactly) {
     // dlopen, and the first call follows it immediately.
     std::vector<std::string> argv = {commdbg_bin(), "run", "--json", tmp.path("out.json"), "--",
                                      testprog("nccl_workload_dl"), "--dlopen", lib_path(real), "--calls",
-                                     pattern_arg()};
+                                     pattern_arg(kPattern)};
     if (!real) argv.push_back("--fake-comm");
     auto r = run(argv);  // no LD_LIBRARY_PATH: the dlopen names the file
     ASSERT_EQ(r.status, 0) << r.err;

@@ -66,11 +66,6 @@ const std::vector<std::string> kProgramNames = {"call_enter", "call_exit", "dl_d
 const std::vector<std::string> kAsNobody = {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"};
 constexpr uint32_t kNobody = 65534;
 
-std::string pattern_arg(const std::vector<std::pair<std::string, int>>& pattern = kPattern) {
-    std::string s;
-    for (const auto& [k, n] : pattern) s += (s.empty() ? "" : ",") + k + "=" + std::to_string(n);
-    return s;
-}
 
 int total_of(const std::vector<std::pair<std::string, int>>& pattern) {
     int t = 0;
@@ -78,10 +73,7 @@ int total_of(const std::vector<std::pair<std::string, int>>& pattern) {
     return t;
 }
 
-std::string daemon_binary() { return std::string(BUILD_DIR) + "/bin/commdbgd"; }
-std::string lib_path(bool real) { return std::string(real ? REAL_NCCL_DIR : STUB_NCCL_DIR) + "/libnccl.so.2"; }
 
-void touch(const std::string& path) { std::ofstream(path) << "go\n"; }
 void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
 std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
@@ -89,13 +81,6 @@ std::vector<std::string> concat(std::vector<std::string> a, const std::vector<st
     return a;
 }
 
-// The workload's final line: {"pid":..,"calls":{..},"errors":..,"rounds":..}.
-json workload_report(const std::string& out) {
-    size_t at = out.rfind("{\"pid\"");
-    if (at == std::string::npos) return json();
-    std::string line = out.substr(at);
-    return json::parse(line.substr(0, line.find('\n')), nullptr, false);
-}
 
 bool alive(int pid) {
     char st = proc_state(pid);
@@ -128,7 +113,7 @@ class Daemon {
 public:
     Daemon(std::string socket, int port, const std::vector<std::string>& extra = {})
         : socket_(std::move(socket)), port_(port) {
-        std::vector<std::string> argv = {daemon_binary(), "--socket", socket_, "--metrics-listen",
+        std::vector<std::string> argv = {commdbgd_bin(), "--socket", socket_, "--metrics-listen",
                                          "127.0.0.1:" + std::to_string(port_)};
         argv.insert(argv.end(), extra.begin(), extra.end());
         proc_ = std::make_unique<Background>(argv);
@@ -701,7 +686,7 @@ void counted_exactly_after_dlopen(bool real) {
     START_DAEMON(d, tmp, {"--series-ttl", "60"});
 
     std::vector<std::string> argv = {testprog("nccl_workload_dl"), "--dlopen", lib_path(real), "--calls",
-                                     pattern_arg()};
+                                     pattern_arg(kPattern)};
     std::string id_hash;
     if (!real) {
         // The stub makes a communicator of the id: the daemon must name it by
@@ -809,7 +794,7 @@ TEST(Daemon, LinkedWorkloadsOnAKnownFileAreCountedExactly) {
     SharedDir tmp;
     START_DAEMON(d, tmp);
     const std::vector<std::pair<std::string, int>> second = {{"reduce_scatter", 11}, {"all_to_all", 4}};
-    StalledWorkload a({testprog("nccl_workload"), "--calls", pattern_arg(), "--threads", "3", "--fake-comm"},
+    StalledWorkload a({testprog("nccl_workload"), "--calls", pattern_arg(kPattern), "--threads", "3", "--fake-comm"},
                       nccl_env(false));
     ASSERT_STALLED(a);
     // b carries the environment that labels a job's series.
@@ -853,33 +838,39 @@ TEST(Daemon, LinkedWorkloadsOnAKnownFileAreCountedExactly) {
 // 2. `commdbg attach` through the daemon.
 // ======================================================================================
 
-TEST(Daemon, AttachThroughDaemon) {
-    REQUIRE_BPF();
-    SharedDir tmp;
-    START_DAEMON(d, tmp);
-    Background work({testprog("nccl_workload"), "--calls", pattern_arg(), "--fake-comm", "--wait-file",
-                     tmp.path("go")},
-                    nccl_env(false));
-    ASSERT_FALSE(work.wait_for_line("ready pid=").empty()) << "workload never got ready";
-
-    Background dbg({commdbg_bin(), "attach", std::to_string(work.pid()), "-d", "1", "--json", tmp.path("out.json"),
-                    "--socket", d.socket()});
+// `cli` (argv up to the binary) attaches through the daemon to a workload
+// waiting on `go`, which is released once tracing; the dump in `out` must
+// count kPattern exactly.
+void attach_counts_pattern(const std::vector<std::string>& cli, Background& work, const std::string& go,
+                           const std::string& out, const std::string& socket) {
+    Background dbg(concat(cli, {"attach", std::to_string(work.pid()), "-d", "1", "--json", out, "--socket", socket}));
     std::string tracing = dbg.wait_for_err_line("commdbg: tracing", 60);
     if (tracing.empty()) {
         auto r = dbg.wait(5);
         FAIL() << "commdbg never said it was tracing; status " << r.status << " stderr: " << r.err;
     }
     EXPECT_TRUE(std::regex_search(tracing, std::regex("session [0-9]+ in commdbgd"))) << tracing;
-    touch(tmp.path("go"));
-
+    touch(go);
     auto w = work.wait(60);
     ASSERT_EQ(w.status, 0) << w.err;
     auto r = dbg.wait(60);
     ASSERT_EQ(r.status, 0) << r.err;
-    auto j = read_json(tmp.path("out.json"));
-    auto got = comm_counts_of(j);
-    EXPECT_EQ(got, expected_map(kPattern, "nccl.")) << j.dump(2);
+    auto j = read_json(out);
+    EXPECT_EQ(comm_counts_of(j), expected_map(kPattern, "nccl.")) << j.dump(2);
     EXPECT_EQ(j.value("total_counts", -1), total_of(kPattern));
+}
+
+TEST(Daemon, AttachThroughDaemon) {
+    REQUIRE_BPF();
+    SharedDir tmp;
+    START_DAEMON(d, tmp);
+    Background work({testprog("nccl_workload"), "--calls", pattern_arg(kPattern), "--fake-comm", "--wait-file",
+                     tmp.path("go")},
+                    nccl_env(false));
+    ASSERT_FALSE(work.wait_for_line("ready pid=").empty()) << "workload never got ready";
+
+    attach_counts_pattern({commdbg_bin()}, work, tmp.path("go"), tmp.path("out.json"), d.socket());
+    if (HasFatalFailure()) return;
     // The session is over: the daemon lists none.
     auto s = cli_json({"sessions", "--socket", d.socket()});
     EXPECT_TRUE(s.value("sessions", json::array()).empty()) << s.dump();
@@ -926,7 +917,7 @@ TEST(Daemon, UnprivilegedAttachToRootProcessIsDenied) {
     SharedDir tmp;
     START_DAEMON(d, tmp);
     auto bins = nobody_bins();
-    Background work({testprog("nccl_workload"), "--calls", pattern_arg(), "--fake-comm", "--wait-file",
+    Background work({testprog("nccl_workload"), "--calls", pattern_arg(kPattern), "--fake-comm", "--wait-file",
                      tmp.path("go")},
                     nccl_env(false));
     ASSERT_FALSE(work.wait_for_line("ready pid=").empty()) << "workload never got ready";
@@ -958,30 +949,14 @@ TEST(Daemon, UnprivilegedAttachToOwnProcessWorks) {
     SharedDir tmp;
     START_DAEMON(d, tmp);
     auto bins = nobody_bins();
-    Background work(concat(kAsNobody, {bins.workload, "--calls", pattern_arg(), "--fake-comm", "--wait-file",
+    Background work(concat(kAsNobody, {bins.workload, "--calls", pattern_arg(kPattern), "--fake-comm", "--wait-file",
                                        tmp.path("go")}),
                     {{"LD_LIBRARY_PATH", bins.stub_dir}});
     ASSERT_FALSE(work.wait_for_line("ready pid=").empty()) << "workload (uid 65534) never got ready";
     auto owner = run({"stat", "-c", "%u", "/proc/" + std::to_string(work.pid())});
     ASSERT_EQ(owner.out, std::to_string(kNobody) + "\n");
 
-    Background dbg(concat(kAsNobody, {bins.commdbg, "attach", std::to_string(work.pid()), "-d", "1", "--json",
-                                      tmp.path("out.json"), "--socket", d.socket()}));
-    std::string tracing = dbg.wait_for_err_line("commdbg: tracing", 60);
-    if (tracing.empty()) {
-        auto r = dbg.wait(5);
-        FAIL() << "commdbg (uid 65534) never said it was tracing; status " << r.status << " stderr: " << r.err;
-    }
-    EXPECT_TRUE(std::regex_search(tracing, std::regex("session [0-9]+ in commdbgd"))) << tracing;
-    touch(tmp.path("go"));
-    auto w = work.wait(60);
-    ASSERT_EQ(w.status, 0) << w.err;
-    auto r = dbg.wait(60);
-    ASSERT_EQ(r.status, 0) << r.err;
-    auto j = read_json(tmp.path("out.json"));
-    auto got = comm_counts_of(j);
-    EXPECT_EQ(got, expected_map(kPattern, "nccl.")) << j.dump(2);
-    EXPECT_EQ(j.value("total_counts", -1), total_of(kPattern));
+    attach_counts_pattern(concat(kAsNobody, {bins.commdbg}), work, tmp.path("go"), tmp.path("out.json"), d.socket());
 }
 
 // `commdbg counts` as uid 65534 lists only uid 65534's processes; root sees all.
@@ -991,7 +966,7 @@ TEST(Daemon, UnprivilegedCountsListOnlyOwnProcesses) {
     START_DAEMON(d, tmp);
     auto bins = nobody_bins();
     const std::vector<std::pair<std::string, int>> theirs = {{"all_reduce", 4}, {"reduce", 9}};
-    StalledWorkload root_w({testprog("nccl_workload"), "--calls", pattern_arg(), "--fake-comm"}, nccl_env(false));
+    StalledWorkload root_w({testprog("nccl_workload"), "--calls", pattern_arg(kPattern), "--fake-comm"}, nccl_env(false));
     StalledWorkload nobody_w(concat(kAsNobody, {bins.workload, "--calls", pattern_arg(theirs), "--fake-comm"}),
                              {{"LD_LIBRARY_PATH", bins.stub_dir}});
     ASSERT_STALLED(root_w);
@@ -1119,7 +1094,7 @@ TEST(Daemon, MalformedRequestsGetErrorsAndDaemonKeepsServing) {
     } while (Clock::now() < deadline);
     ASSERT_EQ(st.status, 0) << st.err;
     ASSERT_TRUE(alive(d.pid()));
-    StalledWorkload w({testprog("nccl_workload"), "--calls", pattern_arg(), "--fake-comm"}, nccl_env(false));
+    StalledWorkload w({testprog("nccl_workload"), "--calls", pattern_arg(kPattern), "--fake-comm"}, nccl_env(false));
     ASSERT_STALLED(w);
     EXPECT_EQ(daemon_counts_settled(d, w.pid(), expected_map(kPattern, "nccl.")), expected_map(kPattern, "nccl."));
     EXPECT_EQ(w.finish().status, 0);
@@ -1200,7 +1175,7 @@ TEST(Daemon, ThousandShortProcessesLeaveRssAndFdsAtBaseline) {
     double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     check_batch_counted(pids, "1000 short processes");
     // After them, a new process is still counted exactly.
-    StalledWorkload w({testprog("nccl_workload"), "--calls", pattern_arg(), "--fake-comm"}, nccl_env(false));
+    StalledWorkload w({testprog("nccl_workload"), "--calls", pattern_arg(kPattern), "--fake-comm"}, nccl_env(false));
     ASSERT_STALLED(w);
     EXPECT_EQ(daemon_counts_settled(d, w.pid(), expected_map(kPattern, "nccl.")), expected_map(kPattern, "nccl."));
     EXPECT_EQ(metrics_calls_settled(d.port(), w.pid(), expected_map(kPattern)), expected_map(kPattern));
@@ -1248,7 +1223,7 @@ TEST(Daemon, SigtermDetachesCleanly) {
     START_DAEMON(d, tmp);
     // A counted workload (so the library's probes are attached too), still
     // running when the daemon stops.
-    Background work({testprog("nccl_workload"), "--calls", pattern_arg(), "--fake-comm", "--duration-ms", "3000"},
+    Background work({testprog("nccl_workload"), "--calls", pattern_arg(kPattern), "--fake-comm", "--duration-ms", "3000"},
                     nccl_env(false));
     auto deadline = Clock::now() + std::chrono::seconds(10);
     while (comm_counts_of(process_entry(cli_json({"counts", "--socket", d.socket()}), work.pid())).empty() &&
@@ -1288,7 +1263,7 @@ TEST(Daemon, SigkillLeavesWorkloadsRunningAndRestartResumes) {
         std::string why = d->wait_ready();
         ASSERT_TRUE(why.empty()) << why;
     }
-    Background work({testprog("nccl_workload"), "--calls", pattern_arg(), "--fake-comm", "--duration-ms", "3000"},
+    Background work({testprog("nccl_workload"), "--calls", pattern_arg(kPattern), "--fake-comm", "--duration-ms", "3000"},
                     nccl_env(false));
     auto deadline = Clock::now() + std::chrono::seconds(10);
     while (comm_counts_of(process_entry(cli_json({"counts", "--socket", sock}), work.pid())).empty() &&

@@ -215,15 +215,7 @@ private:
     ProcResult result_;
 };
 
-std::string commdbgd_bin() { return std::string(BUILD_DIR) + "/bin/commdbgd"; }
 
-// The workload's final line: {"pid":..,"calls":{..},"errors":..,"rounds":..}.
-json workload_report(const std::string& out) {
-    size_t at = out.rfind("{\"pid\"");
-    if (at == std::string::npos) return json();
-    std::string line = out.substr(at);
-    return json::parse(line.substr(0, line.find('\n')), nullptr, false);
-}
 
 // A rank's stdout: a FIFO whose buffer the test fills before the rank starts,
 // so the rank makes all its calls and then blocks writing its report at exit,

@@ -15,11 +15,6 @@ const std::vector<std::pair<std::string, int>> kPattern = {
     {"send", 7},        {"recv", 5},
 };
 
-std::string pattern_arg() {
-    std::string s;
-    for (const auto& [k, n] : kPattern) s += (s.empty() ? "" : ",") + k + "=" + std::to_string(n);
-    return s;
-}
 
 void expect_counts_equal_pattern(const nlohmann::json& j, int multiplier = 1) {
     ASSERT_TRUE(j.contains("comm_counts")) << j.dump(2);
@@ -41,7 +36,7 @@ TEST_P(RunCounts, FourThreadsGiveExactCountsPerKind) {
     if (real) REQUIRE_REAL_NCCL();
     TempDir tmp;
     std::vector<std::string> argv = {commdbg_bin(), "run", "--json", tmp.path("out.json"), "--",
-                                     testprog("nccl_workload"), "--calls", pattern_arg(), "--threads", "4"};
+                                     testprog("nccl_workload"), "--calls", pattern_arg(kPattern), "--threads", "4"};
     // The stub accepts a fake comm; real NCCL would dereference it, so it
     // gets a NULL comm and rejects every call at once (entry probes still fire).
     if (!real) argv.push_back("--fake-comm");

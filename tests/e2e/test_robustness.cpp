@@ -26,19 +26,8 @@ constexpr int kAr = 3, kBc = 2;
 
 std::string calls_arg() { return "all_reduce=" + std::to_string(kAr) + ",broadcast=" + std::to_string(kBc); }
 
-void touch(const std::string& path) { std::ofstream(path) << "go\n"; }
 
-nlohmann::json workload_report(const std::string& out) {
-    size_t at = out.rfind("{\"pid\"");
-    if (at == std::string::npos) return nlohmann::json();
-    std::string line = out.substr(at);
-    return nlohmann::json::parse(line.substr(0, line.find('\n')), nullptr, false);
-}
 
-int pid_of_ready(const std::string& line) {
-    size_t at = line.find("ready pid=");
-    return at == std::string::npos ? -1 : std::stoi(line.substr(at + 10));
-}
 
 // Polls bpftool until none of our programs has a link (teardown is async on fd close).
 int links_after_teardown(int timeout_ms = 5000) {
