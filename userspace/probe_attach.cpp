@@ -61,6 +61,12 @@ std::string read_interp(const std::string& exe) {
 Result<ProbeAttacher::Plan> ProbeAttacher::plan(const ProbeSpec& spec, const std::string& file, SymbolTable& symbols) {
     auto elf = ElfSymbols::open(file);
     if (!elf) return Result<Plan>::fail(elf.error());
+    std::vector<std::string> demangled;
+    return plan(spec, *elf, symbols, demangled);
+}
+
+ProbeAttacher::Plan ProbeAttacher::plan(const ProbeSpec& spec, const ElfSymbols& elf, SymbolTable& symbols,
+                                        std::vector<std::string>& demangled) {
     Plan p;
     std::map<uint64_t, uint64_t> by_offset;  // first rule to claim an address wins
     auto add = [&](const SymbolRule& rule, const ElfSymbol& sym, const std::string& demangled) {
@@ -76,7 +82,7 @@ Result<ProbeAttacher::Plan> ProbeAttacher::plan(const ProbeSpec& spec, const std
             any_pattern = true;
             continue;
         }
-        const ElfSymbol* s = elf->find(rule.match);
+        const ElfSymbol* s = elf.find(rule.match);
         if (!s) {
             p.missing.push_back(rule.match);
             continue;
@@ -84,8 +90,11 @@ Result<ProbeAttacher::Plan> ProbeAttacher::plan(const ProbeSpec& spec, const std
         add(rule, *s, rule.match);
     }
     if (any_pattern) {
-        for (const auto& sym : elf->functions()) {
-            std::string d;
+        const auto& funcs = elf.functions();
+        demangled.resize(funcs.size());
+        for (size_t i = 0; i < funcs.size(); ++i) {
+            const ElfSymbol& sym = funcs[i];
+            std::string& d = demangled[i];
             for (const auto& rule : spec.symbols) {
                 if (!rule.match.empty()) continue;
                 if (d.empty()) d = demangle(sym.name);
@@ -128,31 +137,34 @@ Result<ScanResult> ProbeAttacher::scan_process(int pid) {
         if (named) out.libraries.push_back(f.path);
         if (!named || !seen_.insert(key).second) continue;
         bool failed = false;  // an error, not a file without the spec's symbols
+        // Read (and demangle) the file once for all the specs that name it.
+        auto elf = ElfSymbols::open(f.open_path);
+        std::vector<std::string> demangled;
         for (const auto& spec : specs_) {
             if (!spec.matches_library(f.path)) continue;
-            auto plan = ProbeAttacher::plan(spec, f.open_path, symbols_);
-            if (!plan) {
-                out.notes.push_back("spec " + spec.name + ": " + plan.error() + " — skipped");
+            if (!elf) {
+                out.notes.push_back("spec " + spec.name + ": " + elf.error() + " — skipped");
                 failed = true;
                 continue;
             }
-            for (const auto& m : plan->missing)
+            auto plan = ProbeAttacher::plan(spec, *elf, symbols_, demangled);
+            for (const auto& m : plan.missing)
                 out.notes.push_back("spec " + spec.name + ": " + f.path + " has no symbol " + m +
                                     " (older library?) — not probed");
-            if (plan->offsets.empty()) {
+            if (plan.offsets.empty()) {
                 out.notes.push_back("spec " + spec.name + ": no symbol of the spec in " + f.path + " — nothing probed");
                 continue;
             }
             AttachedFile af{spec.name, f.path, f.dev, f.inode, 0, 0};
-            auto entry = attach_multi(bpf_.enter_program(), f, plan->offsets, plan->cookies, false, out.notes);
+            auto entry = attach_multi(bpf_.enter_program(), f, plan.offsets, plan.cookies, false, out.notes);
             if (!entry) {
                 out.notes.push_back("spec " + spec.name + ": " + entry.error());
                 failed = true;
                 continue;
             }
             af.entry_probes = entry.value();
-            if (!plan->ret_offsets.empty()) {
-                auto ret = attach_multi(bpf_.exit_program(), f, plan->ret_offsets, plan->ret_cookies, true, out.notes);
+            if (!plan.ret_offsets.empty()) {
+                auto ret = attach_multi(bpf_.exit_program(), f, plan.ret_offsets, plan.ret_cookies, true, out.notes);
                 if (ret) af.return_probes = ret.value();
                 else out.notes.push_back("spec " + spec.name + ": return probes: " + ret.error());
             }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "bpf_session.hpp"
+#include "elf_symbols.hpp"
 #include "procfs.hpp"
 #include "probe_spec.hpp"
 #include "result.hpp"
@@ -64,6 +65,10 @@ public:
         std::vector<std::string> missing;  // exact names not in the file
     };
     static Result<Plan> plan(const ProbeSpec& spec, const std::string& file, SymbolTable& symbols);
+    // The same on a file already read; `demangled` (one slot per function,
+    // filled on demand) lets several specs on one file demangle it once.
+    static Plan plan(const ProbeSpec& spec, const ElfSymbols& elf, SymbolTable& symbols,
+                     std::vector<std::string>& demangled);
 
 private:
     Result<size_t> attach_multi(bpf_program* prog, const MappedFile& f, std::vector<unsigned long> offsets,
