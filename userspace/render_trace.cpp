@@ -114,7 +114,10 @@ nlohmann::json chrome_trace(const std::vector<ProcessReport>& ps, const SymbolTa
         if (!p->tree) continue;
         TraceWriter(*p, syms, events).render();
     }
-    return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ns"}};
+    // No "displayTimeUnit": the format says it only changes the display, but
+    // Perfetto builds before late 2021 read "ns" as the unit of ts/dur and put
+    // every event 1000x too early and too short.  ts and dur are microseconds.
+    return {{"traceEvents", std::move(events)}};
 }
 
 }  // namespace commdbg
