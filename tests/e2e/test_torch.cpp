@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "e2e_util.hpp"
+#include "perfetto_check.hpp"
 
 namespace commdbg::e2e {
 namespace {
@@ -89,12 +90,15 @@ struct TrainRun {
     std::vector<nlohmann::json> ranks;  // the workload's own rank lines
 };
 
-TrainRun run_train(const std::string& py, TempDir& tmp) {
+// With a trace file when `trace` names one.
+TrainRun run_train(const std::string& py, TempDir& tmp, const std::string& trace = "") {
     TrainRun t;
-    t.r = run({commdbg_bin(), "run", "--probes", "nccl,torch-c10d,torch-aten", "--json", tmp.path("out.json"),
-               "--noise-level", "1", "--", py, kWorkload, "train", std::to_string(kSteps),
-               std::to_string(kAllReduce), std::to_string(kAllGather), std::to_string(kBroadcast)},
-              {}, 240);
+    std::vector<std::string> argv = {commdbg_bin(), "run", "--probes", "nccl,torch-c10d,torch-aten", "--json",
+                                     tmp.path("out.json"), "--noise-level", "1"};
+    if (!trace.empty()) argv.insert(argv.end(), {"--trace", trace});
+    argv.insert(argv.end(), {"--", py, kWorkload, "train", std::to_string(kSteps), std::to_string(kAllReduce),
+                             std::to_string(kAllGather), std::to_string(kBroadcast)});
+    t.r = run(argv, {}, 240);
     if (std::filesystem::exists(tmp.path("out.json"))) t.dump = read_json(tmp.path("out.json"));
     t.ranks = workload_lines(t.r.out, "rank");
     return t;
@@ -184,6 +188,38 @@ TEST(Torch, TableNestsAddmmUnderLinear) {
     }
     EXPECT_GE(linear, 2 * kSteps) << t.r.out.substr(0, 4000);
     EXPECT_EQ(nested, linear) << "each aten::linear has aten::addmm indented under it\n" << t.r.out.substr(0, 4000);
+}
+
+TEST(Torch, TraceOpensInPerfettoWithOpsNestedPerRank) {
+    REQUIRE_BPF();
+    REQUIRE_TORCH(py);
+    REQUIRE_PERFETTO();
+    TempDir tmp;
+    auto t = run_train(py, tmp, tmp.path("out.trace.json"));
+    ASSERT_EQ(t.r.status, 0) << t.r.err;
+    ASSERT_EQ(t.ranks.size(), 2u) << t.r.out;
+    auto trace = read_json(tmp.path("out.trace.json"));
+    auto loaded = perfetto_check::load_in_perfetto(tmp.path("out.trace.json"));
+    auto diffs = perfetto_check::compare_with_file(loaded, trace);
+    EXPECT_TRUE(diffs.empty()) << "Perfetto " << loaded.perfetto_version << ":\n" << perfetto_check::lines(diffs);
+    for (const auto& rank : t.ranks) {
+        const uint64_t pid = rank["pid"].get<uint64_t>();
+        SCOPED_TRACE("rank pid " + std::to_string(pid));
+        std::map<std::string, int> c10d;
+        int linear = 0, addmm_under_linear = 0;
+        for (const auto& s : loaded.slices) {
+            if (s.pid != pid) continue;
+            if (s.name.rfind("c10d::ProcessGroupGloo::", 0) == 0) ++c10d[s.name];
+            if (s.name == "aten::linear") ++linear;
+            if (s.name == "aten::addmm" && s.parent == "aten::linear") ++addmm_under_linear;
+        }
+        // In Perfetto as in the table: each forward's addmm one level under its linear.
+        EXPECT_GE(linear, kSteps);
+        EXPECT_EQ(addmm_under_linear, linear);
+        EXPECT_EQ(c10d["c10d::ProcessGroupGloo::allreduce"], kSteps * kAllReduce);
+        EXPECT_EQ(c10d["c10d::ProcessGroupGloo::allgather"], kSteps * kAllGather);
+        EXPECT_EQ(c10d["c10d::ProcessGroupGloo::broadcast"], kSteps * kBroadcast);
+    }
 }
 
 TEST(Torch, ThrowingAtenOpSurvivesEntryProbes) {

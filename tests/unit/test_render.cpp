@@ -5,10 +5,13 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <random>
 #include <set>
 #include <sstream>
+#include <variant>
 
 #include "nccl.hpp"
+#include "perfetto_check.hpp"
 #include "report.hpp"
 #include "result.hpp"
 
@@ -208,25 +211,26 @@ void expect_golden(const std::string& name, const std::string& actual) {
 // thread (a child lies inside its parent; no partial overlaps).
 void check_trace_structure(const nlohmann::json& trace) {
     ASSERT_TRUE(trace.contains("traceEvents"));
-    std::map<std::pair<uint64_t, uint64_t>, std::vector<std::pair<double, double>>> by_thread;
+    // In integer ns: days after boot, a double in us has no room for an epsilon.
+    auto ns = [](const nlohmann::json& us) { return std::llround(us.get<double>() * 1000.0); };
+    std::map<std::pair<uint64_t, uint64_t>, std::vector<std::pair<int64_t, int64_t>>> by_thread;
     for (const auto& ev : trace["traceEvents"]) {
         for (const char* k : {"ph", "ts", "pid", "tid", "name"})
             ASSERT_TRUE(ev.contains(k)) << k << " missing in " << ev.dump();
         if (ev["ph"] != "X") continue;
-        double ts = ev["ts"].get<double>(), dur = ev["dur"].get<double>();
-        ASSERT_GE(dur, 0.0) << ev.dump();
+        int64_t ts = ns(ev["ts"]), dur = ns(ev["dur"]);
+        ASSERT_GE(dur, 0) << ev.dump();
         by_thread[{ev["pid"].get<uint64_t>(), ev["tid"].get<uint64_t>()}].push_back({ts, ts + dur});
     }
-    const double eps = 1e-6;
     for (auto& [key, spans] : by_thread) {
         std::stable_sort(spans.begin(), spans.end(), [](const auto& x, const auto& y) {
             return x.first < y.first || (x.first == y.first && x.second > y.second);
         });
-        std::vector<double> open_ends;
+        std::vector<int64_t> open_ends;
         for (const auto& [s, e] : spans) {
-            while (!open_ends.empty() && open_ends.back() <= s + eps) open_ends.pop_back();
+            while (!open_ends.empty() && open_ends.back() <= s) open_ends.pop_back();
             if (!open_ends.empty()) {
-                ASSERT_LE(e, open_ends.back() + eps) << "partial overlap on tid " << key.second;
+                ASSERT_LE(e, open_ends.back()) << "partial overlap on tid " << key.second;
             }
             open_ends.push_back(e);
         }
@@ -631,4 +635,207 @@ TEST(Render, TableSummaryShowsCallsBytesAndErrorsPerKind) {
     EXPECT_EQ(sum.at("nccl.send").errors, 1u);
     EXPECT_EQ(sum.at("nccl.all_gather").bytes, 512u);
     EXPECT_EQ(sum.count("nccl.none"), 0u);
+}
+
+// ---- the trace in Perfetto --------------------------------------------------
+// The file is loaded into Perfetto's own trace processor (the engine of the
+// Perfetto UI) and what Perfetto then shows -- slices, their threads, depths,
+// parents, times, names, args -- must be what the file says.
+
+namespace {
+
+std::string write_temp(const std::string& name, const std::string& text) {
+    std::string path = ::testing::TempDir() + "/commdbg_" + name;
+    write_file_atomic(path, text);
+    return path;
+}
+
+// A random stream as the kernel sends it: per thread, nested entry-only ops
+// (each level 256 bytes deeper on the stack), NCCL collectives with entry and
+// exit as leaves, one exit in ten lost; the threads of two processes
+// interleaved in time, about ten days after boot, to the nanosecond.
+struct RandomStream {
+    using Ev = std::variant<CallEnter, CallExit>;
+    SymbolTable t;
+    std::vector<uint32_t> ops, colls;
+    std::mt19937_64 rng{20261129};
+    TraceModel model;
+    std::vector<Ev> events;
+
+    static uint64_t ts_of(const Ev& e) {
+        return std::visit([](const auto& x) { return x.ts_ns; }, e);
+    }
+
+    void gen(uint32_t pid, uint32_t tid, int depth, uint64_t sp, uint64_t& now) {
+        int n = depth == 0 ? 60 : static_cast<int>(rng() % 4) + 1;
+        for (int i = 0; i < n; ++i) {
+            now += rng() % 5000 + 1;
+            CallEnter e;
+            e.tgid = pid;
+            e.tid = tid;
+            e.ts_ns = now;
+            e.sp = sp;
+            if (depth < 6 && rng() % 3 != 0) {
+                uint32_t s = ops[rng() % ops.size()];
+                e.cookie = make_cookie(s, *t.find(s));
+                events.push_back(e);
+                gen(pid, tid, depth + 1, sp - 0x100, now);
+            } else {
+                uint32_t s = colls[rng() % colls.size()];
+                e.cookie = make_cookie(s, *t.find(s));
+                e.args = {0x7f0000200000, 0x7f0000400000, rng() % 100000 + 1, 7, 0, 0x5555c0ffee00, 0, 0};
+                events.push_back(e);
+                if (rng() % 10 != 0) {
+                    now += rng() % 20000;
+                    CallExit x;
+                    x.tgid = pid;
+                    x.tid = tid;
+                    x.ts_ns = now;
+                    x.cookie = e.cookie;
+                    x.enter_ts_ns = e.ts_ns;
+                    events.push_back(x);
+                }
+            }
+        }
+    }
+
+    RandomStream() : model(t) {
+        for (const char* n : {"aten::linear", "aten::addmm", "aten::mm", "aten::add.Tensor", "aten::view"})
+            ops.push_back(t.intern(sym(n, "aten", CD_ROLE_OP)));
+        ops.push_back(t.intern(sym("c10d::ProcessGroupNCCL::allreduce", "c10d", CD_ROLE_COLLECTIVE,
+                                   CD_COLL_ALL_REDUCE)));
+        colls.push_back(t.intern(sym("ncclAllReduce", "nccl", CD_ROLE_COLLECTIVE, CD_COLL_ALL_REDUCE,
+                                     with_buffers({2, 3, 5, 4}, 0, 1, 6), true)));
+        colls.push_back(t.intern(sym("ncclAllGather", "nccl", CD_ROLE_COLLECTIVE, CD_COLL_ALL_GATHER,
+                                     with_buffers({2, 3, 4}, 0, 1, 5), true)));
+        const uint64_t boot_plus_10d = 864'000'000'000'000 + 123'457;
+        for (uint32_t pid : {7001u, 7002u}) {
+            for (uint32_t tid : {pid, pid + 1, pid + 2}) {
+                uint64_t now = boot_plus_10d + rng() % 1'000'000;
+                gen(pid, tid, 0, 0x7ffd0000, now);
+            }
+        }
+        std::stable_sort(events.begin(), events.end(),
+                         [](const Ev& a, const Ev& b) { return ts_of(a) < ts_of(b); });
+        for (const auto& e : events) std::visit([&](const auto& x) { model.on_event(x); }, e);
+    }
+
+    std::vector<ProcessReport> reports() const {
+        std::vector<ProcessReport> out;
+        for (uint32_t pid : {7001u, 7002u}) {
+            ProcessReport r;
+            r.pid = pid;
+            r.command = "python3 train.py --rank " + std::to_string(pid - 7001);
+            r.tree = model.process(pid);
+            out.push_back(r);
+        }
+        return out;
+    }
+};
+
+// The call tree as the model built it, in Perfetto's terms: each record's
+// thread, start, name, depth and parent's name.  Perfetto must show this.
+std::vector<perfetto_check::Slice> tree_as_slices(const std::vector<ProcessReport>& reports,
+                                                 const SymbolTable& syms) {
+    std::vector<perfetto_check::Slice> out;
+    for (const auto& r : reports) {
+        const auto& recs = r.tree->records();
+        for (const Record& rec : recs) {
+            perfetto_check::Slice sl;
+            sl.pid = r.pid;
+            sl.tid = rec.tid;
+            sl.ts = static_cast<int64_t>(rec.start_ns);
+            sl.name = report_detail::record_name(rec, syms);
+            for (uint32_t p = rec.parent; p != kNoRecord; p = recs[p].parent) {
+                if (sl.depth++ == 0) sl.parent = report_detail::record_name(recs[p], syms);
+            }
+            out.push_back(sl);
+        }
+    }
+    return out;
+}
+
+// Perfetto's slices against the model's tree, matched by thread, start and name.
+std::vector<std::string> compare_with_tree(const perfetto_check::Loaded& got,
+                                           std::vector<perfetto_check::Slice> want) {
+    auto key = [](const perfetto_check::Slice& s) { return std::tie(s.pid, s.tid, s.ts, s.depth, s.name); };
+    std::stable_sort(want.begin(), want.end(), [&](const auto& a, const auto& b) { return key(a) < key(b); });
+    std::vector<std::string> diffs;
+    if (got.slices.size() != want.size())
+        diffs.push_back(std::to_string(got.slices.size()) + " slices for " + std::to_string(want.size()) + " records");
+    for (size_t i = 0; i < std::min(got.slices.size(), want.size()) && diffs.size() < 10; ++i) {
+        const auto &g = got.slices[i], &w = want[i];
+        if (g.pid != w.pid || g.tid != w.tid || g.ts != w.ts || g.name != w.name || g.depth != w.depth ||
+            g.parent != w.parent)
+            diffs.push_back("Perfetto: tid " + std::to_string(g.tid) + " ts " + std::to_string(g.ts) + " '" +
+                            g.name + "' depth " + std::to_string(g.depth) + " under '" + g.parent +
+                            "'; model: tid " + std::to_string(w.tid) + " ts " + std::to_string(w.ts) + " '" +
+                            w.name + "' depth " + std::to_string(w.depth) + " under '" + w.parent + "'");
+    }
+    return diffs;
+}
+
+}  // namespace
+
+TEST(Render, ChromeTraceOpensInPerfettoAsWritten) {
+    REQUIRE_PERFETTO();
+    Scenario s;
+    auto trace = chrome_trace({s.report()}, s.t);
+    auto loaded = perfetto_check::load_in_perfetto(write_temp("scenario.trace.json", trace.dump()));
+    auto diffs = perfetto_check::compare_with_file(loaded, trace);
+    EXPECT_TRUE(diffs.empty()) << "Perfetto " << loaded.perfetto_version << ":\n" << perfetto_check::lines(diffs);
+    // Every record is a slice, and the nesting the table shows is Perfetto's.
+    EXPECT_EQ(loaded.slices.size(), s.model.process(kPid)->records().size());
+    diffs = compare_with_tree(loaded, tree_as_slices({s.report()}, s.t));
+    EXPECT_TRUE(diffs.empty()) << perfetto_check::lines(diffs);
+    auto parent_of = [&](const std::string& name) {
+        for (const auto& sl : loaded.slices)
+            if (sl.name == name) return sl.parent;
+        return std::string("<no slice named " + name + ">");
+    };
+    EXPECT_EQ(parent_of("aten::addmm"), "aten::linear");
+    EXPECT_EQ(parent_of("ncclAllReduce"), "c10d::ProcessGroupNCCL::allreduce");
+    EXPECT_EQ(parent_of("aten::linear"), "model.layers.0 (Linear)");
+}
+
+TEST(Render, DeepInterleavedTraceOfTwoProcessesOpensInPerfettoAsWritten) {
+    REQUIRE_PERFETTO();
+    RandomStream rs;
+    auto reports = rs.reports();
+    size_t records = 0;
+    int64_t deepest = 0;
+    for (const auto& r : reports) records += r.tree->records().size();
+    auto trace = chrome_trace(reports, rs.t);
+    check_trace_structure(trace);
+    auto loaded = perfetto_check::load_in_perfetto(write_temp("random.trace.json", trace.dump()));
+    auto diffs = perfetto_check::compare_with_file(loaded, trace);
+    EXPECT_TRUE(diffs.empty()) << "Perfetto " << loaded.perfetto_version << ":\n" << perfetto_check::lines(diffs);
+    EXPECT_EQ(loaded.slices.size(), records);
+    diffs = compare_with_tree(loaded, tree_as_slices(reports, rs.t));
+    EXPECT_TRUE(diffs.empty()) << perfetto_check::lines(diffs);
+    for (const auto& sl : loaded.slices) deepest = std::max(deepest, sl.depth);
+    EXPECT_GE(deepest, 4) << "the stream is meant to nest deeply";
+    std::set<std::pair<uint64_t, uint64_t>> threads;
+    for (const auto& sl : loaded.slices) threads.insert({sl.pid, sl.tid});
+    EXPECT_EQ(threads.size(), 6u);
+}
+
+TEST(Render, PerfettoCheckCatchesATraceTheViewerMisreads) {
+    // The check itself must fail on a trace Perfetto shows wrongly: with
+    // "displayTimeUnit": "ns" (what commdbg once wrote) this Perfetto build
+    // reads ts/dur as ns, every slice 1000x early and short; a truncated file
+    // loses slices.
+    REQUIRE_PERFETTO();
+    Scenario s;
+    auto trace = chrome_trace({s.report()}, s.t);
+    auto ns_unit = trace;
+    ns_unit["displayTimeUnit"] = "ns";
+    auto diffs = perfetto_check::compare_with_file(
+        perfetto_check::load_in_perfetto(write_temp("ns_unit.trace.json", ns_unit.dump())), ns_unit);
+    EXPECT_FALSE(diffs.empty());
+    EXPECT_NE(perfetto_check::lines(diffs).find("Perfetto shows pid"), std::string::npos) << perfetto_check::lines(diffs);
+
+    std::string text = trace.dump();
+    auto cut = perfetto_check::load_in_perfetto(write_temp("cut.trace.json", text.substr(0, text.size() / 2)));
+    EXPECT_FALSE(perfetto_check::compare_with_file(cut, trace).empty());
 }
