@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <set>
 
 #include "events.hpp"
 #include "comm_registry.hpp"
@@ -186,9 +187,12 @@ std::vector<ProcessReport> TraceSession::reports() const {
                                       c.val.errors});
         r.comms = communicators_of(pid, comms, counters);
         if (p.libraries.empty()) {
+            // Each pattern once: two torch specs name the same library.
             std::string names;
+            std::set<std::string> seen;
             for (const auto& s : attacher_.specs())
-                for (const auto& l : s.library) names += (names.empty() ? "" : ", ") + l;
+                for (const auto& l : s.library)
+                    if (seen.insert(l).second) names += (names.empty() ? "" : ", ") + l;
             r.notes.push_back("pid " + std::to_string(pid) + " never mapped a library the probe specs name (" + names +
                               ") during the window — no collectives could be seen; is this the training process "
                               "rather than its launcher?");
