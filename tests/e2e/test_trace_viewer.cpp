@@ -5,6 +5,7 @@
 // call, with the collective's args, under the process's name.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -67,6 +68,46 @@ TEST_P(TraceInPerfetto, RunTraceShowsEveryRecordOnItsThreadWithItsArgs) {
     ASSERT_TRUE(loaded.process_names.count(pid));
     EXPECT_NE(loaded.process_names[pid].find("nccl_workload"), std::string::npos) << loaded.process_names[pid];
     EXPECT_NE(loaded.process_names[pid].find("(" + std::to_string(pid) + ")"), std::string::npos);
+}
+
+// The whole Perfetto UI (the same packaged v20.1 build: its frontend, its
+// engine) in headless Chromium opens the trace of a real run: no error dialog,
+// no import errors, one slice per record, a track per thread, the process's
+// track group named, slices drawn.  The screenshot is kept in the build
+// folder for a person to look at.
+TEST(TraceInPerfettoUi, HeadlessChromiumOpensARunTraceAndDrawsItsSlices) {
+    REQUIRE_BPF();
+    REQUIRE_PERFETTO();
+    TempDir tmp;
+    auto r = run({commdbg_bin(), "run", "--trace", tmp.path("out.trace.json"), "--json", tmp.path("out.json"),
+                  "--table", "/dev/null", "--", testprog("nccl_workload"), "--calls",
+                  "all_reduce=30,all_gather=10,broadcast=4", "--threads", "3", "--fake-comm"},
+                 nccl_env(false));
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto dump = read_json(tmp.path("out.json"));
+    const std::string shot = std::string(BUILD_DIR) + "/perfetto-ui-check.png";
+    auto ui = run({NODE_BIN, std::string(SOURCE_DIR) + "/tests/perfetto/ui_check/perfetto_ui_check.js", "--ui",
+                   PERFETTO_UI_DIR, "--trace", tmp.path("out.trace.json"), "--screenshot", shot, "--expect-name",
+                   "(" + dump["process"]["pid"].dump() + ")"},
+                  {}, 120);
+    if (ui.status == 77) {  // no Chromium
+        if (in_ci()) FAIL() << "CI=true but " << ui.err;
+        GTEST_SKIP() << ui.err;
+    }
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(ui.out.substr(0, ui.out.find('\n')));
+    } catch (const std::exception&) {
+        FAIL() << "perfetto_ui_check.js exited " << ui.status << " without a result:\n" << ui.out << ui.err;
+    }
+    EXPECT_EQ(ui.status, 0) << j.dump(1) << ui.err;
+    EXPECT_TRUE(j["ok"].get<bool>()) << j["failures"].dump(1);
+    EXPECT_EQ(j["slice_count"].get<size_t>(), count_records(dump["records"]));
+    EXPECT_EQ(j["slice_tracks"].get<size_t>(), dump["threads"].size()) << "a track per calling thread";
+    EXPECT_TRUE(j["error_dialog"].is_null()) << j["error_dialog"];
+    EXPECT_TRUE(j["import_errors"].empty()) << j["import_errors"];
+    EXPECT_GT(j["canvas_colored_px"].get<long>(), 0) << "nothing drawn";
+    EXPECT_TRUE(std::filesystem::exists(shot));
 }
 
 INSTANTIATE_TEST_SUITE_P(StubAndReal, TraceInPerfetto, ::testing::Values(false, true),
