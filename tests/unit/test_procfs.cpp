@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // procfs readers on a fake /proc tree written here, and on this test's own process.
 #include <gtest/gtest.h>
+#include <grp.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -206,13 +208,47 @@ TEST_F(FakeProc, MissingPidSaysNoSuchProcess) {
     }
 }
 
+// Root reads a mode-000 file, so as root the read runs in a child that has
+// dropped to nobody (65534); the directories stay traversable for it.
+std::string read_process_error_as_nobody(int pid, const std::string& proc_root) {
+    int fds[2];
+    if (pipe(fds) != 0) return "pipe failed";
+    pid_t child = fork();
+    if (child == 0) {
+        close(fds[0]);
+        std::string msg;
+        if (setgroups(0, nullptr) != 0 || setresgid(65534, 65534, 65534) != 0 ||
+            setresuid(65534, 65534, 65534) != 0) {
+            msg = "could not drop to uid 65534";
+        } else {
+            auto p = read_process(pid, proc_root);
+            msg = p.ok() ? "read succeeded" : p.error();
+        }
+        (void)!write(fds[1], msg.data(), msg.size());
+        _exit(0);
+    }
+    close(fds[1]);
+    std::string out;
+    char buf[512];
+    for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, n);
+    close(fds[0]);
+    waitpid(child, nullptr, 0);
+    return out;
+}
+
 TEST_F(FakeProc, UnreadableStatSaysPermissionDenied) {
-    if (geteuid() == 0) GTEST_SKIP() << "root reads mode-000 files";
     write_file(proc_ + "/5/stat", stat_line(5, "x", 'S', 1, 0));
     chmod((proc_ + "/5/stat").c_str(), 0);
-    auto p = read_process(5, proc_);
-    ASSERT_FALSE(p.ok());
-    EXPECT_NE(p.error().find("permission denied"), std::string::npos) << p.error();
+    std::string err;
+    if (geteuid() == 0) {
+        for (const auto& d : {root_, proc_, proc_ + "/5"}) chmod(d.c_str(), 0755);
+        err = read_process_error_as_nobody(5, proc_);
+    } else {
+        auto p = read_process(5, proc_);
+        ASSERT_FALSE(p.ok());
+        err = p.error();
+    }
+    EXPECT_NE(err.find("permission denied"), std::string::npos) << err;
 }
 
 TEST_F(FakeProc, EnvironKeepsOnlyAllowedKeysFirstDefinitionWins) {
