@@ -195,18 +195,21 @@ void NodeCounter::step(int timeout_ms) {
 void NodeCounter::refresh() {
     auto now = Clock::now();
     last_refresh_ = now;
-    auto counters = bpf_->counters();
-    auto comms = bpf_->comms();
-    std::set<uint32_t> seen;
-    for (const auto& c : counters) seen.insert(c.key.tgid);
-    for (uint32_t pid : seen) adopt(pid);
     // A missed exit event must not leak: a process that is gone is retired.
+    // Which are gone is decided before the counters are read, so the snapshot
+    // holds their final counts: one that exits after the read would be
+    // retired with the calls it made in between missing.
     std::vector<uint32_t> gone;
     {
         std::lock_guard lock(mu_);
         for (const auto& [pid, p] : procs_)
             if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) gone.push_back(pid);
     }
+    auto counters = bpf_->counters();
+    auto comms = bpf_->comms();
+    std::set<uint32_t> seen;
+    for (const auto& c : counters) seen.insert(c.key.tgid);
+    for (uint32_t pid : seen) adopt(pid);
     std::map<uint32_t, std::vector<CommInfo>> comm_info;
     {
         std::lock_guard lock(mu_);

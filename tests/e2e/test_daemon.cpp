@@ -1338,6 +1338,43 @@ TEST(Daemon, DeletedUnusedLibraryFilesAreDetached) {
     EXPECT_LE(fd_count(d.pid()), fds0 + 1) << "fds " << fds0 << " -> " << fd_count(d.pid());
 }
 
+// Ranks of a job starting together, each on its own fresh copy of libnccl
+// (a per-job container image, a node-local cache): every copy is a file new to
+// the daemon, found while another is being attached.  One rank links it (ld.so
+// maps it at exec), the other dlopens it.  Each rank's calls are counted
+// exactly, every round; a lost process shows as a short count.
+TEST(Daemon, RanksStartingTogetherOnFreshLibraryCopiesAreAllCountedExactly) {
+    REQUIRE_BPF();
+    SharedDir tmp;
+    START_DAEMON(d, tmp, {"--series-ttl", "120"});
+    const std::vector<std::pair<std::string, int>> pattern = {{"all_reduce", 9}, {"all_gather", 4}};
+    const auto want = expected_map(pattern);
+    const int rounds = 8;
+    std::vector<std::string> lost;
+    for (int round = 0; round < rounds; ++round) {
+        std::vector<std::string> dirs;
+        for (int rank = 0; rank < 2; ++rank) {
+            dirs.push_back(tmp.path("r" + std::to_string(round) + "_" + std::to_string(rank)));
+            std::filesystem::create_directories(dirs.back());
+            std::filesystem::copy_file(std::filesystem::canonical(lib_path(false)), dirs.back() + "/libnccl.so.2");
+        }
+        Background linked({testprog("nccl_workload"), "--calls", pattern_arg(pattern), "--fake-comm"},
+                          {{"LD_LIBRARY_PATH", dirs[0]}});
+        Background loaded({testprog("nccl_workload_dl"), "--dlopen", dirs[1] + "/libnccl.so.2", "--calls",
+                           pattern_arg(pattern), "--fake-comm"});
+        for (Background* w : {&linked, &loaded}) {
+            auto r = w->wait(60);
+            ASSERT_EQ(r.status, 0) << r.err;
+            auto got = metrics_calls_settled(d.port(), w->pid(), want);
+            if (got != want)
+                lost.push_back("round " + std::to_string(round) + " pid " + std::to_string(w->pid()) + " (" +
+                               (w == &linked ? "linked" : "dlopen") + "): " + ::testing::PrintToString(got));
+        }
+    }
+    EXPECT_TRUE(lost.empty()) << lost.size() << " of " << 2 * rounds << " ranks miscounted:\n"
+                              << ::testing::PrintToString(lost);
+}
+
 }  // namespace
 }  // namespace daemon_tests
 }  // namespace commdbg::e2e
