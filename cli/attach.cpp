@@ -35,6 +35,12 @@ int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
                           {"max_depth", o.trace.max_depth},
                           {"counts_only", o.trace.counts_only},
                           {"ringbuf_kb", o.trace.ringbuf_kb}};
+    // Only what this client writes: the rest would be rendered and sent for nothing.
+    nlohmann::json outputs = nlohmann::json::array();
+    if (!o.trace.json_file.empty()) outputs.push_back("json");
+    if (!o.trace.trace_file.empty()) outputs.push_back("trace");
+    if (isatty(STDOUT_FILENO)) outputs.push_back("table_color");
+    req["outputs"] = std::move(outputs);
     if (!o.trace.probes.empty()) req["probes"] = o.trace.probes;
     install_stop_handlers();
     auto started = client.call(req);
@@ -50,11 +56,16 @@ int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
     for (;;) {
         auto r = client.receive();
         if (r) {
+            // Moved out of the reply, not copied: each may be tens of MB.
+            auto take = [&](const char* key) {
+                auto it = r->find(key);
+                return it != r->end() && it->is_string() ? std::move(it->get_ref<std::string&>()) : std::string();
+            };
             SessionOutput out;
-            out.table = r->value("table", "");
-            out.table_color = r->value("table_color", "");
-            out.json = r->value("json", "");
-            out.trace = r->value("trace", "");
+            out.table = take("table");
+            out.table_color = take("table_color");
+            out.json = take("json");
+            out.trace = take("trace");
             out.messages = r->value("messages", std::vector<std::string>{});
             return write_outputs(out, o.trace);
         }

@@ -81,7 +81,10 @@ int write_outputs(const SessionOutput& out, const TraceCliOptions& o) {
 }
 
 int emit_outputs(TraceSession& s, const TraceCliOptions& o) {
-    return write_outputs(render_session(s, o.noise_level, !o.trace_file.empty()), o);
+    OutputWants wants{.table_color = isatty(STDOUT_FILENO) != 0,
+                      .json = !o.json_file.empty(),
+                      .trace = !o.trace_file.empty()};
+    return write_outputs(render_session(s, o.noise_level, wants), o);
 }
 
 }  // namespace commdbg::cli

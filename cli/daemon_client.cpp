@@ -42,7 +42,10 @@ bool DaemonClient::send(const nlohmann::json& request) { return send_all(fd_, re
 Result<nlohmann::json> DaemonClient::receive() {
     using R = Result<nlohmann::json>;
     for (;;) {
-        auto nl = buf_.find('\n');
+        // Only bytes not looked at yet: a session's reply can be hundreds of
+        // MB, read 64 KiB at a time.
+        auto nl = buf_.find('\n', scanned_);
+        scanned_ = nl == std::string::npos ? buf_.size() : 0;
         if (nl != std::string::npos) {
             std::string line = buf_.substr(0, nl);
             buf_.erase(0, nl + 1);

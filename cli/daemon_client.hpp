@@ -18,7 +18,7 @@ class DaemonClient {
 public:
     // nullopt when nothing answers there (no daemon): callers may run embedded.
     static std::optional<DaemonClient> connect(const std::string& path);
-    DaemonClient(DaemonClient&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+    DaemonClient(DaemonClient&& o) noexcept : fd_(o.fd_), buf_(std::move(o.buf_)), scanned_(o.scanned_) { o.fd_ = -1; }
     ~DaemonClient();
 
     bool send(const nlohmann::json& request);
@@ -31,6 +31,7 @@ private:
     explicit DaemonClient(int fd) : fd_(fd) {}
     int fd_ = -1;
     std::string buf_;
+    size_t scanned_ = 0;  // bytes of buf_ known to hold no '\n'
 };
 
 }  // namespace commdbg::cli

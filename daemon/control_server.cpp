@@ -200,7 +200,8 @@ std::string ControlServer::attach(const Request& req, const PeerCred& peer, int 
         return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
     };
     bool exited = run_attach_window(ts, *req.pid, req.duration_s, stop);
-    SessionOutput out = render_session(ts, req.noise_level, true);
+    SessionOutput out = render_session(
+        ts, req.noise_level, {.table_color = req.want_table_color, .json = req.want_json, .trace = req.want_trace});
     {
         std::lock_guard lock(mu_);
         sessions_.erase(session->id);

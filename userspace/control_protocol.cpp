@@ -125,7 +125,7 @@ const OpFields kOpFields[] = {
     {"status", {}},
     {"counts", {"pid", "by_comm"}},
     {"attach", {"pid", "duration_s", "noise_level", "max_records", "max_depth", "probes",
-                "counts_only", "ringbuf_kb"}},
+                "counts_only", "ringbuf_kb", "outputs"}},
     {"sessions", {}},
     {"detach", {"id"}},
 };
@@ -156,6 +156,16 @@ std::optional<std::string> fill_field(Request& r, const std::string& key, const 
         auto n = get_uint(v, 4, 1u << 20);
         if (!n) return field_error(op, key, "must be an integer from 4 to 1048576 (KiB)");
         r.ringbuf_kb = static_cast<size_t>(*n);
+    } else if (key == "outputs") {
+        const char* what = "must be an array of \"json\", \"trace\", \"table_color\"";
+        if (!v.is_array()) return field_error(op, key, what);
+        r.want_json = r.want_trace = r.want_table_color = false;
+        for (const auto& o : v) {
+            if (o == "json") r.want_json = true;
+            else if (o == "trace") r.want_trace = true;
+            else if (o == "table_color") r.want_table_color = true;
+            else return field_error(op, key, what);
+        }
     } else if (key == "probes") {
         if (!v.is_array()) return field_error(op, key, "must be an array of probe names");
         r.probes.clear();

@@ -57,6 +57,9 @@ struct Request {
     std::vector<std::string> probes;
     bool counts_only = false;
     size_t ringbuf_kb = 8192;  // the session's kernel ring buffer
+    // What the reply carries besides the plain table ("outputs": names from
+    // "json", "trace", "table_color"; absent: all of them).
+    bool want_json = true, want_trace = true, want_table_color = true;
     std::optional<uint64_t> id;
 };
 

@@ -28,7 +28,9 @@ public:
     JsonWriter(const ProcessReport& p, const SymbolTable& syms, int noise)
         : p_(p), syms_(syms), noise_(noise) {}
 
-    ordered_json render() const {
+    // With `records_mark`, "records" holds that string in place of the tree:
+    // to_json_text() streams the tree there, one top-level record at a time.
+    ordered_json render(const std::string* records_mark = nullptr) const {
         ordered_json j;
         ordered_json counts = ordered_json::object();
         for (const auto& [k, v] : comm_counts(p_, syms_)) counts[k] = v;
@@ -41,10 +43,13 @@ public:
         for (const CounterRow* c : sorted_counters(p_, syms_)) counters.push_back(counter_json(*c));
         j["counters"] = std::move(counters);
 
-        ordered_json records = ordered_json::array();
-        if (p_.tree)
-            for (uint32_t r : p_.tree->roots()) append(r, records);
-        j["records"] = std::move(records);
+        if (records_mark) {
+            j["records"] = *records_mark;
+        } else {
+            ordered_json records = ordered_json::array();
+            for_each_top_record([&](ordered_json&& r) { records.push_back(std::move(r)); });
+            j["records"] = std::move(records);
+        }
 
         uint64_t budget = p_.tree ? p_.tree->dropped(DropCause::Budget) : 0;
         uint64_t depth = p_.tree ? p_.tree->dropped(DropCause::Depth) : 0;
@@ -71,6 +76,19 @@ public:
         j["communicators"] = std::move(comms);
         if (!p_.notes.empty()) j["notes"] = p_.notes;
         return j;
+    }
+
+    // Each record of the top level of "records", in order (hidden roots
+    // hoist their visible children), built and handed over one at a time.
+    template <typename Fn>
+    void for_each_top_record(Fn&& fn) const {
+        if (!p_.tree) return;
+        ordered_json batch = ordered_json::array();
+        for (uint32_t r : p_.tree->roots()) {
+            append(r, batch);
+            for (auto& rec : batch) fn(std::move(rec));
+            batch.clear();
+        }
     }
 
 private:
@@ -217,6 +235,73 @@ template void collective_json(const Record&, const ProcessReport&, const SymbolT
                               nlohmann::json&);
 
 }  // namespace report_detail
+
+namespace {
+
+// `text` indented by `n` more spaces after each newline.
+void append_indented(std::string& out, const std::string& text, size_t n) {
+    const std::string pad(n, ' ');
+    size_t from = 0;
+    for (size_t nl; (nl = text.find('\n', from)) != std::string::npos; from = nl + 1) {
+        out.append(text, from, nl + 1 - from);
+        out += pad;
+    }
+    out.append(text, from, std::string::npos);
+}
+
+}  // namespace
+
+std::string to_json_text(const std::vector<ProcessReport>& ps, const SymbolTable& syms, int noise_level,
+                         const nlohmann::ordered_json& extra) {
+    std::vector<const ProcessReport*> sorted;
+    for (const auto& p : ps) sorted.push_back(&p);
+    std::stable_sort(sorted.begin(), sorted.end(),
+                     [](const auto* a, const auto* b) { return a->pid < b->pid; });
+    // The skeleton, with a mark per process where its records go.  The mark
+    // holds control characters, which dump() escapes: no record's text has it.
+    std::vector<std::string> marks;
+    for (size_t i = 0; i < sorted.size(); ++i) marks.push_back("\x01records " + std::to_string(i) + "\x01");
+    ordered_json j;
+    if (sorted.size() == 1) {
+        j = JsonWriter(*sorted[0], syms, noise_level).render(&marks[0]);
+    } else {
+        ordered_json arr = ordered_json::array();
+        for (size_t i = 0; i < sorted.size(); ++i)
+            arr.push_back(JsonWriter(*sorted[i], syms, noise_level).render(&marks[i]));
+        j["processes"] = std::move(arr);
+    }
+    for (const auto& [k, v] : extra.items()) j[k] = v;
+    const std::string skeleton = j.dump(2);
+
+    std::string out;
+    size_t from = 0;
+    for (size_t i = 0; i < sorted.size(); ++i) {
+        const std::string quoted = ordered_json(marks[i]).dump();
+        size_t at = skeleton.find(quoted, from);
+        if (at == std::string::npos) continue;  // not reached: every skeleton has its marks
+        out.append(skeleton, from, at - from);
+        // The key's indentation, as dump(2) would indent this array.
+        size_t line = skeleton.rfind('\n', at);
+        size_t key_indent = skeleton.find_first_not_of(' ', line + 1) - (line + 1);
+        bool any = false;
+        JsonWriter(*sorted[i], syms, noise_level).for_each_top_record([&](ordered_json&& rec) {
+            out += any ? ",\n" : "[\n";
+            out.append(key_indent + 2, ' ');
+            append_indented(out, rec.dump(2), key_indent + 2);
+            any = true;
+        });
+        if (any) {
+            out += '\n';
+            out.append(key_indent, ' ');
+            out += ']';
+        } else {
+            out += "[]";
+        }
+        from = at + quoted.size();
+    }
+    out.append(skeleton, from, std::string::npos);
+    return out;
+}
 
 nlohmann::ordered_json to_json(const ProcessReport& p, const SymbolTable& syms, int noise_level) {
     return JsonWriter(p, syms, noise_level).render();

@@ -4,6 +4,7 @@
 // every thread children stay inside their parents and events never overlap
 // partially (the viewers' nesting rule).
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <map>
 
@@ -21,18 +22,19 @@ constexpr uint64_t kMinDurNs = 1000;  // stand-in length of a call whose exit ne
 
 class TraceWriter {
 public:
-    TraceWriter(const ProcessReport& p, const SymbolTable& syms, json& events)
-        : p_(p), syms_(syms), recs_(p.tree->records()), events_(events) {}
+    using Sink = std::function<void(json&&)>;
+    TraceWriter(const ProcessReport& p, const SymbolTable& syms, Sink sink)
+        : p_(p), syms_(syms), recs_(p.tree->records()), emit_(std::move(sink)) {}
 
     void render() {
         json meta = {{"name", "process_name"}, {"ph", "M"}, {"ts", 0}, {"pid", p_.pid},
                      {"tid", p_.pid}};
         meta["args"] = {{"name", p_.command.empty() ? "pid " + std::to_string(p_.pid)
                                                     : p_.command + " (" + std::to_string(p_.pid) + ")"}};
-        events_.push_back(std::move(meta));
+        emit_(std::move(meta));
         for (uint32_t tid : p_.tree->threads()) {
-            events_.push_back({{"name", "thread_name"}, {"ph", "M"}, {"ts", 0}, {"pid", p_.pid},
-                               {"tid", tid}, {"args", {{"name", "tid " + std::to_string(tid)}}}});
+            emit_({{"name", "thread_name"}, {"ph", "M"}, {"ts", 0}, {"pid", p_.pid},
+                   {"tid", tid}, {"args", {{"name", "tid " + std::to_string(tid)}}}});
         }
         // Roots are siblings per thread: the next root of the same thread bounds
         // a root leaf whose end is unknown.
@@ -86,7 +88,7 @@ private:
         if (r.has(kEndInferred)) args["end_inferred"] = true;
         if (r.has(kReturnProbed)) args["duration_is"] = "host enqueue time, not GPU time";
         ev["args"] = std::move(args);
-        events_.push_back(std::move(ev));
+        emit_(std::move(ev));
 
         uint64_t floor = start;
         for (uint32_t c = r.first_child; c != kNoRecord; c = recs_[c].next_sibling) {
@@ -99,25 +101,41 @@ private:
     const ProcessReport& p_;
     const SymbolTable& syms_;
     const std::vector<Record>& recs_;
-    json& events_;
+    Sink emit_;
 };
 
-}  // namespace
-
-nlohmann::json chrome_trace(const std::vector<ProcessReport>& ps, const SymbolTable& syms) {
-    json events = json::array();
+void for_each_event(const std::vector<ProcessReport>& ps, const SymbolTable& syms, const TraceWriter::Sink& sink) {
     std::vector<const ProcessReport*> sorted;
     for (const auto& p : ps) sorted.push_back(&p);
     std::stable_sort(sorted.begin(), sorted.end(),
                      [](const auto* a, const auto* b) { return a->pid < b->pid; });
     for (const auto* p : sorted) {
         if (!p->tree) continue;
-        TraceWriter(*p, syms, events).render();
+        TraceWriter(*p, syms, sink).render();
     }
+}
+
+}  // namespace
+
+nlohmann::json chrome_trace(const std::vector<ProcessReport>& ps, const SymbolTable& syms) {
+    json events = json::array();
+    for_each_event(ps, syms, [&](json&& ev) { events.push_back(std::move(ev)); });
     // No "displayTimeUnit": the format says it only changes the display, but
     // Perfetto builds before late 2021 read "ns" as the unit of ts/dur and put
     // every event 1000x too early and too short.  ts and dur are microseconds.
     return {{"traceEvents", std::move(events)}};
+}
+
+std::string chrome_trace_text(const std::vector<ProcessReport>& ps, const SymbolTable& syms) {
+    std::string out = "{\"traceEvents\":[";
+    bool first = true;
+    for_each_event(ps, syms, [&](json&& ev) {
+        if (!first) out += ',';
+        out += ev.dump();
+        first = false;
+    });
+    out += "]}";
+    return out;
 }
 
 }  // namespace commdbg

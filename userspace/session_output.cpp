@@ -12,7 +12,7 @@
 
 namespace commdbg {
 
-SessionOutput render_session(TraceSession& s, int noise_level, bool with_trace) {
+SessionOutput render_session(TraceSession& s, int noise_level, const OutputWants& wants) {
     SessionOutput out;
     for (auto& m : s.take_messages()) out.messages.push_back("note: " + m);
     if (s.decode_errors())
@@ -31,12 +31,12 @@ SessionOutput render_session(TraceSession& s, int noise_level, bool with_trace) 
         std::string head = reports.size() > 1 ? "== pid " + std::to_string(r.pid) + ": " + r.command + " ==\n" : "";
         std::string tail = reports.size() > 1 ? "\n" : "";
         out.table += head + render_table(r, syms, noise_level, false) + tail;
-        out.table_color += head + render_table(r, syms, noise_level, true) + tail;
+        if (wants.table_color) out.table_color += head + render_table(r, syms, noise_level, true) + tail;
     }
-    auto j = to_json(reports, syms, noise_level);
-    if (!kernel_drops.empty()) j["kernel_drops"] = kernel_drops;
-    out.json = j.dump(2) + "\n";
-    if (with_trace) out.trace = chrome_trace(reports, syms).dump() + "\n";
+    nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+    if (!kernel_drops.empty()) extra["kernel_drops"] = kernel_drops;
+    if (wants.json) out.json = to_json_text(reports, syms, noise_level, extra) + "\n";
+    if (wants.trace) out.trace = chrome_trace_text(reports, syms) + "\n";
     return out;
 }
 

@@ -13,13 +13,21 @@ namespace commdbg {
 
 struct SessionOutput {
     std::string table;        // plain text
-    std::string table_color;  // ANSI colours, for a terminal
-    std::string json;         // the --json dump
-    std::string trace;        // Chrome trace JSON (only when asked)
+    std::string table_color;  // ANSI colours, for a terminal (when wanted)
+    std::string json;         // the --json dump (when wanted)
+    std::string trace;        // Chrome trace JSON (when wanted)
     std::vector<std::string> messages;  // "note: ...", "warning: ..." lines for stderr
 };
 
-SessionOutput render_session(TraceSession& s, int noise_level, bool with_trace);
+// Only what is wanted is rendered: at the default budget of 200000 records
+// per process each output is tens of MB of text.
+struct OutputWants {
+    bool table_color = true;
+    bool json = true;
+    bool trace = false;
+};
+
+SessionOutput render_session(TraceSession& s, int noise_level, const OutputWants& wants);
 
 // Traces until `duration_s` passes (0: no limit), `stop()` turns true, or the
 // target exits; then drains the ring buffer.  Returns whether it exited.

@@ -876,6 +876,45 @@ TEST(Daemon, AttachThroughDaemon) {
     EXPECT_TRUE(s.value("sessions", json::array()).empty()) << s.dump();
 }
 
+// A session's reply carries the table and only the outputs the request names
+// (a 200k-record window is tens of MB per output); none named: all of them.
+TEST(Daemon, AttachReplyCarriesOnlyTheOutputsAsked) {
+    REQUIRE_BPF();
+    SharedDir tmp;
+    START_DAEMON(d, tmp);
+    // Each session releases a workload that makes 5 calls and exits.
+    int round = 0;
+    auto ask = [&](const std::string& outputs) {
+        const std::string go = tmp.path("go" + std::to_string(round++));
+        Background work({testprog("nccl_workload"), "--calls", "all_reduce=5", "--fake-comm", "--wait-file", go},
+                        nccl_env(false));
+        if (work.wait_for_line("ready pid=").empty()) return json();
+        int fd = connect_unix(d.socket());
+        std::string req = R"({"op":"attach","pid":)" + std::to_string(work.pid()) +
+                          (outputs.empty() ? "" : R"(,"outputs":)" + outputs) + "}\n";
+        send_bytes(fd, req);
+        Reply first = read_reply(fd, 1, 30000);  // tracing
+        touch(go);
+        work.wait(30);
+        Reply rest = read_reply(fd, 1, 30000);
+        close(fd);
+        auto lines = reply_lines(first.data + rest.data);
+        return lines.size() == 2 && lines[1].is_object() ? lines[1] : json();
+    };
+    auto only_trace = ask(R"(["trace"])");
+    ASSERT_TRUE(only_trace.is_object()) << "no final reply";
+    EXPECT_EQ(only_trace.value("state", ""), "done") << only_trace.dump().substr(0, 500);
+    EXPECT_NE(only_trace.value("table", "").find("all_reduce"), std::string::npos);
+    EXPECT_EQ(only_trace.value("json", "?"), "");
+    EXPECT_EQ(only_trace.value("table_color", "?"), "");
+    EXPECT_TRUE(json::parse(only_trace.value("trace", "")).contains("traceEvents"));
+    auto all = ask("");
+    ASSERT_TRUE(all.is_object()) << "no final reply";
+    EXPECT_EQ(json::parse(all.value("json", "{}"))["comm_counts"].value("nccl.all_reduce", 0), 5);
+    EXPECT_NE(all.value("table_color", "").find("\x1b["), std::string::npos);
+    EXPECT_TRUE(json::parse(all.value("trace", "")).contains("traceEvents"));
+}
+
 // ======================================================================================
 // 3. Unprivileged clients.
 // ======================================================================================

@@ -122,7 +122,25 @@ TEST(ParseRequest, AttachWithOnlyPidGetsTheDefaults) {
     EXPECT_TRUE(r.probes.empty());
     EXPECT_FALSE(r.counts_only);
     EXPECT_EQ(r.ringbuf_kb, 8192u);
+    EXPECT_TRUE(r.want_json && r.want_trace && r.want_table_color);
     EXPECT_FALSE(r.id);
+}
+
+TEST(ParseRequest, AttachOutputsNameWhatTheReplyCarries) {
+    auto r = parse_ok(R"({"op":"attach","pid":9,"outputs":["trace"]})");
+    EXPECT_TRUE(r.want_trace);
+    EXPECT_FALSE(r.want_json);
+    EXPECT_FALSE(r.want_table_color);
+    r = parse_ok(R"({"op":"attach","pid":9,"outputs":[]})");
+    EXPECT_FALSE(r.want_json || r.want_trace || r.want_table_color);
+    r = parse_ok(R"({"op":"attach","pid":9,"outputs":["json","table_color"]})");
+    EXPECT_TRUE(r.want_json && r.want_table_color);
+    EXPECT_FALSE(r.want_trace);
+    const std::string err = "attach: field \"outputs\" must be an array of \"json\", \"trace\", \"table_color\"";
+    EXPECT_EQ(parse_err(R"({"op":"attach","pid":1,"outputs":"json"})"), err);
+    EXPECT_EQ(parse_err(R"({"op":"attach","pid":1,"outputs":["json","svg"]})"), err);
+    EXPECT_EQ(parse_err(R"({"op":"attach","pid":1,"outputs":[1]})"), err);
+    EXPECT_EQ(parse_err(R"({"op":"counts","outputs":["json"]})").find("counts: "), 0u);
 }
 
 TEST(ParseRequest, AttachTakesEveryField) {

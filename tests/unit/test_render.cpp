@@ -839,3 +839,42 @@ TEST(Render, PerfettoCheckCatchesATraceTheViewerMisreads) {
     auto cut = perfetto_check::load_in_perfetto(write_temp("cut.trace.json", text.substr(0, text.size() / 2)));
     EXPECT_FALSE(perfetto_check::compare_with_file(cut, trace).empty());
 }
+
+// ---- streamed text = the json value's text -----------------------------------
+// The session writes the dump and the trace with to_json_text() and
+// chrome_trace_text() (a record at a time); they must be byte for byte what
+// the json values (which the golden files pin) dump to.
+
+TEST(Render, StreamedJsonTextIsTheDumpOfTheJsonValue) {
+    Scenario s;
+    auto one = s.report();
+    auto two = s.report();
+    two.pid = 17;  // a second process; a third without a tree
+    auto none = s.report();
+    none.pid = 99;
+    none.tree = nullptr;
+    nlohmann::ordered_json extra = {{"kernel_drops", {{"ringbuf_full", 3}}}};
+    for (int level = 0; level <= 3; ++level) {
+        SCOPED_TRACE("noise level " + std::to_string(level));
+        for (const auto& ps : {std::vector<ProcessReport>{one}, std::vector<ProcessReport>{one, two, none},
+                               std::vector<ProcessReport>{none}, std::vector<ProcessReport>{}}) {
+            auto j = to_json(ps, s.t, level);
+            EXPECT_EQ(to_json_text(ps, s.t, level), j.dump(2));
+            for (const auto& [k, v] : extra.items()) j[k] = v;
+            EXPECT_EQ(to_json_text(ps, s.t, level, extra), j.dump(2));
+        }
+    }
+    RandomStream rs;
+    EXPECT_EQ(to_json_text(rs.reports(), rs.t, 1), to_json(rs.reports(), rs.t, 1).dump(2));
+}
+
+TEST(Render, StreamedTraceTextIsTheDumpOfTheTraceValue) {
+    Scenario s;
+    auto none = s.report();
+    none.pid = 1;
+    none.tree = nullptr;
+    EXPECT_EQ(chrome_trace_text({s.report(), none}, s.t), chrome_trace({s.report(), none}, s.t).dump());
+    EXPECT_EQ(chrome_trace_text({}, s.t), chrome_trace({}, s.t).dump());
+    RandomStream rs;
+    EXPECT_EQ(chrome_trace_text(rs.reports(), rs.t), chrome_trace(rs.reports(), rs.t).dump());
+}
