@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <map>
 
 #include "commands.hpp"
 #include "daemon_client.hpp"
@@ -56,17 +57,22 @@ int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
     for (;;) {
         auto r = client.receive();
         if (r) {
-            // Moved out of the reply, not copied: each may be tens of MB.
-            auto take = [&](const char* key) {
-                auto it = r->find(key);
-                return it != r->end() && it->is_string() ? std::move(it->get_ref<std::string&>()) : std::string();
-            };
+            // The outputs follow as raw bytes, in the order "payload" lists.
             SessionOutput out;
-            out.table = take("table");
-            out.table_color = take("table_color");
-            out.json = take("json");
-            out.trace = take("trace");
             out.messages = r->value("messages", std::vector<std::string>{});
+            const std::map<std::string, std::string*> slots = {{"table", &out.table},
+                                                               {"table_color", &out.table_color},
+                                                               {"json", &out.json},
+                                                               {"trace", &out.trace}};
+            for (const auto& part : r->value("payload", nlohmann::json::array())) {
+                auto bytes = client.read_bytes(part.value("bytes", size_t{0}));
+                if (!bytes) {
+                    std::cerr << who << ": " << bytes.error() << "\n";
+                    return 1;
+                }
+                auto slot = slots.find(part.value("name", std::string()));
+                if (slot != slots.end()) *slot->second = std::move(*bytes);
+            }
             return write_outputs(out, o.trace);
         }
         if (g_stop_signal && !detached) {

@@ -5,6 +5,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -60,6 +61,23 @@ Result<nlohmann::json> DaemonClient::receive() {
         if (n <= 0) return R::fail("commdbgd closed the connection");
         buf_.append(tmp, static_cast<size_t>(n));
     }
+}
+
+Result<std::string> DaemonClient::read_bytes(size_t n) {
+    using R = Result<std::string>;
+    std::string out;
+    size_t from_buf = std::min(n, buf_.size());
+    out.assign(buf_, 0, from_buf);
+    buf_.erase(0, from_buf);
+    scanned_ = 0;
+    if (out.size() < n) out.resize(n);
+    for (size_t have = from_buf; have < n;) {
+        ssize_t got = recv(fd_, out.data() + have, n - have, 0);
+        if (got < 0 && errno == EINTR) continue;  // the outputs are on their way: no detach now
+        if (got <= 0) return R::fail("commdbgd closed the connection while sending the outputs");
+        have += static_cast<size_t>(got);
+    }
+    return R(std::move(out));
 }
 
 Result<nlohmann::json> DaemonClient::call(const nlohmann::json& request) {

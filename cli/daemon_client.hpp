@@ -25,6 +25,8 @@ public:
     // Next response line; fails on a closed connection or an {"ok":false} reply.
     Result<nlohmann::json> receive();
     Result<nlohmann::json> call(const nlohmann::json& request);
+    // Exactly n raw bytes that follow a reply line (an attach's outputs).
+    Result<std::string> read_bytes(size_t n);
     int fd() const { return fd_; }
 
 private:

@@ -2,6 +2,7 @@
 #include "control_server.hpp"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -123,7 +124,7 @@ void ControlServer::serve(int fd) {
             } else {
                 reply = handle(*req, peer, fd);
             }
-            if (!send_all(fd, reply)) return;
+            if (!reply.empty() && !send_all(fd, reply)) return;
         }
         if (reader.overflowed()) {
             send_all(fd, error_response("request too large (> " + std::to_string(kMaxRequestBytes) + " bytes)"));
@@ -164,7 +165,13 @@ std::string ControlServer::handle(const Request& req, const PeerCred& peer, int 
         it->second->stop = true;
         return ok_response({{"detached", *req.id}});
     }
-    if (req.op == "attach") return attach(req, peer, fd);
+    if (req.op == "attach") {
+        std::string r = attach(req, peer, fd);
+        // The session's model and outputs (hundreds of MB at a full budget)
+        // are freed by now: hand the pages back to the node, not to the heap.
+        malloc_trim(0);
+        return r;
+    }
     return error_response("unknown op \"" + req.op + "\"");
 }
 
@@ -207,13 +214,23 @@ std::string ControlServer::attach(const Request& req, const PeerCred& peer, int 
         sessions_.erase(session->id);
     }
     if (exited) out.messages.push_back("pid " + std::to_string(*req.pid) + " exited; report covers its life since attach");
-    return ok_response({{"session", session->id},
-                        {"state", "done"},
-                        {"table", out.table},
-                        {"table_color", out.table_color},
-                        {"json", out.json},
-                        {"trace", out.trace},
-                        {"messages", out.messages}});
+    // The outputs follow the last line as raw bytes, in the order "payload"
+    // lists them: as JSON strings they would be escaped into one more copy of
+    // tens of MB each, and parsed back into another at the client.
+    const std::pair<const char*, std::string*> parts[] = {
+        {"table", &out.table}, {"table_color", &out.table_color}, {"json", &out.json}, {"trace", &out.trace}};
+    nlohmann::json payload = nlohmann::json::array();
+    for (const auto& [name, text] : parts) payload.push_back({{"name", name}, {"bytes", text->size()}});
+    if (!send_all(fd, ok_response({{"session", session->id},
+                                   {"state", "done"},
+                                   {"messages", out.messages},
+                                   {"payload", std::move(payload)}})))
+        return "";
+    for (const auto& [name, text] : parts) {
+        if (!send_all(fd, *text)) break;
+        std::string().swap(*text);
+    }
+    return "";  // all sent, or the client is gone
 }
 
 }  // namespace commdbg

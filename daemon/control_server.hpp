@@ -40,6 +40,8 @@ private:
     void accept_loop();
     void serve(int fd);
     std::string handle(const Request& req, const PeerCred& peer, int fd);
+    // Sends the session's lines and outputs itself: returns an error reply
+    // to send, or "" when everything was sent.
     std::string attach(const Request& req, const PeerCred& peer, int fd);
 
     NodeCounter& counter_;
