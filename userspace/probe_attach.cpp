@@ -156,18 +156,27 @@ Result<ScanResult> ProbeAttacher::scan_process(int pid) {
                 continue;
             }
             AttachedFile af{spec.name, f.path, f.dev, f.inode, 0, 0};
-            auto entry = attach_multi(bpf_.enter_program(), f, plan.offsets, plan.cookies, false, out.notes);
-            if (!entry) {
-                out.notes.push_back("spec " + spec.name + ": " + entry.error());
-                failed = true;
-                continue;
-            }
-            af.entry_probes = entry.value();
+            // Return probes first.  An exit whose entry was not seen finds no
+            // in-flight state and is ignored; an entry whose return probe is
+            // not there yet would leave its thread's in-flight stack one
+            // deeper (a hot loop, attached to, filled it within ~1 ms and
+            // then lost returns: errors, durations).  Detach goes the other
+            // way round (links are destroyed last first).
+            auto& links = file_links_[{f.dev, f.inode}];
+            const size_t before = links.size();
             if (!plan.ret_offsets.empty()) {
                 auto ret = attach_multi(bpf_.exit_program(), f, plan.ret_offsets, plan.ret_cookies, true, out.notes);
                 if (ret) af.return_probes = ret.value();
                 else out.notes.push_back("spec " + spec.name + ": return probes: " + ret.error());
             }
+            auto entry = attach_multi(bpf_.enter_program(), f, plan.offsets, plan.cookies, false, out.notes);
+            if (!entry) {
+                out.notes.push_back("spec " + spec.name + ": " + entry.error());
+                links.resize(before);  // its return probes too
+                failed = true;
+                continue;
+            }
+            af.entry_probes = entry.value();
             bpf_.mark_known_file(f.dev, f.inode);
             files_.push_back(std::move(af));
             ++out.new_files;
@@ -176,6 +185,14 @@ Result<ScanResult> ProbeAttacher::scan_process(int pid) {
         if (failed) seen_.erase(key);
     }
     return out;
+}
+
+void ProbeAttacher::destroy_last_first(std::vector<LinkPtr>& links) {
+    while (!links.empty()) links.pop_back();
+}
+
+ProbeAttacher::~ProbeAttacher() {
+    for (auto& [key, links] : file_links_) destroy_last_first(links);
 }
 
 Result<size_t> ProbeAttacher::attach_multi(bpf_program* prog, const MappedFile& f, std::vector<unsigned long> offsets,
@@ -244,7 +261,10 @@ std::vector<AttachedFile> ProbeAttacher::detach_files(const std::function<bool(c
     std::vector<AttachedFile> gone;
     std::erase_if(files_, [&](const AttachedFile& f) {
         if (!unused(f)) return false;
-        file_links_.erase({f.dev, f.inode});  // destroys the links
+        if (auto it = file_links_.find({f.dev, f.inode}); it != file_links_.end()) {
+            destroy_last_first(it->second);
+            file_links_.erase(it);
+        }
         seen_.erase({f.dev, f.inode});
         gone.push_back(f);
         return true;

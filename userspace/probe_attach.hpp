@@ -40,6 +40,9 @@ class ProbeAttacher {
 public:
     ProbeAttacher(BpfSession& bpf, SymbolTable& symbols, std::vector<ProbeSpec> specs)
         : bpf_(bpf), symbols_(symbols), specs_(std::move(specs)) {}
+    ~ProbeAttacher();  // entry links before the return links attached before them
+    ProbeAttacher(const ProbeAttacher&) = delete;
+    ProbeAttacher& operator=(const ProbeAttacher&) = delete;
 
     // Attaches to every library file `pid` maps that a spec names and that is
     // not attached yet, and to its dynamic loader.  Fails only when the
@@ -74,6 +77,7 @@ private:
     Result<size_t> attach_multi(bpf_program* prog, const MappedFile& f, std::vector<unsigned long> offsets,
                                 std::vector<__u64> cookies, bool retprobe, std::vector<std::string>& notes);
     Result<bool> attach_loader(const std::string& path, uint64_t dev, uint64_t inode);
+    static void destroy_last_first(std::vector<LinkPtr>& links);
 
     BpfSession& bpf_;
     SymbolTable& symbols_;

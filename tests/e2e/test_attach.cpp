@@ -4,6 +4,7 @@
 // made at once at program start and at once after a dlopen; attach to a
 // process that never maps libnccl says so plainly.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <fstream>
 #include <thread>
@@ -201,6 +202,40 @@ TEST(AttachNoNccl, SaysThePidNeverMappedLibnccl) {
     // It is still alive: the attach did not disturb it.
     EXPECT_NE(proc_state(sleeper.pid()), 0);
     EXPECT_NE(proc_state(sleeper.pid()), 'Z');
+}
+
+// Attaching to a thread that calls NCCL in a tight loop: every call of the
+// window is paired with its return.  Each call fails (the stub's NULL comm),
+// and the error is counted at the return: the kernel counters must say
+// errors == calls, with no in-flight losses.  (Entry probes attached before
+// return probes left each call made in between without its return and the
+// thread's in-flight stack one deeper; full within a millisecond, it lost
+// returns: 50-100 errors short per half-second attach.)
+TEST(AttachHotLoop, EveryCallIsPairedWithItsReturn) {
+    REQUIRE_BPF();
+    TempDir tmp;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+        SCOPED_TRACE("attach " + std::to_string(attempt));
+        Background work({testprog("nccl_workload"), "--calls", "all_reduce=1000", "--duration-ms", "20000"},
+                        nccl_env(false));
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        auto r = run({commdbg_bin(), "attach", std::to_string(work.pid()), "-d", "0.5", "--no-daemon",
+                      "--counts-only", "--json", tmp.path("out.json")});
+        ASSERT_EQ(r.status, 0) << r.err;
+        EXPECT_EQ(r.err.find("inflight_too_deep"), std::string::npos) << r.err;
+        auto j = read_json(tmp.path("out.json"));
+        long calls = 0, errors = 0;
+        for (const auto& c : j["counters"]) {
+            if (c.value("name", "") != "ncclAllReduce") continue;
+            calls += c["calls"].get<long>();
+            errors += c["errors"].get<long>();
+        }
+        EXPECT_GT(calls, 1000) << "the loop should be hot";
+        // A call in flight at either end of the window may miss its return.
+        EXPECT_GE(errors, calls - 2) << "returns lost: " << calls << " calls, " << errors << " errors";
+        EXPECT_LE(errors, calls);
+        kill(work.pid(), SIGKILL);
+    }
 }
 
 }  // namespace
