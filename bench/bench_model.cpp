@@ -7,10 +7,13 @@
 #include <cstdio>
 #include <cstring>
 #include <span>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "events.hpp"
 #include "model.hpp"
+#include "report.hpp"
 
 using namespace commdbg;
 
@@ -163,6 +166,41 @@ int main() {
     double per_rec_heap = static_cast<double>(in_use(after) - in_use(before)) /
                           static_cast<double>(p->records().size());
 
+    // Rendering the full-budget window: the outputs as text, written a record
+    // at a time, against building the json value and dumping it (the
+    // baseline, in this run).  Heap held at the end of each, per record.
+    ProcessReport rep;
+    rep.pid = 1000;
+    rep.tree = p;
+    const std::vector<ProcessReport> reps{rep};
+    const double recs = static_cast<double>(p->records().size());
+    auto held_per_record = [&](const struct mallinfo2& b) {
+        return static_cast<double>(in_use(mallinfo2()) - in_use(b)) / recs;
+    };
+    struct Render {
+        double ns_per_record, held_per_record;
+        size_t bytes;
+    };
+    auto measure = [&](auto&& build) {
+        malloc_trim(0);
+        struct mallinfo2 b = mallinfo2();
+        auto r0 = std::chrono::steady_clock::now();
+        auto held = build();
+        Render r{seconds_since(r0) * 1e9 / recs, held_per_record(b), 0};
+        if constexpr (std::is_same_v<std::decay_t<decltype(held)>, std::string>) r.bytes = held.size();
+        return r;
+    };
+    Render json_value = measure([&] {
+        auto j = to_json(reps, t, 1);
+        return std::make_pair(j.dump(2), std::move(j));  // both alive at once, as before
+    });
+    Render json_text = measure([&] { return to_json_text(reps, t, 1); });
+    Render trace_value = measure([&] {
+        auto j = chrome_trace(reps, t);
+        return std::make_pair(j.dump(), std::move(j));
+    });
+    Render trace_text = measure([&] { return chrome_trace_text(reps, t); });
+
     std::printf("events: %zu (4 per iteration: op > op > nccl enter+exit), rounds %d, resets %zu\n",
                 n, rounds, resets);
     std::printf("decode only (baseline):   %8.2f M events/s\n", total / base_s / 1e6);
@@ -173,5 +211,15 @@ int main() {
     std::printf("retained records: %zu, sizeof(Record) %zu\n", p->records().size(), sizeof(Record));
     std::printf("bytes per retained record: %.1f (model accounting), %.1f (malloc delta); target <= 150\n",
                 per_rec, per_rec_heap);
+    std::printf("render %zu records, --json: text %.0f ns and %.0f B held per record (%zu B of output); "
+                "json value + dump %.0f ns and %.0f B held (%.2fx the memory)\n",
+                p->records().size(), json_text.ns_per_record, json_text.held_per_record, json_text.bytes,
+                json_value.ns_per_record, json_value.held_per_record,
+                json_value.held_per_record / json_text.held_per_record);
+    std::printf("render %zu records, --trace: text %.0f ns and %.0f B held per record (%zu B of output); "
+                "json value + dump %.0f ns and %.0f B held (%.2fx the memory)\n",
+                p->records().size(), trace_text.ns_per_record, trace_text.held_per_record, trace_text.bytes,
+                trace_value.ns_per_record, trace_value.held_per_record,
+                trace_value.held_per_record / trace_text.held_per_record);
     return sink == 42 ? 1 : 0;
 }
