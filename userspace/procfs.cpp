@@ -248,4 +248,13 @@ std::map<std::string, std::string> read_environ(int pid, const std::vector<std::
     return out;
 }
 
+std::string read_thread_name(int pid, int tid, const std::string& proc_root) {
+    std::string text;
+    if (pid <= 0 || tid <= 0 ||
+        read_file(pid_dir(proc_root, pid) + "/task/" + std::to_string(tid) + "/comm", text) != 0)
+        return "";
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\0')) text.pop_back();
+    return text;
+}
+
 }  // namespace commdbg

@@ -68,4 +68,8 @@ Result<ProcessInfo> read_process(int pid, const std::string& proc_root = "/proc"
 std::map<std::string, std::string> read_environ(int pid, const std::vector<std::string>& keys,
                                                 const std::string& proc_root = "/proc");
 
+// A thread's name (/proc/PID/task/TID/comm, as pthread_setname_np sets it);
+// empty when it cannot be read (the thread is gone).
+std::string read_thread_name(int pid, int tid, const std::string& proc_root = "/proc");
+
 }  // namespace commdbg

@@ -70,6 +70,11 @@ public:
         proc["libraries"] = p_.libraries;
         j["process"] = std::move(proc);
         j["threads"] = p_.tree ? p_.tree->threads() : std::vector<uint32_t>{};
+        if (!p_.thread_names.empty()) {
+            ordered_json names = ordered_json::object();
+            for (const auto& [tid, name] : p_.thread_names) names[std::to_string(tid)] = name;
+            j["thread_names"] = std::move(names);
+        }
 
         ordered_json comms = ordered_json::array();
         for (const CommInfo& c : p_.comms) comms.push_back(comm_json(c));

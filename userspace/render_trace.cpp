@@ -33,8 +33,10 @@ public:
                                                     : p_.command + " (" + std::to_string(p_.pid) + ")"}};
         emit_(std::move(meta));
         for (uint32_t tid : p_.tree->threads()) {
+            auto known = p_.thread_names.find(tid);
+            std::string name = known != p_.thread_names.end() ? known->second : "tid " + std::to_string(tid);
             emit_({{"name", "thread_name"}, {"ph", "M"}, {"ts", 0}, {"pid", p_.pid},
-                   {"tid", tid}, {"args", {{"name", "tid " + std::to_string(tid)}}}});
+                   {"tid", tid}, {"args", {{"name", std::move(name)}}}});
         }
         // Roots are siblings per thread: the next root of the same thread bounds
         // a root leaf whose end is unknown.

@@ -46,6 +46,7 @@ struct ProcessReport {
     const ProcessTree* tree = nullptr;
     uint64_t kernel_dropped_records = 0;
     std::vector<std::string> notes;
+    std::map<uint32_t, std::string> thread_names;  // tid -> name, where known
 };
 
 // Noise levels (CommDebugMode's idea, our layers):

@@ -139,6 +139,12 @@ void TraceSession::on_record(std::span<const uint8_t> bytes) {
             it->second.exited = true;
             it->second.exit_code = x->exit_code;
         }
+    } else if (auto* e = std::get_if<CallEnter>(&ev)) {
+        // A thread's name is read while it runs: at the report it may be gone.
+        auto it = procs_.find(e->tgid);
+        if (it != procs_.end() && !it->second.thread_names.count(e->tid) &&
+            it->second.thread_names.size() < TracedProcess::kMaxThreadNames)
+            it->second.thread_names[e->tid] = read_thread_name(static_cast<int>(e->tgid), static_cast<int>(e->tid));
     }
     model_.on_event(ev);
 }
@@ -180,6 +186,8 @@ std::vector<ProcessReport> TraceSession::reports() const {
         r.tree = model_.process(pid);
         r.kernel_dropped_records = bpf_->ringbuf_drops_of(pid);
         r.notes = p.notes;
+        for (const auto& [tid, name] : p.thread_names)
+            if (!name.empty()) r.thread_names[tid] = name;
 
         for (const auto& c : counters)
             if (c.key.tgid == pid)

@@ -36,6 +36,10 @@ struct TracedProcess {
     bool exited = false;
     std::optional<int> exit_code;     // wait status style (from the kernel or waitpid)
     std::vector<std::string> notes;
+    // Each calling thread's name (/proc/PID/task/TID/comm) when first seen;
+    // "" when it could not be read.  At most kMaxThreadNames.
+    std::map<uint32_t, std::string> thread_names;
+    static constexpr size_t kMaxThreadNames = 4096;
 };
 
 class TraceSession {

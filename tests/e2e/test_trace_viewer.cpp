@@ -64,6 +64,14 @@ TEST_P(TraceInPerfetto, RunTraceShowsEveryRecordOnItsThreadWithItsArgs) {
     for (const auto& t : dump["threads"]) dump_tids.insert(t.get<uint64_t>());
     for (uint64_t t : tids) EXPECT_TRUE(dump_tids.count(t)) << "tid " << t;
     EXPECT_GE(tids.size(), 3u);
+    // Each worker thread's track carries the name it gave itself.
+    std::set<std::string> worker_names;
+    for (const auto& [tid, name] : loaded.thread_names)
+        if (tids.count(tid)) worker_names.insert(name);
+    EXPECT_EQ(worker_names, (std::set<std::string>{"nccl-worker-0", "nccl-worker-1", "nccl-worker-2"}));
+    ASSERT_TRUE(dump.contains("thread_names")) << "the dump names the threads too";
+    for (const auto& [tid, name] : loaded.thread_names)
+        if (tids.count(tid)) EXPECT_EQ(dump["thread_names"].value(std::to_string(tid), ""), name);
     // The process track is named after the command and pid.
     ASSERT_TRUE(loaded.process_names.count(pid));
     EXPECT_NE(loaded.process_names[pid].find("nccl_workload"), std::string::npos) << loaded.process_names[pid];

@@ -294,6 +294,9 @@ static void run_round(struct worker *w) {
 
 static void *worker_main(void *arg) {
   struct worker *w = arg;
+  char name[16];
+  snprintf(name, sizeof name, "nccl-worker-%d", w->index); // shown per thread by commdbg
+  pthread_setname_np(pthread_self(), name);
   uint64_t deadline = opt.duration_ms >= 0 ? now_ms() + (uint64_t)opt.duration_ms : 0;
   for (;;) {
     run_round(w);

@@ -251,6 +251,13 @@ TEST_F(FakeProc, UnreadableStatSaysPermissionDenied) {
     EXPECT_NE(err.find("permission denied"), std::string::npos) << err;
 }
 
+TEST_F(FakeProc, ThreadNameIsTheTaskCommWithoutItsNewline) {
+    write_file(proc_ + "/5/task/7/comm", "pt_autograd_0\n");
+    EXPECT_EQ(read_thread_name(5, 7, proc_), "pt_autograd_0");
+    EXPECT_EQ(read_thread_name(5, 8, proc_), "");  // gone
+    EXPECT_EQ(read_thread_name(0, 7, proc_), "");
+}
+
 TEST_F(FakeProc, EnvironKeepsOnlyAllowedKeysFirstDefinitionWins) {
     write_file(proc_ + "/8/environ",
                "NCCL_DEBUG=INFO\0SECRET=x\0RANK=3\0NCCL_DEBUG=WARN\0WEIRD\0EMPTY=\0"s);

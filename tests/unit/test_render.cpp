@@ -358,6 +358,22 @@ TEST(Render, ChromeTraceIsStructurallyValid) {
     EXPECT_EQ(meta, 3u);  // process + two threads
 }
 
+TEST(Render, ThreadNamesNameTheTracksAndAreInTheDump) {
+    Scenario s;
+    auto r = s.report();
+    r.thread_names = {{kPid + 1, "pt_autograd_0"}};  // the main thread's name unknown
+    std::map<uint64_t, std::string> track;
+    const auto trace = chrome_trace({r}, s.t);
+    for (const auto& ev : trace["traceEvents"])
+        if (ev["name"] == "thread_name") track[ev["tid"].get<uint64_t>()] = ev["args"]["name"];
+    EXPECT_EQ(track[kPid + 1], "pt_autograd_0");
+    EXPECT_EQ(track[kPid], "tid " + std::to_string(kPid));
+    auto j = to_json(r, s.t, 1);
+    ASSERT_TRUE(j.contains("thread_names"));
+    EXPECT_EQ(j["thread_names"], nlohmann::ordered_json({{std::to_string(kPid + 1), "pt_autograd_0"}}));
+    EXPECT_FALSE(to_json(s.report(), s.t, 1).contains("thread_names"));  // none known: no key
+}
+
 TEST(Render, ChromeTraceClampsUnknownEndsInsideParents) {
     // Open frames with children, leaves without exits, a process that never ends.
     SymbolTable t;
