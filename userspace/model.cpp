@@ -131,7 +131,7 @@ void ProcessTree::close_all(uint64_t ts) {
             Record& r = records_[f.rec];
             if (r.end_ns == 0) {
                 r.end_ns = ts;
-                r.flags |= kEndInferred;
+                r.flags |= kEndInferred | kEndAtExit;
             }
         }
         th.stack.clear();

@@ -63,6 +63,8 @@ enum RecordFlag : uint16_t {
     kHasStream = 1u << 9,    // stream: the call's stream argument (NCCL cudaStream_t)
     kHasSendBuf = 1u << 10,  // sendbuf: send buffer address
     kHasRecvBuf = 1u << 11,  // recvbuf: receive buffer address
+    kEndAtExit = 1u << 12,   // with kEndInferred: still open when the process exited, so
+                             // end_ns is the exit -- a bound, not when the call returned
 };
 
 // One retained call.  Compact on purpose (the budget is 200k per process):

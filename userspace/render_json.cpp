@@ -145,6 +145,7 @@ private:
         o["start_ns"] = r.start_ns;
         o["end_ns"] = r.end_ns ? ordered_json(r.end_ns) : ordered_json(nullptr);
         if (r.has(kEndInferred)) o["end_inferred"] = true;
+        if (r.has(kEndAtExit)) o["end_at_exit"] = true;
         ordered_json children = ordered_json::array();
         for (uint32_t c = r.first_child; c != kNoRecord; c = recs[c].next_sibling)
             append(c, children);

@@ -52,9 +52,13 @@ public:
     }
 
 private:
+    // An end that says when the call returned: not unknown, not just the
+    // process's exit (the last op of a thread would span to it).
+    static bool end_known(const Record& r) { return r.end_ns != 0 && !r.has(kEndAtExit); }
+
     uint64_t subtree_last(uint32_t idx) const {
         const Record& r = recs_[idx];
-        uint64_t last = std::max(r.start_ns, r.end_ns);
+        uint64_t last = end_known(r) ? std::max(r.start_ns, r.end_ns) : r.start_ns;
         for (uint32_t c = r.first_child; c != kNoRecord; c = recs_[c].next_sibling)
             last = std::max(last, subtree_last(c));
         return last;
@@ -66,7 +70,7 @@ private:
         uint64_t start = std::max(r.start_ns, lo);
         if (hi != kNone) start = std::min(start, hi);
         uint64_t end;
-        if (r.end_ns != 0) {
+        if (end_known(r)) {
             end = r.end_ns;
         } else if (r.first_child == kNoRecord) {
             end = std::min({start + kMinDurNs, next_start, hi});
@@ -86,8 +90,9 @@ private:
                    {"tid", r.tid}};
         json args = json::object();
         if (r.kind == RecordKind::Collective) collective_json(r, p_, syms_, args);
-        if (r.end_ns == 0) args["end_unknown"] = true;
+        if (!end_known(r)) args["end_unknown"] = true;
         if (r.has(kEndInferred)) args["end_inferred"] = true;
+        if (r.has(kEndAtExit)) args["end_at_exit"] = true;
         if (r.has(kReturnProbed)) args["duration_is"] = "host enqueue time, not GPU time";
         ev["args"] = std::move(args);
         emit_(std::move(ev));

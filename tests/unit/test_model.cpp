@@ -364,9 +364,22 @@ TEST(Model, ProcExitClosesOpenFramesAndRecordsTheExitCode) {
     EXPECT_EQ(p->records()[0].end_ns, 1000u);
     EXPECT_EQ(p->records()[1].end_ns, 1000u);
     EXPECT_TRUE(p->records()[1].has(kEndInferred));
+    EXPECT_TRUE(p->records()[1].has(kEndAtExit)) << "the exit bounds it; it says nothing of when it returned";
     EXPECT_EQ(p->records()[2].end_ns, 0u);  // a leaf without exit stays unknown
     EXPECT_TRUE(p->exited());
     EXPECT_EQ(p->exit_code(), 256);
+}
+
+TEST(Model, AFrameClosedByALaterEntryIsNotMarkedEndAtExit) {
+    Fixture f;
+    TraceModel m(f.t);
+    m.on_event(f.enter(f.mm, 100, 1000));
+    m.on_event(f.enter(f.add, 200, 1000));  // mm returned before this entry
+    m.on_event(ProcExit{kPid, 1000, 0});
+    const auto& recs = m.process(kPid)->records();
+    EXPECT_EQ(recs[0].end_ns, 200u);
+    EXPECT_FALSE(recs[0].has(kEndAtExit));
+    EXPECT_TRUE(recs[1].has(kEndAtExit));
 }
 
 TEST(Model, ForkRecordsTheParentAndPidsAreSorted) {

@@ -374,6 +374,52 @@ TEST(Render, ThreadNamesNameTheTracksAndAreInTheDump) {
     EXPECT_FALSE(to_json(s.report(), s.t, 1).contains("thread_names"));  // none known: no key
 }
 
+TEST(Render, FramesStillOpenAtExitEndWithTheirLastChildNotAtTheExit) {
+    // The last op of a thread stays open until the process exits, seconds
+    // later: drawn to the exit it would look that long.  Its children bound it.
+    SymbolTable t;
+    uint32_t op = t.intern(sym("aten::add_.Tensor", "aten", CD_ROLE_OP));
+    uint32_t leaf = t.intern(sym("ncclAllReduce", "nccl", CD_ROLE_COLLECTIVE, CD_COLL_ALL_REDUCE, {}, true));
+    TraceModel m(t);
+    CallEnter e;
+    e.tgid = e.tid = 1;
+    e.ts_ns = 1'000'000;
+    e.sp = 1000;
+    e.cookie = make_cookie(op, *t.find(op));
+    m.on_event(e);
+    CallEnter c = e;
+    c.ts_ns = 1'010'000;
+    c.sp = 900;
+    c.cookie = make_cookie(leaf, *t.find(leaf));
+    m.on_event(c);
+    CallExit x;
+    x.tgid = x.tid = 1;
+    x.ts_ns = 1'030'000;
+    x.cookie = c.cookie;
+    x.enter_ts_ns = c.ts_ns;
+    m.on_event(x);
+    m.on_event(ProcExit{1, 5'000'000'000, 0});  // ~5 s later
+    ProcessReport r;
+    r.pid = 1;
+    r.tree = m.process(1);
+    auto trace = chrome_trace({r}, t);
+    check_trace_structure(trace);
+    bool seen = false;
+    for (const auto& ev : trace["traceEvents"]) {
+        if (ev["name"] != "aten::add_.Tensor") continue;
+        seen = true;
+        EXPECT_DOUBLE_EQ(ev["ts"].get<double>(), 1000.0);
+        EXPECT_DOUBLE_EQ(ev["dur"].get<double>(), 30.0) << "ends with its last child";
+        EXPECT_TRUE(ev["args"].value("end_at_exit", false));
+        EXPECT_TRUE(ev["args"].value("end_unknown", false));
+    }
+    EXPECT_TRUE(seen);
+    // The dump keeps the bound and says what it is.
+    auto j = to_json(r, t, 1);
+    EXPECT_EQ(j["records"][0]["end_ns"], 5'000'000'000u);
+    EXPECT_TRUE(j["records"][0].value("end_at_exit", false));
+}
+
 TEST(Render, ChromeTraceClampsUnknownEndsInsideParents) {
     // Open frames with children, leaves without exits, a process that never ends.
     SymbolTable t;
