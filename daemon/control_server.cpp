@@ -24,9 +24,10 @@ constexpr int kIdleTimeoutMs = 30000;  // a half-sent request does not hold a th
 
 }  // namespace
 
-Result<std::unique_ptr<ControlServer>> ControlServer::open(const std::string& path, NodeCounter& counter) {
+Result<std::unique_ptr<ControlServer>> ControlServer::open(const std::string& path, NodeCounter& counter,
+                                                           size_t max_sessions) {
     using R = Result<std::unique_ptr<ControlServer>>;
-    std::unique_ptr<ControlServer> s(new ControlServer(counter));
+    std::unique_ptr<ControlServer> s(new ControlServer(counter, max_sessions));
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     if (path.size() >= sizeof(addr.sun_path)) return R::fail("commdbgd: --socket " + path + ": path too long");
@@ -183,6 +184,24 @@ std::string ControlServer::attach(const Request& req, const PeerCred& peer, int 
     so.records = !req.counts_only;
     so.ringbuf_bytes = req.ringbuf_kb * 1024;
     std::string who = "attach " + std::to_string(*req.pid);
+    // A slot first: a session holds BPF maps, a ring buffer, its model (up to
+    // its record budget) and then its outputs.
+    {
+        std::lock_guard lock(mu_);
+        if (session_slots_ >= max_sessions_)
+            return error_response(who + ": commdbgd already runs " + std::to_string(max_sessions_) +
+                                  " tracing sessions, its limit — wait for one to end or end one "
+                                  "(`commdbg sessions`, `commdbg detach ID`), or trace with `commdbg attach "
+                                  "--no-daemon`; commdbgd --max-sessions raises the limit");
+        ++session_slots_;
+    }
+    struct SlotRelease {
+        ControlServer* s;
+        ~SlotRelease() {
+            std::lock_guard lock(s->mu_);
+            --s->session_slots_;
+        }
+    } release{this};
     auto created = TraceSession::create(so);
     if (!created) return error_response(who + ": " + created.error());
     TraceSession& ts = *created.value();

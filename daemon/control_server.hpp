@@ -28,7 +28,11 @@ struct ActiveSession {
 
 class ControlServer {
 public:
-    static Result<std::unique_ptr<ControlServer>> open(const std::string& path, NodeCounter& counter);
+    // max_sessions: tracing sessions run at once (each holds up to its
+    // record budget and its outputs: ~0.3 GB at the default 200000 records).
+    static Result<std::unique_ptr<ControlServer>> open(const std::string& path, NodeCounter& counter,
+                                                       size_t max_sessions = kDefaultMaxSessions);
+    static constexpr size_t kDefaultMaxSessions = 4;
     ~ControlServer();
 
     // Accepts and serves until stop(); each connection gets a thread (bounded).
@@ -36,7 +40,7 @@ public:
     void stop();
 
 private:
-    ControlServer(NodeCounter& c) : counter_(c) {}
+    ControlServer(NodeCounter& c, size_t max_sessions) : counter_(c), max_sessions_(max_sessions) {}
     void accept_loop();
     void serve(int fd);
     std::string handle(const Request& req, const PeerCred& peer, int fd);
@@ -45,6 +49,7 @@ private:
     std::string attach(const Request& req, const PeerCred& peer, int fd);
 
     NodeCounter& counter_;
+    size_t max_sessions_;
     std::string path_;
     int listen_fd_ = -1;
     int wake_[2] = {-1, -1};
@@ -55,6 +60,7 @@ private:
     std::mutex mu_;
     std::map<uint64_t, std::shared_ptr<ActiveSession>> sessions_;
     uint64_t next_session_ = 1;
+    size_t session_slots_ = 0;  // sessions starting or running (<= max_sessions_)
 };
 
 }  // namespace commdbg

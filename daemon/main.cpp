@@ -74,6 +74,11 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1L, 7L * 24 * 3600));
     app.add_option("--max-series", opts.max_series, "Cap on exported series; past it an overflow counter counts")
         ->check(CLI::PositiveNumber);
+    size_t max_sessions = ControlServer::kDefaultMaxSessions;
+    app.add_option("--max-sessions", max_sessions,
+                   "Tracing sessions (`commdbg attach`) run at once; each may hold ~0.3 GB at the default "
+                   "200000-record budget")
+        ->check(CLI::Range(size_t{1}, size_t{64}));
     CLI11_PARSE(app, argc, argv);
     opts.series_ttl = std::chrono::seconds(ttl_s);
 
@@ -96,7 +101,7 @@ int main(int argc, char** argv) {
         std::cerr << counter.error() << "\n";
         return 1;
     }
-    auto control = ControlServer::open(socket_path, **counter);
+    auto control = ControlServer::open(socket_path, **counter, max_sessions);
     if (!control) {
         std::cerr << control.error() << "\n";
         return 1;

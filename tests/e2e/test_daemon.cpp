@@ -936,6 +936,47 @@ TEST(Daemon, AttachReplyCarriesOnlyTheOutputsAsked) {
     EXPECT_TRUE(json::parse(all.value("trace", "")).contains("traceEvents"));
 }
 
+// Sessions hold memory (maps, ring buffer, a model of up to 200000 records,
+// outputs): past --max-sessions an attach is refused with what to do, and a
+// slot is free again once a session ends.
+TEST(Daemon, AttachesPastMaxSessionsAreRefusedUntilOneEnds) {
+    REQUIRE_BPF();
+    SharedDir tmp;
+    START_DAEMON(d, tmp, {"--max-sessions", "1"});
+    Background sleeper({testprog("plain_sleeper"), "60000"});
+    const std::string req = R"({"op":"attach","pid":)" + std::to_string(sleeper.pid()) + R"(,"duration_s":60})" "\n";
+    int a = connect_unix(d.socket());
+    send_bytes(a, req);
+    auto first = reply_lines(read_reply(a, 1, 30000).data);
+    ASSERT_EQ(first.size(), 1u);
+    ASSERT_EQ(first[0].value("state", ""), "tracing") << first[0].dump();
+
+    int b = connect_unix(d.socket());
+    send_bytes(b, req);
+    auto refused = reply_lines(read_reply(b, 1, 30000).data);
+    close(b);
+    ASSERT_EQ(refused.size(), 1u);
+    EXPECT_FALSE(refused[0].value("ok", true));
+    const std::string err = refused[0].value("error", "");
+    EXPECT_NE(err.find("already runs 1 tracing sessions"), std::string::npos) << err;
+    EXPECT_NE(err.find("--no-daemon"), std::string::npos) << err;
+
+    // The client of the first hangs up: its session ends, the slot is free.
+    close(a);
+    auto deadline = Clock::now() + std::chrono::seconds(20);
+    json again;
+    do {
+        int c = connect_unix(d.socket());
+        send_bytes(c, req);
+        auto lines = reply_lines(read_reply(c, 1, 30000).data);
+        close(c);
+        again = lines.empty() ? json() : lines[0];
+        if (again.value("state", "") == "tracing") break;
+        sleep_ms(200);
+    } while (Clock::now() < deadline);
+    EXPECT_EQ(again.value("state", ""), "tracing") << again.dump();
+}
+
 // ======================================================================================
 // 3. Unprivileged clients.
 // ======================================================================================
