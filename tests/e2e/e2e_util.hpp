@@ -13,11 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "test_proc.hpp"
+
 namespace commdbg::e2e {
 
 // Empty when BPF tracing can run here, else why not.
 std::string bpf_unavailable_reason();
-bool in_ci();
+using testproc::in_ci;
 
 #define REQUIRE_BPF()                                                              \
     do {                                                                           \
@@ -38,36 +40,9 @@ bool in_ci();
         }                                                                          \
     } while (0)
 
-struct ProcResult {
-    int status = -1;  // exit status (128+sig when killed)
-    std::string out;
-    std::string err;
-};
-
-// Runs argv with extra environment, captures stdout/stderr; kills it after timeout_s.
-ProcResult run(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {},
-               int timeout_s = 120);
-
-// A child left running; kill()ed in the destructor if still alive.
-class Background {
-public:
-    Background(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {});
-    ~Background();
-    int pid() const { return pid_; }
-    // Blocks until stdout has a line containing `needle` (or timeout); returns the line.
-    std::string wait_for_line(const std::string& needle, int timeout_s = 30);
-    // The same for stderr.
-    std::string wait_for_err_line(const std::string& needle, int timeout_s = 30);
-    ProcResult wait(int timeout_s = 120);
-
-private:
-    int pid_ = -1;
-    int out_fd_ = -1, err_fd_ = -1;
-    std::string out_, err_;
-    std::string wait_for_line_in(std::string& buf, const std::string& needle, int timeout_s);
-    bool done_ = false;
-    ProcResult result_;
-};
+using testproc::Background;
+using testproc::ProcResult;
+using testproc::run;
 
 class TempDir {
 public:

@@ -70,8 +70,11 @@ TEST_P(TraceInPerfetto, RunTraceShowsEveryRecordOnItsThreadWithItsArgs) {
         if (tids.count(tid)) worker_names.insert(name);
     EXPECT_EQ(worker_names, (std::set<std::string>{"nccl-worker-0", "nccl-worker-1", "nccl-worker-2"}));
     ASSERT_TRUE(dump.contains("thread_names")) << "the dump names the threads too";
-    for (const auto& [tid, name] : loaded.thread_names)
-        if (tids.count(tid)) EXPECT_EQ(dump["thread_names"].value(std::to_string(tid), ""), name);
+    for (const auto& [tid, name] : loaded.thread_names) {
+        if (tids.count(tid)) {
+            EXPECT_EQ(dump["thread_names"].value(std::to_string(tid), ""), name);
+        }
+    }
     // The process track is named after the command and pid.
     ASSERT_TRUE(loaded.process_names.count(pid));
     EXPECT_NE(loaded.process_names[pid].find("nccl_workload"), std::string::npos) << loaded.process_names[pid];

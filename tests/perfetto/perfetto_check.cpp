@@ -1,21 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "perfetto_check.hpp"
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <tuple>
-
-extern char** environ;
 
 namespace commdbg::perfetto_check {
 
@@ -37,48 +27,6 @@ const char* kBoundsSql = "select start_ts, end_ts from trace_bounds";
 const char* kErrorStatsSql =
     "select name, coalesce(idx, ''), value from stats "
     "where value > 0 and severity in ('error', 'data_loss')";
-
-struct Output {
-    int status = -1;
-    std::string out, err;
-};
-
-// argv run without a shell; stdout captured, stderr through a temp file.
-Output run_capture(const std::vector<std::string>& argv) {
-    Output o;
-    int out_pipe[2];
-    if (pipe2(out_pipe, O_CLOEXEC) != 0) return o;
-    char err_path[] = "/tmp/commdbg-perfetto-err-XXXXXX";
-    int err_fd = mkstemp(err_path);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
-    if (err_fd >= 0) posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    pid_t pid = -1;
-    int rc = posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(out_pipe[1]);
-    if (rc == 0) {
-        char buf[65536];
-        for (ssize_t n; (n = read(out_pipe[0], buf, sizeof buf)) > 0;) o.out.append(buf, n);
-        int st = 0;
-        waitpid(pid, &st, 0);
-        o.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    } else {
-        o.err = std::string("cannot run ") + argv[0] + ": " + std::strerror(rc);
-    }
-    close(out_pipe[0]);
-    if (err_fd >= 0) {
-        std::ifstream in(err_path);
-        o.err += std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-        close(err_fd);
-        unlink(err_path);
-    }
-    return o;
-}
 
 int64_t us_to_ns(const nlohmann::json& v) { return std::llround(v.get<double>() * 1000.0); }
 
@@ -110,8 +58,8 @@ std::string unavailable_reason() {
 
 Loaded load_in_perfetto(const std::string& trace_path) {
     Loaded l;
-    auto o = run_capture({NODE_BIN, kScript, PERFETTO_UI_DIR, trace_path, kSlicesSql, kSliceCountSql,
-                          kProcessesSql, kThreadsSql, kBoundsSql, kErrorStatsSql});
+    auto o = testproc::run({NODE_BIN, kScript, PERFETTO_UI_DIR, trace_path, kSlicesSql, kSliceCountSql,
+                            kProcessesSql, kThreadsSql, kBoundsSql, kErrorStatsSql});
     nlohmann::json j;
     try {
         j = nlohmann::json::parse(o.out);

@@ -14,12 +14,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include <cstdlib>
 
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
+
+#include "test_proc.hpp"
 
 namespace commdbg::perfetto_check {
 
@@ -33,8 +34,7 @@ std::string unavailable_reason();
     do {                                                                                 \
         std::string why_ = ::commdbg::perfetto_check::unavailable_reason();              \
         if (!why_.empty()) {                                                             \
-            const char* ci_ = std::getenv("CI");                                         \
-            if (ci_ && std::string(ci_) == "true") FAIL() << "CI=true but " << why_;     \
+            if (::commdbg::testproc::in_ci()) FAIL() << "CI=true but " << why_;          \
             GTEST_SKIP() << why_;                                                        \
         }                                                                                \
     } while (0)
