@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
-#include <map>
 
 #include "commands.hpp"
 #include "daemon_client.hpp"
@@ -60,18 +59,16 @@ int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
             // The outputs follow as raw bytes, in the order "payload" lists.
             SessionOutput out;
             out.messages = r->value("messages", std::vector<std::string>{});
-            const std::map<std::string, std::string*> slots = {{"table", &out.table},
-                                                               {"table_color", &out.table_color},
-                                                               {"json", &out.json},
-                                                               {"trace", &out.trace}};
+            const auto slots = named_outputs(out);
             for (const auto& part : r->value("payload", nlohmann::json::array())) {
                 auto bytes = client.read_bytes(part.value("bytes", size_t{0}));
                 if (!bytes) {
                     std::cerr << who << ": " << bytes.error() << "\n";
                     return 1;
                 }
-                auto slot = slots.find(part.value("name", std::string()));
-                if (slot != slots.end()) *slot->second = std::move(*bytes);
+                const std::string name = part.value("name", std::string());
+                for (const auto& [slot_name, slot] : slots)
+                    if (name == slot_name) *slot = std::move(*bytes);
             }
             return write_outputs(out, o.trace);
         }

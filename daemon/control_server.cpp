@@ -236,8 +236,7 @@ std::string ControlServer::attach(const Request& req, const PeerCred& peer, int 
     // The outputs follow the last line as raw bytes, in the order "payload"
     // lists them: as JSON strings they would be escaped into one more copy of
     // tens of MB each, and parsed back into another at the client.
-    const std::pair<const char*, std::string*> parts[] = {
-        {"table", &out.table}, {"table_color", &out.table_color}, {"json", &out.json}, {"trace", &out.trace}};
+    const auto parts = named_outputs(out);
     nlohmann::json payload = nlohmann::json::array();
     for (const auto& [name, text] : parts) payload.push_back({{"name", name}, {"bytes", text->size()}});
     if (!send_all(fd, ok_response({{"session", session->id},

@@ -240,6 +240,13 @@ template void collective_json(const Record&, const ProcessReport&, const SymbolT
 template void collective_json(const Record&, const ProcessReport&, const SymbolTable&,
                               nlohmann::json&);
 
+std::vector<const ProcessReport*> by_pid(const std::vector<ProcessReport>& ps) {
+    std::vector<const ProcessReport*> sorted;
+    for (const auto& p : ps) sorted.push_back(&p);
+    std::stable_sort(sorted.begin(), sorted.end(), [](const auto* a, const auto* b) { return a->pid < b->pid; });
+    return sorted;
+}
+
 }  // namespace report_detail
 
 namespace {
@@ -259,10 +266,7 @@ void append_indented(std::string& out, const std::string& text, size_t n) {
 
 std::string to_json_text(const std::vector<ProcessReport>& ps, const SymbolTable& syms, int noise_level,
                          const nlohmann::ordered_json& extra) {
-    std::vector<const ProcessReport*> sorted;
-    for (const auto& p : ps) sorted.push_back(&p);
-    std::stable_sort(sorted.begin(), sorted.end(),
-                     [](const auto* a, const auto* b) { return a->pid < b->pid; });
+    const auto sorted = by_pid(ps);
     // The skeleton, with a mark per process where its records go.  The mark
     // holds control characters, which dump() escapes: no record's text has it.
     std::vector<std::string> marks;
@@ -316,10 +320,7 @@ nlohmann::ordered_json to_json(const ProcessReport& p, const SymbolTable& syms, 
 nlohmann::ordered_json to_json(const std::vector<ProcessReport>& ps, const SymbolTable& syms,
                                int noise_level) {
     if (ps.size() == 1) return to_json(ps.front(), syms, noise_level);
-    std::vector<const ProcessReport*> sorted;
-    for (const auto& p : ps) sorted.push_back(&p);
-    std::stable_sort(sorted.begin(), sorted.end(),
-                     [](const auto* a, const auto* b) { return a->pid < b->pid; });
+    const auto sorted = by_pid(ps);
     nlohmann::ordered_json arr = nlohmann::ordered_json::array();
     for (const auto* p : sorted) arr.push_back(to_json(*p, syms, noise_level));
     nlohmann::ordered_json j;

@@ -112,10 +112,7 @@ private:
 };
 
 void for_each_event(const std::vector<ProcessReport>& ps, const SymbolTable& syms, const TraceWriter::Sink& sink) {
-    std::vector<const ProcessReport*> sorted;
-    for (const auto& p : ps) sorted.push_back(&p);
-    std::stable_sort(sorted.begin(), sorted.end(),
-                     [](const auto* a, const auto* b) { return a->pid < b->pid; });
+    const auto sorted = by_pid(ps);
     for (const auto* p : sorted) {
         if (!p->tree) continue;
         TraceWriter(*p, syms, sink).render();

@@ -116,6 +116,8 @@ std::string_view record_layer(const Record& r, const SymbolTable& syms);
 cd_role record_role(const Record& r, const SymbolTable& syms);  // CD_ROLE_OTHER if unknown
 // ncclCommInitAll: its "nranks" slot is the device count (shown as ndev).
 bool is_init_all(const Record& r, const SymbolTable& syms);
+// The processes in output order: by pid (stable).
+std::vector<const ProcessReport*> by_pid(const std::vector<ProcessReport>& ps);
 // The counters in output order: stable by (symbol name, comm, dtype).
 std::vector<const CounterRow*> sorted_counters(const ProcessReport& p, const SymbolTable& syms);
 // The collective fields of a record ("collective", "group_size", "comm", ...),

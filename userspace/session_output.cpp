@@ -12,6 +12,10 @@
 
 namespace commdbg {
 
+std::array<std::pair<const char*, std::string*>, 4> named_outputs(SessionOutput& o) {
+    return {{{"table", &o.table}, {"table_color", &o.table_color}, {"json", &o.json}, {"trace", &o.trace}}};
+}
+
 SessionOutput render_session(TraceSession& s, int noise_level, const OutputWants& wants) {
     SessionOutput out;
     for (auto& m : s.take_messages()) out.messages.push_back("note: " + m);

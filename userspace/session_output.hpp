@@ -3,6 +3,7 @@
 // CLI (embedded session) and commdbgd (session on behalf of a client).
 #pragma once
 
+#include <array>
 #include <functional>
 #include <string>
 #include <vector>
@@ -18,6 +19,10 @@ struct SessionOutput {
     std::string trace;        // Chrome trace JSON (when wanted)
     std::vector<std::string> messages;  // "note: ...", "warning: ..." lines for stderr
 };
+
+// The outputs by their control-protocol names ("table", "table_color",
+// "json", "trace"), in the order a daemon session sends them.
+std::array<std::pair<const char*, std::string*>, 4> named_outputs(SessionOutput& o);
 
 // Only what is wanted is rendered: at the default budget of 200000 records
 // per process each output is tens of MB of text.
