@@ -4,6 +4,8 @@
 // end-to-end tests and the Perfetto checks.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <map>
 #include <string>
 #include <vector>
@@ -12,6 +14,22 @@ namespace commdbg::testproc {
 
 // CI=true: where a missing prerequisite fails a test instead of skipping it.
 bool in_ci();
+
+// Unless `cond` holds, skips the test saying `why`; under CI=true fails it.
+#define REQUIRE_OR_SKIP(cond, why)                                                 \
+    do {                                                                           \
+        if (!(cond)) {                                                             \
+            if (::commdbg::testproc::in_ci()) FAIL() << "CI=true but " << (why);   \
+            GTEST_SKIP() << (why);                                                 \
+        }                                                                          \
+    } while (0)
+
+// The same for a check that returns "" when the prerequisite is there, else why not.
+#define REQUIRE_NO_REASON(reason)                                                  \
+    do {                                                                           \
+        const std::string reason_ = (reason);                                      \
+        REQUIRE_OR_SKIP(reason_.empty(), reason_);                                 \
+    } while (0)
 
 struct ProcResult {
     int status = -1;  // exit status (128+sig when killed)

@@ -21,24 +21,13 @@ namespace commdbg::e2e {
 std::string bpf_unavailable_reason();
 using testproc::in_ci;
 
-#define REQUIRE_BPF()                                                              \
-    do {                                                                           \
-        std::string why_ = ::commdbg::e2e::bpf_unavailable_reason();               \
-        if (!why_.empty()) {                                                       \
-            if (::commdbg::e2e::in_ci()) FAIL() << "CI=true but " << why_;         \
-            GTEST_SKIP() << why_;                                                  \
-        }                                                                          \
-    } while (0)
+#define REQUIRE_BPF() REQUIRE_NO_REASON(::commdbg::e2e::bpf_unavailable_reason())
 
 // Real NCCL present?  Under CI a missing real library is a failure too:
 // the acceptance tests name it.
 #define REQUIRE_REAL_NCCL()                                                        \
-    do {                                                                           \
-        if (!std::filesystem::exists(REAL_NCCL_DIR "/libnccl.so.2")) {             \
-            if (::commdbg::e2e::in_ci()) FAIL() << "CI=true but no " REAL_NCCL_DIR "/libnccl.so.2"; \
-            GTEST_SKIP() << "real NCCL not installed at " REAL_NCCL_DIR;           \
-        }                                                                          \
-    } while (0)
+    REQUIRE_OR_SKIP(std::filesystem::exists(REAL_NCCL_DIR "/libnccl.so.2"),        \
+                    "no real NCCL at " REAL_NCCL_DIR "/libnccl.so.2")
 
 using testproc::Background;
 using testproc::ProcResult;

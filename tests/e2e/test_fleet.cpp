@@ -55,14 +55,6 @@ const std::string kQueryLaggingRank =
 const std::string kQueryBytesByCollective = "sum by (collective) (commdbg_collective_bytes_total)";
 const std::string kQueryBytesRate = "sum by (instance, collective) (rate(commdbg_collective_bytes_total[1m]))";
 
-#define REQUIRE_OR_SKIP(cond, why)                                   \
-    do {                                                             \
-        if (!(cond)) {                                               \
-            if (::commdbg::e2e::in_ci()) FAIL() << "CI=true but " << (why); \
-            GTEST_SKIP() << (why);                                   \
-        }                                                            \
-    } while (0)
-
 bool is_cgroup2_mount(const std::string& path) {
     struct statfs fs {};
     return statfs(path.c_str(), &fs) == 0 && static_cast<long>(fs.f_type) == kCgroup2SuperMagic;

@@ -38,10 +38,7 @@ std::string torch_python(std::string& why_not) {
     do {                                                                                          \
         std::string why_;                                                                         \
         py = torch_python(why_);                                                                  \
-        if (py.empty()) {                                                                         \
-            if (in_ci()) FAIL() << "CI=true but no python3 imports torch with gloo:" << why_;      \
-            GTEST_SKIP() << "no python3 imports torch with gloo (apt install python3-torch):" << why_; \
-        }                                                                                         \
+        REQUIRE_OR_SKIP(!py.empty(), "no python3 imports torch with gloo (apt install python3-torch):" + why_); \
     } while (0)
 
 std::vector<nlohmann::json> processes_of(const nlohmann::json& j) {

@@ -30,14 +30,7 @@ std::string unavailable_reason();
 
 // Skips a test that needs Perfetto where it is missing; under CI=true,
 // where `make test` has fetched it, a missing Perfetto is a failure.
-#define REQUIRE_PERFETTO()                                                               \
-    do {                                                                                 \
-        std::string why_ = ::commdbg::perfetto_check::unavailable_reason();              \
-        if (!why_.empty()) {                                                             \
-            if (::commdbg::testproc::in_ci()) FAIL() << "CI=true but " << why_;          \
-            GTEST_SKIP() << why_;                                                        \
-        }                                                                                \
-    } while (0)
+#define REQUIRE_PERFETTO() REQUIRE_NO_REASON(::commdbg::perfetto_check::unavailable_reason())
 
 struct Slice {
     uint64_t pid = 0, tid = 0;
