@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+// The limits and defaults of a tracing session, in one place: `commdbg
+// attach` with or without commdbgd, `commdbg run` and the control protocol
+// all take the same values and say the same thing about a bad one.
+#pragma once
+
+#include <cmath>
+#include <cstdio>
+#include <cstddef>
+#include <optional>
+#include <string>
+
+namespace commdbg::limits {
+
+inline constexpr size_t kDefaultMaxRecords = 200000;
+inline constexpr size_t kDefaultMaxDepth = 128;
+inline constexpr size_t kDefaultRingbufKb = 8192;
+
+// Ceilings for anyone (root included): past them a session could take the
+// node's memory (~112 B per retained record in the model, ~3 KB in the outputs).
+inline constexpr size_t kMaxRecordsCeiling = 20'000'000;
+inline constexpr size_t kMaxDepthCeiling = 4096;
+inline constexpr size_t kMinRingbufKb = 4;
+inline constexpr size_t kMaxRingbufKb = 1u << 20;  // 1 GiB
+// A window longer than 30 days is a typo; 0 means "until Ctrl-C or exit".
+inline constexpr double kMaxDurationS = 30.0 * 86400;
+
+// Why `seconds` is not a valid --duration, or nothing.  0 is valid (no limit).
+inline std::optional<std::string> duration_problem(double seconds) {
+    if (!std::isfinite(seconds)) return "must be a finite number of seconds";
+    if (seconds < 0) return "must not be negative (0 or leave it out: until Ctrl-C or the process exits)";
+    if (seconds > kMaxDurationS)
+        return "must be at most " + std::to_string(static_cast<long>(kMaxDurationS)) +
+               " seconds (30 days); leave it out to trace until Ctrl-C or the process exits";
+    return std::nullopt;
+}
+
+// "12.5 s", "30 s": a duration as a person writes it (no trailing zeros).
+inline std::string format_seconds(double seconds) {
+    char b[64];
+    snprintf(b, sizeof(b), "%.6g s", seconds);
+    return b;
+}
+
+}  // namespace commdbg::limits
