@@ -16,6 +16,11 @@ inline constexpr size_t kDefaultMaxRecords = 200000;
 inline constexpr size_t kDefaultMaxDepth = 128;
 inline constexpr size_t kDefaultRingbufKb = 8192;
 
+// Kernel counter keys (symbol, communicator, datatype) one process may hold
+// in the node-wide counter map; past them its calls are still counted exactly,
+// per symbol, without that breakdown.  A torch session takes ~3000 (one per op).
+inline constexpr size_t kDefaultCounterKeysPerProcess = 8192;
+
 // Ceilings for anyone (root included): past them a session could take the
 // node's memory (~112 B per retained record in the model, ~3 KB in the outputs).
 inline constexpr size_t kMaxRecordsCeiling = 20'000'000;

@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: Apache-2.0
+// The kernel's counter map is one per node: no process, of any user, may take
+// another process's exact counts by filling it (issue 13, finding 2).  A
+// process past its share of fine keys, or one that finds the map full, keeps
+// exact per-kind counts in storage of its own and says how many calls lost
+// their (communicator, datatype) breakdown.
+#include <gtest/gtest.h>
+
+#include "daemon_util.hpp"
+#include "e2e_util.hpp"
+#include "limits.hpp"
+
+namespace commdbg::e2e {
+namespace {
+
+using namespace daemon_util;
+
+constexpr long kNodeCounterKeys = 65536;  // max_entries of the kernel's `counters` map
+
+// A counter_flood run as uid 65534, its children still alive (waiting for `go`).
+struct Flood {
+    std::unique_ptr<Background> proc;
+    std::vector<int> children;
+};
+
+Flood start_flood(const SharedDir& dir, int procs, long keys) {
+    Flood f;
+    f.proc = std::make_unique<Background>(concat(kAsNobody, {testprog("counter_flood"), "--procs", std::to_string(procs),
+                                                             "--keys", std::to_string(keys), "--wait-file",
+                                                             dir.path("go")}),
+                                          nccl_env(false));
+    std::string line = f.proc->wait_for_line("ready children=", 120);
+    EXPECT_FALSE(line.empty()) << "counter_flood never finished its calls";
+    for (const auto& [pid, state] : children_of(f.proc->pid())) f.children.push_back(pid);
+    EXPECT_EQ(f.children.size(), static_cast<size_t>(procs));
+    return f;
+}
+
+long number(const json& proc, const std::string& key) {
+    return proc.is_object() && proc.contains(key) ? proc[key].get<long>() : -1;
+}
+
+// commdbg_counter_breakdown_lost_total of one pid, or -1 when it has no series.
+long lost_metric(const std::vector<Sample>& samples, int pid) {
+    for (const auto& s : samples)
+        if (s.name == "commdbg_counter_breakdown_lost_total" && s.labels.count("pid") &&
+            s.labels.at("pid") == std::to_string(pid))
+            return static_cast<long>(s.value);
+    return -1;
+}
+
+// Polls `commdbg counts --json` until every pid of `pids` shows `calls`
+// all_reduce calls; the last reply.
+json counts_settled(const Daemon& d, const std::vector<int>& pids, long calls, bool as_nobody) {
+    json j;
+    for (int i = 0; i < 100; ++i) {
+        j = cli_json({"counts", "--socket", d.socket()}, as_nobody);
+        bool all = true;
+        for (int pid : pids) all = all && comm_counts_of(process_entry(j, pid))["nccl.all_reduce"] == calls;
+        if (all) break;
+        sleep_ms(100);
+    }
+    return j;
+}
+
+}  // namespace
+
+// Many processes of uid 65534 fill the node's counter map; a root workload
+// that starts afterwards still gets exact counts per kind in `commdbg counts`
+// and /metrics, and every flooder keeps its own exact count and reports the
+// breakdown it lost, per process, to root and to itself.
+TEST(CounterIsolation, FloodByAnotherUserLeavesEveryProcessCountsExact) {
+    REQUIRE_BPF();
+    SharedDir dir;
+    START_DAEMON(d, dir);
+    constexpr int kProcs = 12;
+    constexpr long kKeys = 7000;  // each under its share, together past the map
+    static_assert(kKeys <= static_cast<long>(limits::kDefaultCounterKeysPerProcess));
+    static_assert(kProcs * kKeys > kNodeCounterKeys);
+    Flood flood = start_flood(dir, kProcs, kKeys);
+    ASSERT_EQ(flood.children.size(), static_cast<size_t>(kProcs));
+
+    StalledWorkload w({testprog("nccl_workload"), "--calls", pattern_arg(kPattern), "--fake-comm"}, nccl_env(false));
+    ASSERT_STALLED(w);
+    const auto want = expected_map(kPattern, "nccl.");
+    EXPECT_EQ(daemon_counts_settled(d, w.pid(), want), want) << "commdbg counts --pid " << w.pid();
+    EXPECT_EQ(metrics_calls_settled(d.port(), w.pid(), expected_map(kPattern)), expected_map(kPattern));
+    // The map is full: every root call lost its breakdown, and says so.
+    auto root = process_entry(cli_json({"counts", "--socket", d.socket(), "--pid", std::to_string(w.pid())}), w.pid());
+    EXPECT_EQ(number(root, "counter_breakdown_lost"), total_of(kPattern)) << root.dump();
+    auto samples = scrape(d.port());
+    EXPECT_EQ(lost_metric(samples, w.pid()), total_of(kPattern));
+
+    for (bool as_nobody : {false, true}) {
+        SCOPED_TRACE(as_nobody ? "commdbg counts as uid 65534" : "commdbg counts as root");
+        json all = counts_settled(d, flood.children, kKeys, as_nobody);
+        long lost = 0;
+        for (int pid : flood.children) {
+            auto p = process_entry(all, pid);
+            EXPECT_EQ(comm_counts_of(p)["nccl.all_reduce"], kKeys) << "flooder " << pid << ": " << p.dump();
+            long l = number(p, "counter_breakdown_lost");
+            EXPECT_GE(l, 0) << "flooder " << pid << " reports no counter_breakdown_lost: " << p.dump();
+            lost += l;
+        }
+        EXPECT_GE(lost, kProcs * kKeys - kNodeCounterKeys);
+    }
+    samples = scrape(d.port());
+    long lost_series = 0;
+    for (int pid : flood.children) lost_series += std::max(0L, lost_metric(samples, pid));
+    EXPECT_GE(lost_series, kProcs * kKeys - kNodeCounterKeys);
+
+    EXPECT_EQ(w.finish().status, 0);
+    touch(dir.path("go"));
+    EXPECT_EQ(flood.proc->wait(60).status, 0);
+}
+
+// One process of uid 65534 asks for more keys than the node's map holds; it
+// gets its share of fine keys and no more, so a root workload's counts keep
+// their breakdown, and the flooder's own count stays exact.
+TEST(CounterIsolation, OneProcessCannotTakeMoreThanItsShareOfCounterKeys) {
+    REQUIRE_BPF();
+    SharedDir dir;
+    START_DAEMON(d, dir);
+    constexpr long kKeys = 70000;
+    static_assert(kKeys > kNodeCounterKeys);
+    Flood flood = start_flood(dir, 1, kKeys);
+    ASSERT_EQ(flood.children.size(), 1u);
+    const int flooder = flood.children[0];
+
+    StalledWorkload w({testprog("nccl_workload"), "--calls", pattern_arg(kPattern), "--fake-comm"}, nccl_env(false));
+    ASSERT_STALLED(w);
+    const auto want = expected_map(kPattern, "nccl.");
+    EXPECT_EQ(daemon_counts_settled(d, w.pid(), want), want) << "commdbg counts --pid " << w.pid();
+    EXPECT_EQ(metrics_calls_settled(d.port(), w.pid(), expected_map(kPattern)), expected_map(kPattern));
+    auto root = process_entry(cli_json({"counts", "--socket", d.socket(), "--pid", std::to_string(w.pid())}), w.pid());
+    EXPECT_EQ(number(root, "counter_breakdown_lost"), 0) << root.dump();
+    // Its series keep their datatype.
+    for (const auto& s : scrape(d.port()))
+        if (s.name == "commdbg_collective_calls_total" && s.labels.at("pid") == std::to_string(w.pid()))
+            EXPECT_EQ(s.labels.at("dtype"), "float32") << s.labels.at("collective");
+
+    json all = counts_settled(d, {flooder}, kKeys, true);
+    auto p = process_entry(all, flooder);
+    EXPECT_EQ(comm_counts_of(p)["nccl.all_reduce"], kKeys) << p.dump();
+    EXPECT_EQ(number(p, "counter_breakdown_lost"), kKeys - static_cast<long>(limits::kDefaultCounterKeysPerProcess))
+        << p.dump();
+    EXPECT_EQ(lost_metric(scrape(d.port()), flooder),
+              kKeys - static_cast<long>(limits::kDefaultCounterKeysPerProcess));
+
+    EXPECT_EQ(w.finish().status, 0);
+    touch(dir.path("go"));
+    EXPECT_EQ(flood.proc->wait(60).status, 0);
+}
+
+}  // namespace commdbg::e2e
