@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "metrics.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <set>
@@ -13,6 +14,28 @@ constexpr const char* kOverflowName = "commdbg_series_overflow_total";
 constexpr const char* kInvalidName = "commdbg_series_invalid_total";
 
 bool is_reserved(const std::string& name) { return name == kOverflowName || name == kInvalidName; }
+
+// Refused series remembered at most: past it a refusal is counted each time
+// (over- rather than under-counting), which needs this many distinct ones.
+constexpr size_t kMinRefusedMemory = 4096;
+
+// FNV-1a over the series' identity; a collision only merges two refusals.
+uint64_t series_hash(const std::string& name, const Labels& labels, ProcessKey owner) {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&](const void* p, size_t n) {
+        const auto* b = static_cast<const unsigned char*>(p);
+        for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+    };
+    auto str = [&](const std::string& x) { mix(x.data(), x.size() + 1); };
+    str(name);
+    for (const auto& [k, v] : labels) {
+        str(k);
+        str(v);
+    }
+    mix(&owner.pid, sizeof(owner.pid));
+    mix(&owner.start_time, sizeof(owner.start_time));
+    return h;
+}
 
 bool valid_labels(const Labels& labels) {
     std::set<std::string_view> seen;
@@ -99,7 +122,7 @@ void MetricsRegistry::describe(const std::string& name, const std::string& help,
     f.type = (type == "counter" || type == "gauge") ? type : "untyped";
 }
 
-void MetricsRegistry::set(const std::string& name, const Labels& labels, double value, uint32_t pid,
+void MetricsRegistry::set(const std::string& name, const Labels& labels, double value, ProcessKey owner,
                           Clock::time_point now) {
     std::lock_guard lock(mu_);
     if (!valid_metric_name(name) || is_reserved(name) || !valid_labels(labels)) {
@@ -112,10 +135,10 @@ void MetricsRegistry::set(const std::string& name, const Labels& labels, double 
         ++invalid_;
         return;
     }
-    auto retired_deadline = [&](uint32_t p) -> std::optional<Clock::time_point> {
-        if (p == 0) return std::nullopt;
-        auto r = retired_pids_.find(p);
-        return r == retired_pids_.end() ? std::nullopt : std::optional(r->second);
+    auto retired_deadline = [&](ProcessKey p) -> std::optional<Clock::time_point> {
+        if (p.pid == 0) return std::nullopt;
+        auto r = retired_.find(p);
+        return r == retired_.end() ? std::nullopt : std::optional(r->second);
     };
     auto note_deadline = [&](const std::optional<Clock::time_point>& d) {
         if (d && (!earliest_deadline_ || *d < *earliest_deadline_)) earliest_deadline_ = d;
@@ -125,13 +148,14 @@ void MetricsRegistry::set(const std::string& name, const Labels& labels, double 
         auto sit = fit->second.series.find(labels);
         if (sit != fit->second.series.end()) {
             Series& s = sit->second;
-            if (counter && value < s.value) return;
+            const bool recycled = owner.pid != 0 && owner.pid == s.owner.pid && owner != s.owner;
+            if (counter && value < s.value && !recycled) return;
             s.value = value;
             // A retired series keeps its deadline, so a late sample cannot pin
             // it forever; once expired, the next set() re-creates it.
-            if (pid != s.pid) {
-                s.pid = pid;
-                s.deadline = retired_deadline(pid);
+            if (owner != s.owner) {
+                s.owner = owner;
+                s.deadline = retired_deadline(owner);
                 note_deadline(s.deadline);
             }
             return;
@@ -140,28 +164,36 @@ void MetricsRegistry::set(const std::string& name, const Labels& labels, double 
 
     if (series_ >= max_series_ && earliest_deadline_ && now >= *earliest_deadline_) expire_locked(now);
     if (series_ >= max_series_) {
-        ++overflowed_;
+        note_refused(name, labels, owner);
         return;
     }
     Series s;
     s.value = value;
-    s.pid = pid;
-    s.deadline = retired_deadline(pid);
+    s.owner = owner;
+    s.deadline = retired_deadline(owner);
     note_deadline(s.deadline);
     families_[name].series.emplace(labels, s);
     ++series_;
+    if (!refused_.empty()) refused_.erase(series_hash(name, labels, owner));
 }
 
-void MetricsRegistry::retire_pid(uint32_t pid, Clock::time_point now) {
-    if (pid == 0) return;
+void MetricsRegistry::note_refused(const std::string& name, const Labels& labels, ProcessKey owner) {
+    const uint64_t h = series_hash(name, labels, owner);
+    if (refused_.count(h)) return;
+    ++overflowed_;
+    if (refused_.size() < std::max(kMinRefusedMemory, 4 * max_series_)) refused_.emplace(h, owner);
+}
+
+void MetricsRegistry::retire(ProcessKey owner, Clock::time_point now) {
+    if (owner.pid == 0) return;
     std::lock_guard lock(mu_);
     // A second retire keeps the first deadline: retiring again must not extend it.
-    auto [rit, inserted] = retired_pids_.emplace(pid, now + ttl_);
+    auto [rit, inserted] = retired_.emplace(owner, now + ttl_);
     const Clock::time_point deadline = rit->second;
     if (!earliest_deadline_ || deadline < *earliest_deadline_) earliest_deadline_ = deadline;
     for (auto& [name, f] : families_) {
         for (auto& [labels, s] : f.series) {
-            if (s.pid == pid && !s.deadline) s.deadline = deadline;
+            if (s.owner == owner && !s.deadline) s.deadline = deadline;
         }
     }
 }
@@ -191,9 +223,15 @@ void MetricsRegistry::expire_locked(Clock::time_point now) {
         if (series.empty() && fit->second.type.empty()) fit = families_.erase(fit);
         else ++fit;
     }
-    for (auto rit = retired_pids_.begin(); rit != retired_pids_.end();) {
+    // Refusals of a process that is gone for good will not recur.
+    for (auto it = refused_.begin(); it != refused_.end();) {
+        auto r = it->second.pid ? retired_.find(it->second) : retired_.end();
+        if (r != retired_.end() && r->second <= now) it = refused_.erase(it);
+        else ++it;
+    }
+    for (auto rit = retired_.begin(); rit != retired_.end();) {
         if (rit->second <= now) {
-            rit = retired_pids_.erase(rit);
+            rit = retired_.erase(rit);
         } else {
             keep(rit->second);
             ++rit;

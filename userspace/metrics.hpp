@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -18,6 +19,14 @@ namespace commdbg {
 
 // Label pairs in the order given; that order is part of a series' identity.
 using Labels = std::vector<std::pair<std::string, std::string>>;
+
+// The process a series belongs to: a pid is reused, (pid, start time) is not.
+// start_time: /proc/PID/stat field 22 (clock ticks since boot); pid 0: none.
+struct ProcessKey {
+    uint32_t pid = 0;
+    uint64_t start_time = 0;
+    auto operator<=>(const ProcessKey&) const = default;
+};
 
 // Thread-safe: the collector sets while the HTTP endpoint renders.
 class MetricsRegistry {
@@ -32,15 +41,22 @@ public:
 
     // Stores value for the series (name, labels).  For a counter a value lower
     // than the stored one is ignored: only a re-created kernel map entry could
-    // produce it.  A new series beyond max_series is dropped and counted in
-    // overflowed(); an invalid name, label name, duplicate label, or a NaN or
-    // negative counter value is dropped and counted in invalid().
-    // pid 0: not tied to a process.
-    void set(const std::string& name, const Labels& labels, double value, uint32_t pid, Clock::time_point now);
+    // produce it.  A series last set by another process with the same pid (a
+    // recycled pid: another start time) starts afresh: its value, its expiry.
+    // A new series beyond max_series is dropped and counted in overflowed(),
+    // once per series (and process), not once per set(); an invalid name,
+    // label name, duplicate label, or a NaN or negative counter value is
+    // dropped and counted in invalid().  pid 0: not tied to a process.
+    void set(const std::string& name, const Labels& labels, double value, ProcessKey owner, Clock::time_point now);
+    void set(const std::string& name, const Labels& labels, double value, uint32_t pid, Clock::time_point now) {
+        set(name, labels, value, ProcessKey{pid, 0}, now);
+    }
 
-    // The series of pid keep their last value until now + ttl; expire() then
-    // removes them.  A series created for pid after this shares the deadline.
-    void retire_pid(uint32_t pid, Clock::time_point now);
+    // The series of the process keep their last value until now + ttl;
+    // expire() then removes them.  A series created for it after this shares
+    // the deadline.
+    void retire(ProcessKey owner, Clock::time_point now);
+    void retire_pid(uint32_t pid, Clock::time_point now) { retire(ProcessKey{pid, 0}, now); }
 
     // Removes retired series whose deadline is <= now.
     void expire(Clock::time_point now);
@@ -57,8 +73,8 @@ public:
 private:
     struct Series {
         double value = 0;
-        uint32_t pid = 0;
-        std::optional<Clock::time_point> deadline;  // set once the pid is retired
+        ProcessKey owner;
+        std::optional<Clock::time_point> deadline;  // set once the owner is retired
     };
     struct Family {
         std::string help;
@@ -67,12 +83,16 @@ private:
     };
 
     void expire_locked(Clock::time_point now);
+    void note_refused(const std::string& name, const Labels& labels, ProcessKey owner);
 
     size_t max_series_;
     std::chrono::seconds ttl_;
     mutable std::mutex mu_;
     std::map<std::string, Family> families_;
-    std::map<uint32_t, Clock::time_point> retired_pids_;  // pid -> deadline, until it passes
+    std::map<ProcessKey, Clock::time_point> retired_;  // process -> deadline, until it passes
+    // Series refused at the cap (hash of name, labels, owner), so each is
+    // counted once; forgotten with their process, bounded by kMaxRefusedMemory.
+    std::unordered_map<uint64_t, ProcessKey> refused_;
     std::optional<Clock::time_point> earliest_deadline_;   // so set() at the cap expires only when due
     size_t series_ = 0;
     uint64_t overflowed_ = 0;

@@ -334,3 +334,71 @@ TEST(Metrics, RenderedTextParsesAndRoundTrips) {
         EXPECT_EQ(type, name == "commdbg_bytes" ? "gauge" : "counter") << name;
     }
 }
+
+// ---- process identity (issue 13, finding 11) ----------------------------------
+
+// A new process that got the pid of an exited one starts its own series: its
+// lower count is not ignored, and it does not expire with the old process.
+TEST(Metrics, RecycledPidStartsAFreshSeries) {
+    MetricsRegistry r(100, 60s);
+    r.describe("calls_total", "Calls.", "counter");
+    const Labels l = {{"pid", "7"}};
+    const ProcessKey old_proc{7, 1000}, new_proc{7, 5000};
+    r.set("calls_total", l, 100, old_proc, t0);
+    r.retire(old_proc, t0);
+    r.set("calls_total", l, 3, new_proc, t0 + 10s);
+    EXPECT_EQ(value_of(r, "calls_total", l), 3);
+    r.set("calls_total", l, 4, new_proc, t0 + 20s);
+    EXPECT_EQ(value_of(r, "calls_total", l), 4);
+    // The old process's deadline passes: the new one's series stays.
+    r.expire(t0 + 60s);
+    EXPECT_EQ(value_of(r, "calls_total", l), 4);
+    // Its own retirement still applies.
+    r.retire(new_proc, t0 + 100s);
+    r.expire(t0 + 160s);
+    EXPECT_FALSE(value_of(r, "calls_total", l));
+}
+
+// A series created for a recycled pid does not inherit the old process's deadline.
+TEST(Metrics, RecycledPidDoesNotShareTheOldDeadline) {
+    MetricsRegistry r(100, 60s);
+    const ProcessKey old_proc{7, 1000}, new_proc{7, 5000};
+    r.retire(old_proc, t0);
+    r.set("x", {{"pid", "7"}}, 1, new_proc, t0 + 5s);
+    r.expire(t0 + 60s);
+    EXPECT_EQ(r.series(), 1u);
+}
+
+// ---- overflow counts series, not refreshes (issue 13, finding 14) -----------
+
+TEST(Metrics, OverflowCountsEachRefusedSeriesOnce) {
+    MetricsRegistry r(1);
+    r.describe("calls_total", "Calls.", "counter");
+    r.set("calls_total", {{"k", "a"}}, 1, 0, t0);
+    for (int refresh = 0; refresh < 1000; ++refresh) {
+        r.set("calls_total", {{"k", "b"}}, refresh, 0, t0);
+        r.set("calls_total", {{"k", "c"}}, refresh, 9, t0);
+    }
+    EXPECT_EQ(r.overflowed(), 2u);
+    EXPECT_EQ(value_of(r, "commdbg_series_overflow_total", {}), 2);
+}
+
+// Once a refused series is stored, refusing it again later counts again; and
+// the memory of refused series goes with their process.
+TEST(Metrics, OverflowForgetsRefusedSeriesOfExpiredProcesses) {
+    MetricsRegistry r(1, 60s);
+    r.set("x", {{"k", "a"}}, 1, 7, t0);
+    r.set("x", {{"k", "b"}}, 1, 8, t0);
+    r.set("x", {{"k", "b"}}, 1, 8, t0);
+    EXPECT_EQ(r.overflowed(), 1u);
+    r.retire_pid(8, t0);
+    r.expire(t0 + 60s);
+    // pid 8 is gone and forgotten: the same labels again are a new refusal.
+    r.set("x", {{"k", "b"}}, 1, 8, t0 + 61s);
+    EXPECT_EQ(r.overflowed(), 2u);
+    // A recycled pid is another process: its refusal counts too.
+    r.set("x", {{"k", "b"}}, 1, ProcessKey{8, 77}, t0 + 62s);
+    EXPECT_EQ(r.overflowed(), 3u);
+    r.set("x", {{"k", "b"}}, 2, ProcessKey{8, 77}, t0 + 63s);
+    EXPECT_EQ(r.overflowed(), 3u);
+}
