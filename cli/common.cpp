@@ -4,7 +4,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <iostream>
 
 #include "report.hpp"
@@ -25,20 +28,71 @@ void install_stop_handlers() {
     sa.sa_flags = 0;  // no SA_RESTART: interrupt the poll
     sigaction(SIGINT, &sa, nullptr);
     sigaction(SIGTERM, &sa, nullptr);
+    sigaction(SIGHUP, &sa, nullptr);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+namespace {
+
+// A whole decimal number, no sign, no suffix; nullopt otherwise or past 2^64.
+std::optional<unsigned long long> parse_count(const std::string& s) {
+    if (s.empty() || s.size() > 19 || s.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+    return std::stoull(s);
+}
+
+}  // namespace
+
+CLI::Validator integer_in(size_t lo, size_t hi) {
+    return CLI::Validator(
+        [lo, hi](std::string& s) -> std::string {
+            auto n = parse_count(s);
+            if (n && *n >= lo && *n <= hi) return {};
+            return "must be an integer from " + std::to_string(lo) + " to " + std::to_string(hi) + " (got " +
+                   s.substr(0, 32) + ")";
+        },
+        "INT in [" + std::to_string(lo) + " - " + std::to_string(hi) + "]");
+}
+
+CLI::Validator duration_seconds() {
+    return CLI::Validator(
+        [](std::string& s) -> std::string {
+            char* end = nullptr;
+            errno = 0;
+            double d = std::strtod(s.c_str(), &end);
+            if (s.empty() || !end || *end != '\0') return "must be a number of seconds (got " + s.substr(0, 32) + ")";
+            if (auto problem = limits::duration_problem(d)) return *problem + " (got " + s.substr(0, 32) + ")";
+            return {};
+        },
+        "SECONDS");
+}
+
+CLI::Validator process_id() {
+    return CLI::Validator(
+        [](std::string& s) -> std::string {
+            auto n = parse_count(s);
+            if (n && *n >= 1 && *n <= 4194304) return {};  // the kernel's PID_MAX_LIMIT
+            return "must be a process id, a positive integer (got " + s.substr(0, 32) + ")";
+        },
+        "PID");
 }
 
 void add_trace_options(CLI::App* app, TraceCliOptions& o) {
-    app->add_option("--json", o.json_file, "Write the JSON dump (comm_counts, records, communicators, ...) to FILE, atomically");
-    app->add_option("--table", o.table_file, "Write the table to FILE (no colour)");
-    app->add_option("--trace", o.trace_file, "Write a Chrome/Perfetto trace (trace event JSON) to FILE");
+    o.json_opt = app->add_option("--json", o.json_file,
+                                 "Write the JSON dump (comm_counts, records, communicators, ...) to FILE: a regular "
+                                 "file is replaced atomically, a device, FIFO or /dev/stdout written through");
+    o.table_opt = app->add_option("--table", o.table_file, "Write the table to FILE (no colour)");
+    o.trace_opt = app->add_option("--trace", o.trace_file, "Write a Chrome/Perfetto trace (trace event JSON) to FILE");
     app->add_option("--noise-level", o.noise_level,
                     "0 collectives only, 1 + ops (default), 2 + module annotations, 3 + trivial ops")
         ->check(CLI::Range(0, 3));
-    app->add_option("--max-records", o.max_records, "Records retained per process; past it they are counted as dropped")
-        ->check(CLI::PositiveNumber);
-    app->add_option("--max-depth", o.max_depth, "Nesting depth retained per thread")->check(CLI::PositiveNumber);
-    app->add_option("--ringbuf-kb", o.ringbuf_kb, "Kernel ring-buffer size in KiB (records past it are dropped and counted)")
-        ->check(CLI::Range(4, 1 << 20));
+    app->add_option("--max-records", o.max_records,
+                    "Records retained per process (default 200000); past it they are counted as dropped")
+        ->check(integer_in(1, limits::kMaxRecordsCeiling));
+    app->add_option("--max-depth", o.max_depth, "Nesting depth retained per thread (default 128)")
+        ->check(integer_in(1, limits::kMaxDepthCeiling));
+    app->add_option("--ringbuf-kb", o.ringbuf_kb,
+                    "Kernel ring-buffer size in KiB (default 8192; records past it are dropped and counted)")
+        ->check(integer_in(limits::kMinRingbufKb, limits::kMaxRingbufKb));
     app->add_option("--probes", o.probes,
                     "Probe specs to use: built-in names (see `commdbg probes list`) or JSON files; default: all built-ins")
         ->delimiter(',');
@@ -55,6 +109,20 @@ SessionOptions session_options(const TraceCliOptions& o) {
     return s;
 }
 
+bool check_trace_outputs(TraceCliOptions& o) {
+    std::vector<std::pair<std::string, std::string>> named;
+    if (o.table_opt && o.table_opt->count()) named.emplace_back("--table", o.table_file);
+    if (o.json_opt && o.json_opt->count()) named.emplace_back("--json", o.json_file);
+    if (o.trace_opt && o.trace_opt->count()) named.emplace_back("--trace", o.trace_file);
+    auto targets = check_outputs(named);
+    if (!targets) {
+        std::cerr << "commdbg: " << targets.error() << " (nothing was traced)\n";
+        return false;
+    }
+    o.targets = std::move(targets.value());
+    return true;
+}
+
 void print_messages(TraceSession& s) {
     for (const auto& m : s.take_messages()) std::cerr << "commdbg: note: " << m << "\n";
 }
@@ -62,18 +130,22 @@ void print_messages(TraceSession& s) {
 int write_outputs(const SessionOutput& out, const TraceCliOptions& o) {
     for (const auto& m : out.messages) std::cerr << "commdbg: " << m << "\n";
     int rc = 0;
-    auto write = [&](const std::string& path, const std::string& content, const char* what) {
-        if (path.empty()) return;
+    for (const auto& t : o.targets) {
+        const bool table = t.option == "--table", json = t.option == "--json";
+        const std::string& content = table ? out.table : json ? out.json : out.trace;
+        const char* what = table ? "table" : json ? "JSON dump" : "trace";
         try {
-            write_file_atomic(path, content);
+            write_output(t, content);
         } catch (const std::exception& e) {
-            std::cerr << "commdbg: writing the " << what << ": " << e.what() << "\n";
             rc = 1;
+            // Checked before the window, failed after it (the disk filled up,
+            // the reader went away): the window is kept somewhere else.
+            auto saved = save_fallback(table ? "table" : json ? "dump" : "trace", table ? "txt" : "json", content);
+            std::cerr << "commdbg: writing the " << what << " (" << t.option << "): " << e.what()
+                      << (saved ? " — saved it to " + *saved + " instead" : " — and no fallback worked: " + saved.error())
+                      << "\n";
         }
-    };
-    write(o.table_file, out.table, "table");
-    write(o.json_file, out.json, "JSON dump");
-    write(o.trace_file, out.trace, "trace");
+    }
     // Files first: a closed stdout (`| head`) must not cost the user the dump.
     std::cout << (isatty(STDOUT_FILENO) ? out.table_color : out.table);
     std::cout.flush();

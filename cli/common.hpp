@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "limits.hpp"
+#include "output_file.hpp"
 #include "session_output.hpp"
 #include "trace_session.hpp"
 
@@ -18,18 +20,36 @@ struct TraceCliOptions {
     std::string table_file;
     std::string trace_file;
     int noise_level = 1;
-    size_t max_records = 200000;
-    size_t max_depth = 128;
-    size_t ringbuf_kb = 8192;
+    size_t max_records = limits::kDefaultMaxRecords;
+    size_t max_depth = limits::kDefaultMaxDepth;
+    size_t ringbuf_kb = limits::kDefaultRingbufKb;
     std::vector<std::string> probes;
     bool counts_only = false;
+    // Which outputs the user named (`--json ""` is named, and an error).
+    CLI::Option* json_opt = nullptr;
+    CLI::Option* table_opt = nullptr;
+    CLI::Option* trace_opt = nullptr;
+    // Filled by check_trace_outputs() before tracing starts.
+    std::vector<OutputTarget> targets;
 };
 
 void add_trace_options(CLI::App* app, TraceCliOptions& o);
 SessionOptions session_options(const TraceCliOptions& o);
 
-// Set by SIGINT / SIGTERM; the handlers are installed without SA_RESTART so a
-// blocking poll returns at once.
+// Checks every output the user named before anything is traced (directory,
+// writable, not a directory, distinct, room left); on a problem prints it
+// and returns false.
+bool check_trace_outputs(TraceCliOptions& o);
+
+// Validators whose messages name the valid range in words (CLI11's own
+// print the range of a double: 309 digits).
+CLI::Validator integer_in(size_t lo, size_t hi);
+CLI::Validator duration_seconds();
+CLI::Validator process_id();
+
+// Set by SIGINT / SIGTERM / SIGHUP (a dropped ssh session); the handlers are
+// installed without SA_RESTART so a blocking poll returns at once.  SIGPIPE is
+// ignored: a closed stdout or stderr must not cost the user the files.
 extern std::atomic<int> g_stop_signal;
 void install_stop_handlers();
 

@@ -19,7 +19,9 @@ int main(int argc, char** argv) {
     } catch (const CommandDone& d) {
         return d.rc;
     } catch (const CLI::ParseError& e) {
-        return app.exit(e);
+        // Usage errors exit 2 (CLI11 has a code per error kind: 105, 106, ...).
+        int rc = app.exit(e);
+        return rc == 0 ? 0 : 2;
     } catch (const commdbg::CommdbgError& e) {
         std::cerr << "commdbg: " << e.what() << "\n";
         return 1;

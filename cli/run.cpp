@@ -42,8 +42,12 @@ int exit_status(int wstatus) {
     return 1;
 }
 
-int run_command(const RunOptions& o) {
+int run_command(RunOptions o) {
     const std::string who = "commdbg: run " + o.command.front();
+    // Before anything runs: a bad output path must not cost a whole job.
+    if (!check_trace_outputs(o.trace)) return 2;
+    // Before the fork: a SIGHUP from now on stops the run with outputs written.
+    install_stop_handlers();
     auto session = TraceSession::create(session_options(o.trace));
     if (!session) {
         std::cerr << who << ": " << session.error() << "\n";
@@ -68,8 +72,13 @@ int run_command(const RunOptions& o) {
     if (child == 0) {
         close(go[1]);
         close(err[0]);
+        // An ignored SIGPIPE would survive the exec; the command gets ours as it was.
+        signal(SIGPIPE, SIG_DFL);
         char c;
-        if (read(go[0], &c, 1) != 1) _exit(127);
+        ssize_t got;
+        do got = read(go[0], &c, 1);
+        while (got < 0 && errno == EINTR);
+        if (got != 1) _exit(127);
         std::vector<char*> argv;
         for (const auto& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
         argv.push_back(nullptr);
@@ -97,7 +106,6 @@ int run_command(const RunOptions& o) {
     }
     close(err[0]);
 
-    install_stop_handlers();
     // Ctrl-C reaches the child through the terminal; we wait for it to end.
     signal(SIGINT, SIG_IGN);
     int wstatus = 0;

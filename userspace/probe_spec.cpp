@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "probe_spec.hpp"
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -222,21 +224,42 @@ const std::vector<ProbeSpec>& builtin_specs() {
     return specs;
 }
 
+namespace {
+
+void read_spec_file(const std::string& path, std::vector<ProbeSpec>& out, std::vector<std::string>& errors) {
+    std::ifstream in(path);
+    if (!in) {
+        errors.push_back("probe spec " + path + ": cannot read the file — check the path");
+        return;
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto r = parse_probe_spec(ss.str(), path);
+    if (r) out.push_back(std::move(r.value()));
+    else errors.push_back(r.error());
+}
+
+}  // namespace
+
 std::vector<ProbeSpec> select_specs(const std::vector<std::string>& names, std::vector<std::string>& errors) {
     if (names.empty()) return builtin_specs();
     std::vector<ProbeSpec> out;
     for (const auto& n : names) {
         if (n.find('/') != std::string::npos || n.ends_with(".json")) {
-            std::ifstream in(n);
-            if (!in) {
-                errors.push_back("probe spec " + n + ": cannot read the file — check the path");
+            std::error_code ec;
+            if (!std::filesystem::is_directory(n, ec)) {
+                read_spec_file(n, out, errors);
                 continue;
             }
-            std::stringstream ss;
-            ss << in.rdbuf();
-            auto r = parse_probe_spec(ss.str(), n);
-            if (r) out.push_back(std::move(r.value()));
-            else errors.push_back(r.error());
+            // A directory stands for the specs in it, as `make install` lays them out.
+            std::vector<std::string> files;
+            for (const auto& e : std::filesystem::directory_iterator(n, ec))
+                if (e.path().extension() == ".json" && !e.is_directory(ec)) files.push_back(e.path().string());
+            std::sort(files.begin(), files.end());
+            if (files.empty())
+                errors.push_back("probe spec " + n + ": a directory with no *.json spec file in it — give a spec "
+                                 "file, a directory of them, or a built-in name (`commdbg probes list`)");
+            for (const auto& f : files) read_spec_file(f, out, errors);
             continue;
         }
         bool found = false;

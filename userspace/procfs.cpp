@@ -199,13 +199,14 @@ Result<ProcessInfo> read_process(int pid, const std::string& proc_root) {
     }
     info.comm = stat_text.substr(open_paren + 1, close_paren - open_paren - 1);
     std::string_view rest = std::string_view(stat_text).substr(close_paren + 1);
-    // Fields 3.. : state ppid pgrp session tty_nr tpgid flags
-    std::string_view fields[7];
+    // Fields 3.. : state ppid pgrp session tty_nr tpgid flags ... starttime (22)
+    std::string_view fields[20];
     for (auto& f : fields) f = next_field(rest);
     uint64_t flags = 0;
     if (fields[0].size() != 1 || !parse_num(fields[1], info.ppid, 10) || !parse_num(fields[6], flags, 10)) {
         return R::fail(stat_file + ": malformed (cannot parse state/ppid/flags)");
     }
+    if (!fields[19].empty()) parse_num(fields[19], info.start_time, 10);
     info.state = fields[0][0];
     info.kernel_thread = (flags & kPfKthread) != 0;
 
@@ -217,6 +218,14 @@ Result<ProcessInfo> read_process(int pid, const std::string& proc_root) {
                                                             : std::string_view(status_text).substr(uid_at + 5);
     if (!parse_num(next_field(uid_line), info.uid, 10)) {
         return R::fail(status_file + ": malformed (no 'Uid:' line)");
+    }
+    // A thread id names its thread group's /proc entry too: Tgid says whose.
+    info.tgid = pid;
+    if (size_t tgid_at = status_text.find("\nTgid:"); tgid_at != std::string::npos) {
+        std::string_view tgid_line = std::string_view(status_text).substr(tgid_at + 6);
+        tgid_line = tgid_line.substr(0, tgid_line.find('\n'));
+        int tgid = 0;
+        if (parse_num(next_field(tgid_line), tgid, 10) && tgid > 0) info.tgid = tgid;
     }
 
     std::string cmd;

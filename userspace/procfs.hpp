@@ -58,6 +58,8 @@ struct ProcessInfo {
     std::string cmdline;      // arguments joined by spaces; empty for kernel threads
     bool kernel_thread = false;
     char state = '?';         // R, S, D, Z, ...
+    int tgid = 0;             // == pid for a process; its process's pid for a thread id
+    uint64_t start_time = 0;  // clock ticks after boot (stat field 22): (pid, start_time) names one process
 };
 
 // Fails with "no such process" or "permission denied" messages a user can act on.

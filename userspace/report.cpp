@@ -1,16 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// What the renderers share: counts, visibility, communicator lookup, and the
-// atomic file write every output goes through.
+// What the renderers share: counts, visibility, communicator lookup.
 #include "report.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
+#include <csignal>
 #include <cstring>
 
 #include "nccl.hpp"
@@ -29,8 +27,6 @@ constexpr std::array<std::string_view, 26> kTrivialOps = {
     "expand",         "lift_fresh", "permute",    "reshape", "select",     "slice",
     "split",          "squeeze",  "t",            "to",      "transpose",  "unsqueeze",
     "view",           "zeros_like"};
-
-std::string errno_text() { return std::strerror(errno); }
 
 }  // namespace
 
@@ -87,50 +83,27 @@ uint64_t total_counts(const ProcessReport& p, const SymbolTable& syms) {
     return sum > nested ? sum - nested : 0;
 }
 
-void write_file_atomic(const std::string& path, const std::string& content) {
-    auto slash = path.rfind('/');
-    std::string dir = slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
-    std::string tmpl = path + ".tmp.XXXXXX";
-    int fd = mkstemp(tmpl.data());
-    if (fd < 0)
-        throw CommdbgError("cannot create a temporary file next to " + path + ": " + errno_text());
-    auto fail = [&](const char* what) {
-        std::string msg = std::string("cannot ") + what + " " + path + ": " + errno_text();
-        close(fd);
-        unlink(tmpl.c_str());
-        throw CommdbgError(msg);
-    };
-    const char* data = content.data();
-    size_t left = content.size();
-    while (left > 0) {
-        ssize_t n = write(fd, data, left);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) fail("write");
-        data += n;
-        left -= static_cast<size_t>(n);
+namespace report_detail {
+
+ExitInfo decode_exit(int ws) {
+    ExitInfo e;
+    if (WIFEXITED(ws)) e.code = WEXITSTATUS(ws);
+    else if (WIFSIGNALED(ws)) {
+        e.signal = WTERMSIG(ws);
+        e.core_dumped = WCOREDUMP(ws);
     }
-    // mkstemp makes 0600; outputs are ordinary files.
-    if (fchmod(fd, 0644) != 0) fail("set the mode of");
-    if (fsync(fd) != 0) fail("fsync");
-    if (close(fd) != 0) {
-        std::string msg = "cannot close " + path + ": " + errno_text();
-        unlink(tmpl.c_str());
-        throw CommdbgError(msg);
-    }
-    if (rename(tmpl.c_str(), path.c_str()) != 0) {
-        std::string msg = "cannot rename " + tmpl + " to " + path + ": " + errno_text();
-        unlink(tmpl.c_str());
-        throw CommdbgError(msg);
-    }
-    // Make the rename itself durable; failing to open the directory is not fatal.
-    int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
+    return e;
 }
 
-namespace report_detail {
+std::string describe_exit(const ExitInfo& e) {
+    if (e.code) return "exited with status " + std::to_string(*e.code);
+    if (e.signal) {
+        const char* abbrev = sigabbrev_np(*e.signal);
+        return std::string("killed by ") + (abbrev ? std::string("SIG") + abbrev : "a signal") + " (signal " +
+               std::to_string(*e.signal) + ")" + (e.core_dumped ? ", core dumped" : "");
+    }
+    return "ended";
+}
 
 const CommInfo* find_comm(const ProcessReport& p, uint64_t ptr) {
     // Pointers are reused after destroy: the last entry (most recent) wins.

@@ -42,7 +42,12 @@ nlohmann::json read_json(const std::string& path) {
     return nlohmann::json::parse(in);
 }
 
-std::string commdbg_bin() { return COMMDBG_BIN; }
+// COMMDBG_TEST_BIN_DIR runs the suite against another build's binaries (to
+// show a test fails on the code before a fix), with this build's workloads.
+std::string commdbg_bin() {
+    const char* dir = getenv("COMMDBG_TEST_BIN_DIR");
+    return dir && *dir ? std::string(dir) + "/commdbg" : std::string(COMMDBG_BIN);
+}
 std::string testprog(const std::string& name) { return std::string(TESTPROG_DIR) + "/" + name; }
 
 std::map<std::string, std::string> nccl_env(bool real) {
@@ -159,6 +164,9 @@ void touch(const std::string& path) { std::ofstream(path) << "go\n"; }
 
 std::string lib_path(bool real) { return std::string(real ? REAL_NCCL_DIR : STUB_NCCL_DIR) + "/libnccl.so.2"; }
 
-std::string commdbgd_bin() { return std::string(BUILD_DIR) + "/bin/commdbgd"; }
+std::string commdbgd_bin() {
+    const char* dir = getenv("COMMDBG_TEST_BIN_DIR");
+    return dir && *dir ? std::string(dir) + "/commdbgd" : std::string(BUILD_DIR) + "/bin/commdbgd";
+}
 
 }  // namespace commdbg::e2e

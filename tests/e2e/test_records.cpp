@@ -72,7 +72,7 @@ TEST(Records, FiveMillionCallsWithTinyRingBufferKeepExactCountsAndReportDrops) {
     TempDir tmp;
     const long n = 5'000'000;
     auto r = run({commdbg_bin(), "run", "--ringbuf-kb", "16", "--noise-level", "0", "--json", tmp.path("out.json"),
-                  "--table", "/dev/null", "--", testprog("nccl_workload"), "--calls",
+                  "--table", tmp.path("out.txt"), "--", testprog("nccl_workload"), "--calls",
                   "all_reduce=" + std::to_string(n), "--fake-comm"},
                  nccl_env(false), 600);
     ASSERT_EQ(r.status, 0) << r.err.substr(0, 2000);

@@ -32,7 +32,7 @@ TEST_P(TraceInPerfetto, RunTraceShowsEveryRecordOnItsThreadWithItsArgs) {
     const std::vector<std::pair<std::string, int>> pattern = {
         {"all_reduce", 40}, {"all_gather", 20}, {"reduce_scatter", 10}, {"broadcast", 6}};
     std::vector<std::string> argv = {commdbg_bin(), "run", "--trace", tmp.path("out.trace.json"), "--json",
-                                     tmp.path("out.json"), "--table", "/dev/null", "--",
+                                     tmp.path("out.json"), "--table", tmp.path("out.txt"), "--",
                                      testprog("nccl_workload"), "--calls", pattern_arg(pattern), "--threads", "3"};
     // Real NCCL gets a NULL comm and rejects each call at once: still a call.
     if (!real) argv.push_back("--fake-comm");
@@ -91,7 +91,7 @@ TEST(TraceInPerfettoUi, HeadlessChromiumOpensARunTraceAndDrawsItsSlices) {
     REQUIRE_PERFETTO();
     TempDir tmp;
     auto r = run({commdbg_bin(), "run", "--trace", tmp.path("out.trace.json"), "--json", tmp.path("out.json"),
-                  "--table", "/dev/null", "--", testprog("nccl_workload"), "--calls",
+                  "--table", tmp.path("out.txt"), "--", testprog("nccl_workload"), "--calls",
                   "all_reduce=30,all_gather=10,broadcast=4", "--threads", "3", "--fake-comm"},
                  nccl_env(false));
     ASSERT_EQ(r.status, 0) << r.err;

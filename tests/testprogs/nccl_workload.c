@@ -116,7 +116,8 @@ static void usage(FILE *f) {
           "  --wait-file PATH     once NCCL is loaded print 'ready pid=P', wait for PATH\n"
           "  --start-delay-ms M   sleep M ms before loading/starting\n"
           "  --duration-ms D      repeat the pattern until D ms have passed\n"
-          "  --fork N             run the pattern in N forked children\n"
+          "  --fork N             run the pattern in N forked children (with --wait-file\n"
+          "                       the parent waits for PATH before it forks)\n"
           "  --no-nccl            never load or call NCCL (with the linked build libnccl\n"
           "                       is still mapped at exec: combine with a dlopen-only build)\n");
 }
@@ -395,6 +396,12 @@ int main(int argc, char **argv) {
   if (opt.start_delay_ms) sleep_ms(opt.start_delay_ms);
   if (!opt.forks) return run_process();
 
+  if (opt.wait_file) { // the parent waits, so a tracer can attach before the forks
+    printf("ready pid=%d\n", (int)getpid());
+    fflush(stdout);
+    while (access(opt.wait_file, F_OK)) sleep_ms(1);
+    opt.wait_file = NULL;
+  }
   fflush(stdout); // children must not repeat buffered output
   for (int i = 0; i < opt.forks; i++) {
     pid_t pid = fork();

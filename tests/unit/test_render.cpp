@@ -11,6 +11,7 @@
 #include <variant>
 
 #include "nccl.hpp"
+#include "output_file.hpp"
 #include "perfetto_check.hpp"
 #include "report.hpp"
 #include "result.hpp"
