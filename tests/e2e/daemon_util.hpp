@@ -165,6 +165,41 @@ struct SharedDir {
         ASSERT_TRUE(why_.empty()) << why_;                                           \
     } while (0)
 
+// ---- uid 65534 ---------------------------------------------------------------
+
+// uid 65534 must be able to run the binaries and load the stub; where
+// build/ is not readable for it, copies in a world-readable dir are used.
+struct NobodyBins {
+    std::string commdbg, workload, sleeper, stub_dir;
+    std::unique_ptr<SharedDir> copies;
+};
+
+inline NobodyBins nobody_bins() {
+    NobodyBins b{commdbg_bin(), testprog("nccl_workload"), testprog("plain_sleeper"), STUB_NCCL_DIR, nullptr};
+    auto ok = run(concat(kAsNobody, {"/bin/sh", "-c", "test -x \"$0\" && test -x \"$1\" && test -x \"$2\" && test -r \"$3\"",
+                                     b.commdbg, b.workload, b.sleeper, b.stub_dir + "/libnccl.so.2"}));
+    if (ok.status == 0) return b;
+    b.copies = std::make_unique<SharedDir>();
+    namespace fs = std::filesystem;
+    auto copy = [&](const std::string& from) {
+        std::string to = b.copies->path(fs::path(from).filename());
+        fs::copy_file(from, to, fs::copy_options::overwrite_existing);
+        chmod(to.c_str(), 0755);
+        return to;
+    };
+    b.commdbg = copy(commdbg_bin());
+    b.workload = copy(testprog("nccl_workload"));
+    b.sleeper = copy(testprog("plain_sleeper"));
+    fs::copy_file(fs::canonical(lib_path(false)), b.copies->path("libnccl.so.2"));
+    chmod(b.copies->path("libnccl.so.2").c_str(), 0755);
+    b.stub_dir = b.copies->path("");
+    return b;
+}
+
+inline ProcResult cli_as_nobody(const NobodyBins& b, const std::vector<std::string>& args, int timeout_s = 60) {
+    return run(concat(concat(kAsNobody, {b.commdbg}), args), {}, timeout_s);
+}
+
 // ---- /metrics -----------------------------------------------------------------
 
 // GET over plain HTTP/1.0; the body, or empty with *status != 200.
