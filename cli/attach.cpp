@@ -27,9 +27,16 @@ struct AttachOptions {
 // we may trace; Ctrl-C detaches it and still prints what it saw.
 int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
     const std::string who = "commdbg: attach " + std::to_string(o.pid);
+    // The daemon's errors name the attach themselves ("attach N: ..."): once is enough.
+    auto fail = [&](std::string error) {
+        for (const std::string& own : {"attach " + std::to_string(o.pid) + ": ", std::string("attach: ")})
+            if (error.rfind(own, 0) == 0) error.erase(0, own.size());
+        std::cerr << who << ": " << error << "\n";
+        return 1;
+    };
     nlohmann::json req = {{"op", "attach"},
                           {"pid", o.pid},
-                          {"duration_s", o.duration},
+                          {"duration_s", o.duration},  // 0: until Ctrl-C or the process exits
                           {"noise_level", o.trace.noise_level},
                           {"max_records", o.trace.max_records},
                           {"max_depth", o.trace.max_depth},
@@ -44,14 +51,18 @@ int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
     if (!o.trace.probes.empty()) req["probes"] = o.trace.probes;
     install_stop_handlers();
     auto started = client.call(req);
-    if (!started) {
-        std::cerr << who << ": " << started.error() << "\n";
-        return 1;
-    }
+    if (!started) return fail(started.error());
     uint64_t id = started->value("session", 0ull);
+    const double window = started->value("duration_s", o.duration);
+    std::string for_how_long;
+    if (started->contains("window_limited_for_uid"))
+        for_how_long = " for at most " + limits::format_seconds(window) + " (the longest window commdbgd allows uid " +
+                       std::to_string(started->value("window_limited_for_uid", 0u)) + ")";
+    else if (window > 0)
+        for_how_long = " for " + limits::format_seconds(window);
     std::cerr << "commdbg: tracing " << started->value("target", std::string("pid ") + std::to_string(o.pid))
-              << (o.duration > 0 ? " for " + std::to_string(o.duration) + " s" : "") << " (session " << id
-              << " in commdbgd, " << started->value("library_files", 0) << " library file(s) probed; Ctrl-C to stop)\n";
+              << for_how_long << " (session " << id << " in commdbgd, " << started->value("library_files", 0)
+              << " library file(s) probed; Ctrl-C to stop)\n";
     bool detached = false;
     for (;;) {
         auto r = client.receive();
@@ -62,15 +73,23 @@ int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
             const auto slots = named_outputs(out);
             for (const auto& part : r->value("payload", nlohmann::json::array())) {
                 auto bytes = client.read_bytes(part.value("bytes", size_t{0}));
-                if (!bytes) {
-                    std::cerr << who << ": " << bytes.error() << "\n";
-                    return 1;
-                }
+                if (!bytes) return fail(bytes.error());
                 const std::string name = part.value("name", std::string());
                 for (const auto& [slot_name, slot] : slots)
                     if (name == slot_name) *slot = std::move(*bytes);
             }
-            return write_outputs(out, o.trace);
+            int status = write_outputs(out, o.trace);
+            if (r->contains("cut_short")) {
+                // What it saw is written, but it is not the window asked for.
+                std::cerr << who << ": the window was cut short after "
+                          << limits::format_seconds(std::round(r->value("traced_s", 0.0) * 10) / 10)
+                          << (window > 0 ? " of " + limits::format_seconds(window) : std::string()) << ": "
+                          << r->value("cut_short", std::string("commdbgd ended it"))
+                          << " — the outputs cover only that part; attach again once commdbgd is back, or use "
+                             "--no-daemon\n";
+                return status != 0 ? status : 1;
+            }
+            return status;
         }
         if (g_stop_signal && !detached) {
             detached = true;
@@ -79,8 +98,7 @@ int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
             continue;
         }
         if (r.error() == "interrupted") continue;
-        std::cerr << who << ": " << r.error() << "\n";
-        return 1;
+        return fail(r.error());
     }
 }
 

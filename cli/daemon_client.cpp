@@ -81,8 +81,13 @@ Result<std::string> DaemonClient::read_bytes(size_t n) {
 }
 
 Result<nlohmann::json> DaemonClient::call(const nlohmann::json& request) {
-    if (!send(request)) return Result<nlohmann::json>::fail("commdbgd closed the connection");
-    return receive();
+    // A daemon that refuses the connection (too many open) says why and
+    // closes, maybe before our request is sent: its line is still there to read.
+    bool sent = send(request);
+    auto r = receive();
+    if (!r && !sent && r.error() == "commdbgd closed the connection")
+        return Result<nlohmann::json>::fail("commdbgd closed the connection before the request was sent");
+    return r;
 }
 
 }  // namespace commdbg::cli

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // commdbg status | counts | sessions | detach: questions for commdbgd.
+#include <cerrno>
+#include <cstdlib>
 #include <iostream>
+#include <optional>
 
 #include "commands.hpp"
 #include "daemon_client.hpp"
@@ -14,8 +17,17 @@ struct DaemonOptions {
     bool json = false;
     int pid = 0;
     bool by_comm = false;
-    uint64_t id = 0;
+    std::string id;  // checked here: CLI11's range check would print a 309-digit bound
 };
+
+// A session id as `commdbg sessions` prints it: an integer >= 1.
+std::optional<uint64_t> session_id(const std::string& s) {
+    if (s.empty() || s.size() > 20 || s.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+    errno = 0;
+    unsigned long long v = strtoull(s.c_str(), nullptr, 10);
+    if (errno != 0 || v == 0) return std::nullopt;
+    return v;
+}
 
 Result<nlohmann::json> ask(const DaemonOptions& o, const nlohmann::json& req) {
     std::string path = socket_path(o.socket);
@@ -34,6 +46,14 @@ int print_status(const nlohmann::json& j) {
               << "events: " << j.value("events", 0) << ", resumed after a new library: "
               << j.value("resumed_after_new_library", 0) << "\n"
               << "series exported: " << j.value("series", 0) << " (overflow " << j.value("series_overflow", 0) << ")\n";
+    if (j.contains("unprivileged_limits")) {
+        const nlohmann::json l = j["unprivileged_limits"];
+        std::cout << "tracing sessions at once: " << j.value("max_sessions", 0) << "; users other than root: "
+                  << l.value("sessions_per_uid", 0) << " sessions each, --ringbuf-kb <= " << l.value("ringbuf_kb", 0)
+                  << ", --max-records <= " << l.value("max_records", 0) << ", --duration <= "
+                  << limits::format_seconds(l.value("duration_s", 0.0)) << " (also without -d), "
+                  << l.value("connections_per_uid", 0) << " connections each\n";
+    }
     std::cout << "library files attached:\n";
     const nlohmann::json files = j.value("library_files", nlohmann::json::array());
     for (const auto& f : files)
@@ -47,6 +67,7 @@ int print_status(const nlohmann::json& j) {
 }
 
 int print_counts(const nlohmann::json& j) {
+    if (j.contains("note")) std::cerr << "commdbg: counts: note: " << j.value("note", "") << "\n";
     // (Locals: a range-for over .items() of a temporary would dangle.)
     const nlohmann::json procs = j.value("processes", nlohmann::json::array());
     for (const auto& p : procs) {
@@ -116,16 +137,26 @@ void register_daemon_commands(CLI::App& app) {
             const nlohmann::json list = j.value("sessions", nlohmann::json::array());
             for (const auto& s : list)
                 std::cout << "session " << s.value("id", 0) << "  pid " << s.value("pid", 0) << "  uid "
-                          << s.value("uid", 0) << "  running " << static_cast<long>(s.value("running_s", 0.0))
-                          << " s\n";
+                          << s.value("uid", 0) << "  " << s.value("state", "tracing") << " "
+                          << static_cast<long>(s.value("running_s", 0.0)) << " s"
+                          << (s.value("duration_s", 0.0) > 0
+                                  ? " of " + limits::format_seconds(s.value("duration_s", 0.0))
+                                  : std::string(" (until detached or the process exits)"))
+                          << "\n";
             return 0;
         });
     });
 
     CLI::App* detach = daemon_command(app, "detach", "commdbgd: end a tracing session now (its client prints what it saw)", o);
-    detach->add_option("id", o->id, "Session id (see `commdbg sessions`)")->required()->check(CLI::PositiveNumber);
+    detach->add_option("id", o->id, "Session id (see `commdbg sessions`)")->required();
     detach->callback([o] {
-        run("detach", *o, {{"op", "detach"}, {"id", o->id}}, [](const nlohmann::json& j) {
+        auto id = session_id(o->id);
+        if (!id) {
+            std::cerr << "commdbg: detach " << o->id.substr(0, 32)
+                      << ": not a session id — ids are integers from 1 up, as `commdbg sessions` lists them\n";
+            throw CommandDone{2};
+        }
+        run("detach", *o, {{"op", "detach"}, {"id", *id}}, [](const nlohmann::json& j) {
             std::cout << "detached session " << j.value("detached", 0) << "\n";
             return 0;
         });

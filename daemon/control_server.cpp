@@ -11,7 +11,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 
+#include "limits.hpp"
 #include "session_output.hpp"
 #include "trace_session.hpp"
 
@@ -19,8 +21,16 @@ namespace commdbg {
 
 namespace {
 
-constexpr int kMaxConnections = 64;
-constexpr int kIdleTimeoutMs = 30000;  // a half-sent request does not hold a thread forever
+using Clock = std::chrono::steady_clock;
+
+// The thread group of a task id (a process's pid is its own), 0 when none.
+int tgid_of(int pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind("Tgid:", 0) == 0) return atoi(line.c_str() + 5);
+    return 0;
+}
 
 }  // namespace
 
@@ -62,14 +72,13 @@ void ControlServer::start() { acceptor_ = std::thread([this] { accept_loop(); })
 
 void ControlServer::stop() {
     if (stopping_.exchange(true)) return;
-    {
-        std::lock_guard lock(mu_);
-        for (auto& [id, s] : sessions_) s->stop = true;
-    }
+    // Sessions see stopping_ within their poll period and still send what
+    // they saw (marked cut short); idle connections wake on the pipe.
     (void)!write(wake_[1], "x", 1);
     if (acceptor_.joinable()) acceptor_.join();
-    // Connection threads see stopping_ within their poll period.
-    for (int i = 0; i < 200 && connections_ > 0; ++i) usleep(25000);
+    // Bounded: rendering a full budget takes seconds, a send that cannot
+    // proceed gives up after kSendStallMs.
+    for (int i = 0; i < 2400 && connections_ > 0; ++i) usleep(25000);
 }
 
 void ControlServer::accept_loop() {
@@ -82,40 +91,83 @@ void ControlServer::accept_loop() {
         if (p[1].revents) return;
         int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
         if (fd < 0) continue;
-        if (connections_ >= kMaxConnections) {
-            send_all(fd, error_response("commdbgd is busy (" + std::to_string(kMaxConnections) +
-                                        " connections) — retry shortly"));
+        ucred cred{};
+        socklen_t len = sizeof(cred);
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+            close(fd);
+            continue;
+        }
+        PeerCred peer{static_cast<uint32_t>(cred.pid), cred.uid, cred.gid};
+        if (std::string why = take_connection(peer.uid); !why.empty()) {
+            // A fresh socket's buffer takes this line without blocking.
+            send_all(fd, error_response(why), 0);
             close(fd);
             continue;
         }
         ++connections_;
-        std::thread([this, fd] {
-            serve(fd);
+        std::thread([this, fd, peer] {
+            serve(fd, peer);
             close(fd);
+            release_connection(peer.uid);
             --connections_;
         }).detach();
     }
 }
 
-void ControlServer::serve(int fd) {
-    ucred cred{};
-    socklen_t len = sizeof(cred);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return;
-    PeerCred peer{static_cast<uint32_t>(cred.pid), cred.uid, cred.gid};
+std::string ControlServer::take_connection(uint32_t uid) {
+    std::lock_guard lock(conn_mu_);
+    if (uid != 0) {
+        const size_t per_uid = kUnprivilegedLimits.connections_per_uid;
+        if (open_by_uid_[uid] >= per_uid)
+            return "commdbgd: uid " + std::to_string(uid) + " already has " + std::to_string(per_uid) +
+                   " connections open, the most one user other than root may hold — end idle clients of "
+                   "this user (commdbg attach/status/counts, scripts holding the socket) and retry";
+        if (open_unprivileged_ >= kMaxConnections - kRootConnections)
+            return "commdbgd is busy (" + std::to_string(open_unprivileged_) +
+                   " connections of users other than root open) — retry shortly; root may still connect";
+    } else if (open_ >= kMaxConnections) {
+        return "commdbgd is busy (" + std::to_string(open_) + " connections open) — retry shortly";
+    }
+    ++open_;
+    if (uid != 0) {
+        ++open_unprivileged_;
+        ++open_by_uid_[uid];
+    }
+    return {};
+}
+
+void ControlServer::release_connection(uint32_t uid) {
+    std::lock_guard lock(conn_mu_);
+    --open_;
+    if (uid != 0) {
+        --open_unprivileged_;
+        if (--open_by_uid_[uid] == 0) open_by_uid_.erase(uid);
+    }
+}
+
+void ControlServer::serve(int fd, const PeerCred& peer) {
     LineReader reader;
     char buf[4096];
+    auto deadline = Clock::now() + std::chrono::milliseconds(kRequestDeadlineMs);
     while (!stopping_) {
-        pollfd p{fd, POLLIN, 0};
-        int r = poll(&p, 1, kIdleTimeoutMs);
-        if (r == 0) {
-            send_all(fd, error_response("request timed out (no complete line within 30 s)"));
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        if (left <= 0) {
+            send_all(fd, error_response("request timed out: no complete request line within " +
+                                        limits::format_seconds(kRequestDeadlineMs / 1000.0) +
+                                        " of connecting or of the last reply — send one JSON object per line"),
+                     kSendStallMs);
             return;
         }
+        pollfd p[2] = {{fd, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+        int r = poll(p, 2, static_cast<int>(left));
         if (r < 0) {
             if (errno == EINTR) continue;
             return;
         }
+        if (p[1].revents) return;  // stopping
+        if (r == 0) continue;
         ssize_t n = recv(fd, buf, sizeof(buf), 0);
+        if (n < 0 && errno == EINTR) continue;
         if (n <= 0) return;
         for (const auto& line : reader.feed(std::string_view(buf, static_cast<size_t>(n)))) {
             auto req = parse_request(line);
@@ -125,10 +177,12 @@ void ControlServer::serve(int fd) {
             } else {
                 reply = handle(*req, peer, fd);
             }
-            if (!reply.empty() && !send_all(fd, reply)) return;
+            if (!reply.empty() && !send_all(fd, reply, kSendStallMs)) return;
+            deadline = Clock::now() + std::chrono::milliseconds(kRequestDeadlineMs);
         }
         if (reader.overflowed()) {
-            send_all(fd, error_response("request too large (> " + std::to_string(kMaxRequestBytes) + " bytes)"));
+            send_all(fd, error_response("request too large (> " + std::to_string(kMaxRequestBytes) + " bytes)"),
+                     kSendStallMs);
             return;
         }
     }
@@ -139,12 +193,13 @@ std::string ControlServer::handle(const Request& req, const PeerCred& peer, int 
     if (a == Access::Deny) return error_response(deny_message(req, peer));
     std::optional<uint32_t> only_uid;
     if (a == Access::AllowOwnOnly) only_uid = peer.uid;
-    if (req.op == "status") return ok_response(counter_.status());
-    if (req.op == "counts") {
-        std::optional<uint32_t> pid;
-        if (req.pid) pid = static_cast<uint32_t>(*req.pid);
-        return ok_response(counter_.counts(pid, req.by_comm, only_uid));
+    if (req.op == "status") {
+        nlohmann::json st = counter_.status();
+        st["max_sessions"] = max_sessions_;
+        st["unprivileged_limits"] = to_json(kUnprivilegedLimits);
+        return ok_response(std::move(st));
     }
+    if (req.op == "counts") return counts(req, only_uid);
     if (req.op == "sessions") {
         nlohmann::json list = nlohmann::json::array();
         std::lock_guard lock(mu_);
@@ -153,8 +208,9 @@ std::string ControlServer::handle(const Request& req, const PeerCred& peer, int 
             list.push_back({{"id", id},
                             {"pid", s->pid},
                             {"uid", s->owner_uid},
+                            {"state", s->state},
                             {"duration_s", s->duration_s},
-                            {"running_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - s->started).count()}});
+                            {"running_s", std::chrono::duration<double>(Clock::now() - s->started).count()}});
         }
         return ok_response({{"sessions", list}});
     }
@@ -176,76 +232,142 @@ std::string ControlServer::handle(const Request& req, const PeerCred& peer, int 
     return error_response("unknown op \"" + req.op + "\"");
 }
 
+// counts of one pid that is not counted: a thread of a counted process gets
+// its process's counts; anything else an error saying what it is.
+std::string ControlServer::counts(const Request& req, std::optional<uint32_t> only_uid) {
+    std::optional<uint32_t> pid;
+    if (req.pid) pid = static_cast<uint32_t>(*req.pid);
+    nlohmann::json reply = counter_.counts(pid, req.by_comm, only_uid);
+    if (!pid || !reply.value("processes", nlohmann::json::array()).empty()) return ok_response(std::move(reply));
+    const std::string who = "counts --pid " + std::to_string(*pid);
+    const std::string p = std::to_string(*pid);
+    int tgid = tgid_of(static_cast<int>(*pid));
+    if (tgid <= 0) return error_response(who + ": no such process");
+    const std::string not_counted =
+        " has made no call into a probed library (libnccl, ...) since commdbgd started, or runs outside its "
+        "--scope-cgroup; `commdbg counts` lists the processes it counts";
+    if (static_cast<uint32_t>(tgid) != *pid) {
+        const std::string t = std::to_string(tgid);
+        nlohmann::json of_process = counter_.counts(static_cast<uint32_t>(tgid), req.by_comm, only_uid);
+        if (of_process.value("processes", nlohmann::json::array()).empty())
+            return error_response(who + ": " + p + " is a thread of pid " + t + ", which is not counted: it" +
+                                  not_counted);
+        of_process["note"] = p + " is a thread of pid " + t + ": these are the counts of pid " + t;
+        return ok_response(std::move(of_process));
+    }
+    return error_response(who + ": pid " + p + " is not counted by commdbgd: it" + not_counted);
+}
+
 std::string ControlServer::attach(const Request& req, const PeerCred& peer, int fd) {
+    const std::string who = "attach " + std::to_string(*req.pid);
+    // Users other than root may not size the root daemon's memory or hold it
+    // for long (UnprivilegedLimits).
+    if (auto problem = unprivileged_problem(req, peer.uid)) return error_response(who + ": " + *problem);
     SessionOptions so;
     so.limits.max_records = req.max_records;
     so.limits.max_depth = req.max_depth;
     so.probes = req.probes;
     so.records = !req.counts_only;
     so.ringbuf_bytes = req.ringbuf_kb * 1024;
-    std::string who = "attach " + std::to_string(*req.pid);
+    auto session = std::make_shared<ActiveSession>();
+    session->owner_uid = peer.uid;
+    session->pid = *req.pid;
+    session->duration_s = session_window_s(req, peer.uid);
+    session->started = Clock::now();
     // A slot first: a session holds BPF maps, a ring buffer, its model (up to
-    // its record budget) and then its outputs.
+    // its record budget) and then its outputs.  It is listed from now on.
+    const std::string what_to_do = " — wait for one to end or end one (`commdbg sessions`, `commdbg detach ID`)";
     {
         std::lock_guard lock(mu_);
         if (session_slots_ >= max_sessions_)
             return error_response(who + ": commdbgd already runs " + std::to_string(max_sessions_) +
-                                  " tracing sessions, its limit — wait for one to end or end one "
-                                  "(`commdbg sessions`, `commdbg detach ID`), or trace with `commdbg attach "
-                                  "--no-daemon`; commdbgd --max-sessions raises the limit");
+                                  " tracing sessions, its limit" + what_to_do +
+                                  ", or trace with `commdbg attach --no-daemon`; commdbgd --max-sessions raises "
+                                  "the limit");
+        if (peer.uid != 0) {
+            size_t mine = 0;
+            for (const auto& [id, s] : sessions_) mine += s->owner_uid == peer.uid;
+            const size_t per_uid = kUnprivilegedLimits.sessions_per_uid;
+            if (mine >= per_uid)
+                return error_response(who + ": uid " + std::to_string(peer.uid) + " already runs " +
+                                      std::to_string(mine) + " tracing sessions in commdbgd, the most one user "
+                                      "other than root may run" + what_to_do + ", or ask root");
+            // The last slot stays free for root, who can then see and end the others.
+            if (max_sessions_ > 1 && session_slots_ + 1 >= max_sessions_)
+                return error_response(who + ": commdbgd runs " + std::to_string(session_slots_) + " of its " +
+                                      std::to_string(max_sessions_) +
+                                      " tracing sessions and keeps the last one for root" + what_to_do +
+                                      ", or ask root");
+        }
         ++session_slots_;
+        session->id = next_session_++;
+        sessions_[session->id] = session;
     }
     struct SlotRelease {
         ControlServer* s;
+        uint64_t id;
         ~SlotRelease() {
             std::lock_guard lock(s->mu_);
+            s->sessions_.erase(id);
             --s->session_slots_;
         }
-    } release{this};
+    } release{this, session->id};
     auto created = TraceSession::create(so);
     if (!created) return error_response(who + ": " + created.error());
     TraceSession& ts = *created.value();
     if (auto r = ts.add_process(*req.pid, false, false); !r) return error_response(who + ": " + r.error());
-    auto session = std::make_shared<ActiveSession>();
-    session->owner_uid = peer.uid;
-    session->pid = *req.pid;
-    session->duration_s = req.duration_s;
-    session->started = std::chrono::steady_clock::now();
     {
         std::lock_guard lock(mu_);
-        session->id = next_session_++;
-        sessions_[session->id] = session;
+        session->state = "tracing";
     }
-    // First line: the session is running (the client may detach it by id).
-    send_all(fd, ok_response({{"session", session->id}, {"state", "tracing"}, {"target", describe_pid(*req.pid)},
-                              {"library_files", ts.attached_files().size()}}));
+    // First line: the session is running (the client may detach it by id)
+    // and the most it runs.
+    nlohmann::json first = {{"session", session->id},
+                            {"state", "tracing"},
+                            {"target", describe_pid(*req.pid)},
+                            {"library_files", ts.attached_files().size()},
+                            {"duration_s", session->duration_s}};
+    if (session->duration_s != req.duration_s) first["window_limited_for_uid"] = peer.uid;
+    if (!send_all(fd, ok_response(std::move(first)), kSendStallMs)) return "";
     // A client that hangs up ends its session too.
     auto stop = [&] {
         if (session->stop || stopping_) return true;
         pollfd p{fd, POLLRDHUP, 0};
         return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
     };
-    bool exited = run_attach_window(ts, *req.pid, req.duration_s, stop);
-    SessionOutput out = render_session(
-        ts, req.noise_level, {.table_color = req.want_table_color, .json = req.want_json, .trace = req.want_trace});
+    const auto window_start = Clock::now();
+    bool exited = run_attach_window(ts, *req.pid, session->duration_s, stop);
+    const double traced_s = std::chrono::duration<double>(Clock::now() - window_start).count();
+    // Ended by the daemon's shutdown, not by the window, the process, a
+    // detach or the client: the client must say so.
+    const bool cut_short = stopping_ && !exited && !session->stop &&
+                           (session->duration_s == 0 || traced_s < session->duration_s);
     {
         std::lock_guard lock(mu_);
-        sessions_.erase(session->id);
+        session->state = "sending";
     }
+    SessionOutput out = render_session(
+        ts, req.noise_level, {.table_color = req.want_table_color, .json = req.want_json, .trace = req.want_trace});
     if (exited) out.messages.push_back("pid " + std::to_string(*req.pid) + " exited; report covers its life since attach");
+    // The probes, maps and model go now: only the outputs are left to send.
+    created.value().reset();
     // The outputs follow the last line as raw bytes, in the order "payload"
     // lists them: as JSON strings they would be escaped into one more copy of
     // tens of MB each, and parsed back into another at the client.
     const auto parts = named_outputs(out);
     nlohmann::json payload = nlohmann::json::array();
     for (const auto& [name, text] : parts) payload.push_back({{"name", name}, {"bytes", text->size()}});
-    if (!send_all(fd, ok_response({{"session", session->id},
-                                   {"state", "done"},
-                                   {"messages", out.messages},
-                                   {"payload", std::move(payload)}})))
-        return "";
+    nlohmann::json last = {{"session", session->id},
+                           {"state", "done"},
+                           {"traced_s", traced_s},
+                           {"messages", out.messages},
+                           {"payload", std::move(payload)}};
+    if (cut_short) last["cut_short"] = "commdbgd is stopping";
+    // Each send gives up after kSendStallMs without progress: a client that
+    // stopped reading ends its session here and frees the slot.
+    if (!send_all(fd, ok_response(std::move(last)), kSendStallMs)) return "";
     for (const auto& [name, text] : parts) {
-        if (!send_all(fd, *text)) break;
+        if (!send_all(fd, *text, kSendStallMs)) break;
         std::string().swap(*text);
     }
     return "";  // all sent, or the client is gone

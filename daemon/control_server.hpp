@@ -17,13 +17,16 @@
 
 namespace commdbg {
 
+// A session from the moment it takes a slot until its outputs are sent: what
+// holds a slot is always listed by `commdbg sessions`.
 struct ActiveSession {
     uint64_t id = 0;
     uint32_t owner_uid = 0;
     int pid = 0;
-    double duration_s = 0;
+    double duration_s = 0;  // the most it runs; 0: until detached or the process exits
     std::chrono::steady_clock::time_point started;
-    std::atomic<bool> stop{false};
+    const char* state = "starting";  // starting | tracing | sending (under ControlServer::mu_)
+    std::atomic<bool> stop{false};  // detached
 };
 
 class ControlServer {
@@ -37,12 +40,30 @@ public:
 
     // Accepts and serves until stop(); each connection gets a thread (bounded).
     void start();
+    // Ends every session (each still sends what it saw, marked cut short) and
+    // waits for the connections to finish.
     void stop();
+
+    // Open connections: at most kMaxConnections, of which users other than
+    // root hold at most kMaxConnections - kRootConnections, each uid at most
+    // UnprivilegedLimits::connections_per_uid.
+    static constexpr size_t kMaxConnections = 64;
+    static constexpr size_t kRootConnections = 8;
+    // A whole request line must arrive within this much of connecting or of
+    // the previous reply (a deadline, not an idle timer a trickle can renew).
+    static constexpr int kRequestDeadlineMs = 5000;
+    // A reply of which no byte can be sent for this long (the client stopped
+    // reading) ends the connection and the session it carries.
+    static constexpr int kSendStallMs = 10000;
 
 private:
     ControlServer(NodeCounter& c, size_t max_sessions) : counter_(c), max_sessions_(max_sessions) {}
     void accept_loop();
-    void serve(int fd);
+    // Why a connection of `uid` is refused now, or "" (and it is counted).
+    std::string take_connection(uint32_t uid);
+    void release_connection(uint32_t uid);
+    void serve(int fd, const PeerCred& peer);
+    std::string counts(const Request& req, std::optional<uint32_t> only_uid);
     std::string handle(const Request& req, const PeerCred& peer, int fd);
     // Sends the session's lines and outputs itself: returns an error reply
     // to send, or "" when everything was sent.
@@ -55,7 +76,10 @@ private:
     int wake_[2] = {-1, -1};
     std::atomic<bool> stopping_{false};
     std::thread acceptor_;
-    std::atomic<int> connections_{0};
+    std::atomic<int> connections_{0};  // serving threads still running
+    std::mutex conn_mu_;
+    size_t open_ = 0, open_unprivileged_ = 0;
+    std::map<uint32_t, size_t> open_by_uid_;
 
     std::mutex mu_;
     std::map<uint64_t, std::shared_ptr<ActiveSession>> sessions_;

@@ -11,10 +11,14 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <iostream>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "control_server.hpp"
 #include "node_counter.hpp"
@@ -40,6 +44,61 @@ void notify_systemd(const char* state) {
            static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + len));
     close(fd);
 }
+
+// httplib's default pool has max(8, cores - 1) threads and each open
+// connection holds one while it waits for its request: a few dozen idle or
+// trickling connections would stall every scrape.  Here a connection gets
+// a thread of its own, started on demand up to a cap.
+class ConnectionThreads : public httplib::TaskQueue {
+public:
+    explicit ConnectionThreads(size_t max_threads) : max_(max_threads) {}
+    void enqueue(std::function<void()> fn) override {
+        {
+            std::lock_guard lock(mu_);
+            jobs_.push_back(std::move(fn));
+            if (jobs_.size() > idle_ && threads_.size() < max_) threads_.emplace_back([this] { work(); });
+        }
+        cv_.notify_one();
+    }
+    void shutdown() override {
+        {
+            std::lock_guard lock(mu_);
+            shutdown_ = true;
+        }
+        cv_.notify_all();
+        for (auto& t : threads_) t.join();
+    }
+
+private:
+    void work() {
+        for (;;) {
+            std::function<void()> fn;
+            {
+                std::unique_lock lock(mu_);
+                ++idle_;
+                cv_.wait(lock, [&] { return !jobs_.empty() || shutdown_; });
+                --idle_;
+                if (jobs_.empty()) return;
+                fn = std::move(jobs_.front());
+                jobs_.pop_front();
+            }
+            fn();
+        }
+    }
+    const size_t max_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::function<void()>> jobs_;
+    std::vector<std::thread> threads_;
+    size_t idle_ = 0;
+    bool shutdown_ = false;
+};
+
+// Connections served at once; past it they wait for a thread.
+constexpr size_t kHttpThreads = 256;
+// A connection that sends nothing for this long is closed, and a kept-alive
+// one between requests too, so idle connections do not pile up.
+constexpr time_t kHttpTimeoutS = 2;
 
 bool split_host_port(const std::string& s, std::string& host, int& port) {
     auto colon = s.rfind(':');
@@ -116,20 +175,34 @@ int main(int argc, char** argv) {
         });
         // httplib's default sets SO_REUSEPORT: a second daemon would share the
         // port silently and scrapes would alternate between them.
-        http.set_socket_options([](socket_t sock) {
+        socket_t listening = INVALID_SOCKET;
+        http.set_socket_options([&listening](socket_t sock) {
             int yes = 1;
             setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+            listening = sock;
         });
-        if (!http.bind_to_port(host.c_str(), port)) {
+        http.new_task_queue = [] { return new ConnectionThreads(kHttpThreads); };
+        http.set_read_timeout(kHttpTimeoutS, 0);
+        http.set_write_timeout(kHttpTimeoutS, 0);
+        http.set_keep_alive_timeout(kHttpTimeoutS);
+        http.set_keep_alive_max_count(100);
+        // Port 0: the kernel picks a free one; the line below says which.
+        const bool bound = port == 0 ? (port = http.bind_to_any_port(host)) > 0 : http.bind_to_port(host, port);
+        if (!bound) {
             std::cerr << "commdbgd: --metrics-listen " << metrics_listen
                       << ": cannot listen there (in use or not a local address) — pick another port\n";
             return 1;
         }
+        // Debian's libcpp-httplib listens with a backlog of 5: a burst of
+        // connections would see SYNs dropped and retried a second later.
+        if (listening != INVALID_SOCKET) ::listen(listening, SOMAXCONN);
         http_thread = std::thread([&] { http.listen_after_bind(); });
     }
+    const std::string metrics_at =
+        (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
     std::cerr << "commdbgd " << COMMDBG_VERSION << ": counting"
               << (opts.scope_cgroup.empty() ? " on this node" : " in " + opts.scope_cgroup) << "; socket "
-              << socket_path << (metrics_listen.empty() ? "" : "; metrics http://" + metrics_listen + "/metrics")
+              << socket_path << (metrics_listen.empty() ? "" : "; metrics http://" + metrics_at + "/metrics")
               << "\n";
     notify_systemd("READY=1");
     while (!g_stop) (*counter)->step(100);

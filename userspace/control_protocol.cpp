@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "control_protocol.hpp"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -142,19 +143,25 @@ std::optional<std::string> fill_field(Request& r, const std::string& key, const 
     } else if (key == "duration_s") {
         if (!v.is_number()) return field_error(op, key, "must be a number of seconds");
         double d = v.get<double>();
-        if (!(d > 0 && d <= 86400)) return field_error(op, key, "must be in (0, 86400] seconds");
-        r.duration_s = d;
+        if (auto problem = limits::duration_problem(d)) return field_error(op, key, problem->c_str());
+        r.duration_s = d == 0 ? 0 : d;  // -0.0 is 0
     } else if (key == "noise_level") {
         auto n = get_uint(v, 0, 3);
         if (!n) return field_error(op, key, "must be an integer from 0 to 3");
         r.noise_level = static_cast<int>(*n);
     } else if (key == "max_records" || key == "max_depth") {
-        auto n = get_uint(v, 1, SIZE_MAX);
-        if (!n) return field_error(op, key, "must be an integer >= 1");
-        (key == "max_records" ? r.max_records : r.max_depth) = static_cast<size_t>(*n);
+        const bool records = key == "max_records";
+        const size_t hi = records ? limits::kMaxRecordsCeiling : limits::kMaxDepthCeiling;
+        auto n = get_uint(v, 1, hi);
+        if (!n) return field_error(op, key, ("must be an integer from 1 to " + std::to_string(hi)).c_str());
+        (records ? r.max_records : r.max_depth) = static_cast<size_t>(*n);
     } else if (key == "ringbuf_kb") {
-        auto n = get_uint(v, 4, 1u << 20);
-        if (!n) return field_error(op, key, "must be an integer from 4 to 1048576 (KiB)");
+        auto n = get_uint(v, limits::kMinRingbufKb, limits::kMaxRingbufKb);
+        if (!n)
+            return field_error(op, key,
+                               ("must be an integer from " + std::to_string(limits::kMinRingbufKb) + " to " +
+                                std::to_string(limits::kMaxRingbufKb) + " (KiB)")
+                                   .c_str());
         r.ringbuf_kb = static_cast<size_t>(*n);
     } else if (key == "outputs") {
         const char* what = "must be an array of \"json\", \"trace\", \"table_color\"";
@@ -273,6 +280,38 @@ std::string deny_message(const Request& req, const PeerCred& peer) {
            "; run as root";
 }
 
+// ---- what users other than root may ask for ----------------------------------
+
+nlohmann::json to_json(const UnprivilegedLimits& l) {
+    return {{"sessions_per_uid", l.sessions_per_uid},
+            {"ringbuf_kb", l.ringbuf_kb},
+            {"max_records", l.max_records},
+            {"duration_s", l.duration_s},
+            {"connections_per_uid", l.connections_per_uid}};
+}
+
+std::optional<std::string> unprivileged_problem(const Request& req, uint32_t uid, const UnprivilegedLimits& l) {
+    if (uid == 0 || req.op != "attach") return std::nullopt;
+    const std::string who = " allowed to uid " + std::to_string(uid) + " — ";
+    const std::string or_root = ", or run commdbg as root";
+    if (req.ringbuf_kb > l.ringbuf_kb)
+        return "--ringbuf-kb " + std::to_string(req.ringbuf_kb) + " is over the " + std::to_string(l.ringbuf_kb) +
+               " KiB" + who + "ask for " + std::to_string(l.ringbuf_kb) + " or less" + or_root;
+    if (req.max_records > l.max_records)
+        return "--max-records " + std::to_string(req.max_records) + " is over the " + std::to_string(l.max_records) +
+               who + "ask for " + std::to_string(l.max_records) + " or less" + or_root;
+    if (req.duration_s > l.duration_s)
+        return "--duration " + limits::format_seconds(req.duration_s) + " is over the " +
+               limits::format_seconds(l.duration_s) + who + "ask for " + limits::format_seconds(l.duration_s) +
+               " or less (without -d a window ends there too)" + or_root;
+    return std::nullopt;
+}
+
+double session_window_s(const Request& req, uint32_t uid, const UnprivilegedLimits& l) {
+    if (uid == 0 || req.duration_s > 0) return req.duration_s;
+    return l.duration_s;
+}
+
 // ---- responses ---------------------------------------------------------------
 
 namespace {
@@ -298,11 +337,19 @@ std::string ok_response(json body) {
     return "{\"ok\":true," + rest.substr(1) + "\n";
 }
 
-bool send_all(int fd, std::string_view s) {
+bool send_all(int fd, std::string_view s, int stall_ms) {
     size_t off = 0;
+    const int flags = MSG_NOSIGNAL | (stall_ms >= 0 ? MSG_DONTWAIT : 0);
     while (off < s.size()) {
-        ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+        ssize_t n = ::send(fd, s.data() + off, s.size() - off, flags);
         if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && stall_ms >= 0) {
+            pollfd p{fd, POLLOUT, 0};
+            int r = poll(&p, 1, stall_ms);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) return false;  // no room for stall_ms: the peer stopped reading
+            continue;
+        }
         if (n <= 0) return false;
         off += static_cast<size_t>(n);
     }

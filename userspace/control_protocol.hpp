@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "limits.hpp"
 #include "result.hpp"
 
 namespace commdbg {
@@ -50,13 +51,14 @@ struct Request {
     std::string op;  // status | counts | attach | sessions | detach
     std::optional<int> pid;
     bool by_comm = false;
-    double duration_s = 0;  // 0: until detached
+    // 0: until detached or the process exits; limits::duration_problem() holds.
+    double duration_s = 0;
     int noise_level = 1;
-    size_t max_records = 200000;
-    size_t max_depth = 128;
+    size_t max_records = limits::kDefaultMaxRecords;  // <= limits::kMaxRecordsCeiling
+    size_t max_depth = limits::kDefaultMaxDepth;      // <= limits::kMaxDepthCeiling
     std::vector<std::string> probes;
     bool counts_only = false;
-    size_t ringbuf_kb = 8192;  // the session's kernel ring buffer
+    size_t ringbuf_kb = limits::kDefaultRingbufKb;  // the session's kernel ring buffer
     // What the reply carries besides the plain table ("outputs": names from
     // "json", "trace", "table_color"; absent: all of them).
     bool want_json = true, want_trace = true, want_table_color = true;
@@ -83,9 +85,37 @@ Access authorize(const Request& req, const PeerCred& peer,
 // The reply text for a Deny from authorize().
 std::string deny_message(const Request& req, const PeerCred& peer);
 
+// What a user other than root may ask of the root daemon, per uid: the
+// sessions, kernel memory and model memory it may hold and for how long.
+// Root is held only to the ceilings of limits.hpp.  `commdbg status` and the
+// README state these numbers.
+struct UnprivilegedLimits {
+    size_t sessions_per_uid = 2;
+    size_t ringbuf_kb = 65536;  // 64 MiB of kernel ring buffer per session
+    size_t max_records = limits::kDefaultMaxRecords;
+    double duration_s = 3600;  // longest window; an attach without -d ends there too
+    size_t connections_per_uid = 8;  // open control connections
+};
+inline constexpr UnprivilegedLimits kUnprivilegedLimits{};
+
+nlohmann::json to_json(const UnprivilegedLimits& l);
+
+// Why an attach asks for more than `uid` may have, in the CLI's option names
+// ("--ringbuf-kb 1048576 is over the 65536 KiB allowed to uid 65534 — ..."),
+// or nothing. Root (uid 0) is never refused here.
+std::optional<std::string> unprivileged_problem(const Request& req, uint32_t uid,
+                                                const UnprivilegedLimits& l = kUnprivilegedLimits);
+
+// How long the session of an attach runs at most: its duration_s, or for a
+// user other than root without one, the longest window it is allowed.  0: no limit.
+double session_window_s(const Request& req, uint32_t uid, const UnprivilegedLimits& l = kUnprivilegedLimits);
+
+// Writes all of `s` to a stream socket (no SIGPIPE); false when the peer is
+// gone, or when no byte could be sent for stall_ms (>= 0: a peer that
+// stopped reading).
+bool send_all(int fd, std::string_view s, int stall_ms = -1);
+
 // {"ok":false,"error":"..."}\n
-// Writes all of `s` to a stream socket (no SIGPIPE); false when the peer is gone.
-bool send_all(int fd, std::string_view s);
 
 std::string error_response(std::string_view message);
 // body with "ok":true first, '\n'-terminated; a non-object body goes under "result".

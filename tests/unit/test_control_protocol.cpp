@@ -190,12 +190,33 @@ TEST(ParseRequest, PidMustBeAPositiveIntegerThatFitsAnInt) {
     EXPECT_EQ(parse_err(R"({"op":"counts","pid":0})"), "counts: field \"pid\" must be a positive integer");
 }
 
-TEST(ParseRequest, DurationMustBeInZeroTo86400Seconds) {
-    const std::string msg = "attach: field \"duration_s\" must be in (0, 86400] seconds";
-    for (const char* d : {"0", "-1", "86400.5", "1e9", "-0.0"})
-        EXPECT_EQ(parse_err(std::string(R"({"op":"attach","pid":1,"duration_s":)") + d + "}"), msg) << d;
+// The same rule as `commdbg attach -d` without the daemon (limits.hpp): 0 is
+// "until detached or the process exits", up to 30 days.
+TEST(ParseRequest, DurationIsZeroForUntilDetachedOrUpToThirtyDays) {
+    for (const char* d : {"0", "-0.0", "2.5", "100000", "2592000"})
+        EXPECT_DOUBLE_EQ(parse_ok(std::string(R"({"op":"attach","pid":1,"duration_s":)") + d + "}").duration_s,
+                         std::stod(d))
+            << d;
+    EXPECT_EQ(parse_err(R"({"op":"attach","pid":1,"duration_s":-1})"),
+              "attach: field \"duration_s\" must not be negative (0 or leave it out: until Ctrl-C or the process "
+              "exits)");
+    for (const char* d : {"2592000.5", "1e9"})
+        EXPECT_EQ(parse_err(std::string(R"({"op":"attach","pid":1,"duration_s":)") + d + "}"),
+                  "attach: field \"duration_s\" must be at most 2592000 seconds (30 days); leave it out to trace "
+                  "until Ctrl-C or the process exits")
+            << d;
     EXPECT_EQ(parse_err(R"({"op":"attach","pid":1,"duration_s":"5"})"),
               "attach: field \"duration_s\" must be a number of seconds");
+}
+
+// Ceilings for everyone, root included (limits.hpp).
+TEST(ParseRequest, RecordBudgetAndDepthHaveTheSessionCeilings) {
+    EXPECT_EQ(parse_ok(R"({"op":"attach","pid":1,"max_records":20000000})").max_records, 20000000u);
+    EXPECT_EQ(parse_err(R"({"op":"attach","pid":1,"max_records":20000001})"),
+              "attach: field \"max_records\" must be an integer from 1 to 20000000");
+    EXPECT_EQ(parse_ok(R"({"op":"attach","pid":1,"max_depth":4096})").max_depth, 4096u);
+    EXPECT_EQ(parse_err(R"({"op":"attach","pid":1,"max_depth":4097})"),
+              "attach: field \"max_depth\" must be an integer from 1 to 4096");
 }
 
 TEST(ParseRequest, NoiseLevelMustBeZeroToThree) {
@@ -205,10 +226,10 @@ TEST(ParseRequest, NoiseLevelMustBeZeroToThree) {
 }
 
 TEST(ParseRequest, LimitsMustBeAtLeastOne) {
-    for (const char* f : {"max_records", "max_depth"})
+    for (const auto& [f, hi] : std::map<std::string, std::string>{{"max_records", "20000000"}, {"max_depth", "4096"}})
         for (const char* n : {"0", "-5", "2.5", "\"10\""})
             EXPECT_EQ(parse_err(std::string(R"({"op":"attach","pid":1,")") + f + "\":" + n + "}"),
-                      std::string("attach: field \"") + f + "\" must be an integer >= 1")
+                      "attach: field \"" + f + "\" must be an integer from 1 to " + hi)
                 << f << "=" << n;
 }
 
@@ -370,6 +391,43 @@ TEST(Authorize, DenyMessageNamesTheOpThePidAndTheWayOut) {
     EXPECT_EQ(deny_message(r, PeerCred{1, kAlice, kAlice}),
               "permission denied — counts 300: the process belongs to another user; "
               "run as root or as the process owner");
+}
+
+// ---- what users other than root may ask for -------------------------------------
+
+TEST(UnprivilegedLimits, RootIsHeldOnlyToTheSessionCeilings) {
+    auto r = parse_ok(R"({"op":"attach","pid":9,"ringbuf_kb":1048576,"max_records":20000000,"duration_s":2592000})");
+    EXPECT_FALSE(unprivileged_problem(r, 0));
+    EXPECT_DOUBLE_EQ(session_window_s(r, 0), 2592000);
+    EXPECT_DOUBLE_EQ(session_window_s(parse_ok(R"({"op":"attach","pid":9})"), 0), 0);
+}
+
+TEST(UnprivilegedLimits, OtherUsersAreToldTheLimitInTheCliOptionNames) {
+    auto problem = [](const std::string& fields, uint32_t uid) {
+        auto p = unprivileged_problem(parse_ok(R"({"op":"attach","pid":9,)" + fields + "}"), uid);
+        return p ? *p : std::string("(none)");
+    };
+    EXPECT_EQ(problem(R"("ringbuf_kb":1048576)", 65534),
+              "--ringbuf-kb 1048576 is over the 65536 KiB allowed to uid 65534 — ask for 65536 or less, or run "
+              "commdbg as root");
+    EXPECT_EQ(problem(R"("max_records":200001)", 65534),
+              "--max-records 200001 is over the 200000 allowed to uid 65534 — ask for 200000 or less, or run "
+              "commdbg as root");
+    EXPECT_EQ(problem(R"("duration_s":3600.5)", 1000),
+              "--duration 3600.5 s is over the 3600 s allowed to uid 1000 — ask for 3600 s or less (without -d a "
+              "window ends there too), or run commdbg as root");
+    EXPECT_EQ(problem(R"("ringbuf_kb":65536,"max_records":200000,"duration_s":3600)", 65534), "(none)");
+}
+
+TEST(UnprivilegedLimits, AnotherUsersWindowWithoutDurationEndsAtTheLongestAllowed) {
+    EXPECT_DOUBLE_EQ(session_window_s(parse_ok(R"({"op":"attach","pid":9})"), 65534), 3600);
+    EXPECT_DOUBLE_EQ(session_window_s(parse_ok(R"({"op":"attach","pid":9,"duration_s":10})"), 65534), 10);
+}
+
+TEST(UnprivilegedLimits, StatusStatesEveryLimit) {
+    EXPECT_EQ(to_json(kUnprivilegedLimits),
+              json::parse(R"({"sessions_per_uid":2,"ringbuf_kb":65536,"max_records":200000,"duration_s":3600.0,)"
+                          R"("connections_per_uid":8})"));
 }
 
 // ---- responses ---------------------------------------------------------------
