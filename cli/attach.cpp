@@ -27,10 +27,17 @@ struct AttachOptions {
 // we may trace; Ctrl-C detaches it and still prints what it saw.
 int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
     const std::string who = "commdbg: attach " + std::to_string(o.pid);
-    // The daemon's errors name the attach themselves ("attach N: ..."): once is enough.
+    // The daemon's errors name the attach themselves ("attach N: ..."): once
+    // is enough; a protocol field is named by the option that set it.
     auto fail = [&](std::string error) {
         for (const std::string& own : {"attach " + std::to_string(o.pid) + ": ", std::string("attach: ")})
             if (error.rfind(own, 0) == 0) error.erase(0, own.size());
+        static const std::pair<const char*, const char*> kOptionOf[] = {
+            {"field \"duration_s\"", "--duration"},    {"field \"noise_level\"", "--noise-level"},
+            {"field \"max_records\"", "--max-records"}, {"field \"max_depth\"", "--max-depth"},
+            {"field \"ringbuf_kb\"", "--ringbuf-kb"},   {"field \"probes\"", "--probes"}};
+        for (const auto& [field, option] : kOptionOf)
+            if (error.rfind(field, 0) == 0) error.replace(0, std::string(field).size(), option);
         std::cerr << who << ": " << error << "\n";
         return 1;
     };

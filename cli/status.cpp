@@ -101,7 +101,10 @@ void run(const char* what, const DaemonOptions& o, const nlohmann::json& req,
          const std::function<int(const nlohmann::json&)>& print) {
     auto r = ask(o, req);
     if (!r) {
-        std::cerr << "commdbg: " << what << ": " << r.error() << "\n";
+        // The daemon's errors may name the request themselves ("detach 5: ..."): once is enough.
+        const std::string& e = r.error();
+        const bool named = e.rfind(std::string(what) + " ", 0) == 0 || e.rfind(std::string(what) + ":", 0) == 0;
+        std::cerr << "commdbg: " << (named ? "" : std::string(what) + ": ") << e << "\n";
         throw CommandDone{1};
     }
     r->erase("ok");
