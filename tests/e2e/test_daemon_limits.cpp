@@ -440,6 +440,11 @@ TEST(DaemonLimits, DetachOfZeroOrNegativeIdSaysWhatASessionIdIs) {
         EXPECT_NE(r.err.find("commdbg sessions"), std::string::npos) << id << ": " << r.err;
         EXPECT_LT(r.err.size(), 300u) << id << ": " << r.err;
     }
+    // A well-formed id the daemon does not know: named once.
+    auto unknown = cli({"detach", "987654", "--socket", d.socket()});
+    EXPECT_NE(unknown.status, 0);
+    EXPECT_EQ(count_of(unknown.err, "detach"), 1u) << unknown.err;
+    EXPECT_NE(unknown.err.find("no such session"), std::string::npos) << unknown.err;
 }
 
 // counts --pid of a process commdbgd does not count: an error that says so.
@@ -452,6 +457,7 @@ TEST(DaemonLimits, CountsForAPidNotCountedSaysSoAndFails) {
     auto none = cli({"counts", "--pid", std::to_string(missing), "--socket", d.socket()});
     EXPECT_NE(none.status, 0) << none.out;
     EXPECT_NE(none.err.find("no such process"), std::string::npos) << none.err;
+    EXPECT_EQ(count_of(none.err, "counts"), 1u) << none.err;
 
     Background sleeper({testprog("plain_sleeper"), "120000"});
     ASSERT_FALSE(sleeper.wait_for_line("ready pid=").empty());
