@@ -25,6 +25,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
  * in `traced`; and stop a process mapping a libnccl file not yet probed. */
 const volatile __u32 count_all = 0;
 const volatile __u32 scope_cgroup = 0;
+/* Fine counter keys one process may hold (events.h, cd_proc_counts). */
+const volatile __u32 fine_keys_per_process = 8192;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_CGROUP_ARRAY);
@@ -70,6 +72,17 @@ struct {
 	__type(value, struct cd_count_val);
 } counters SEC(".maps");
 
+/* tgid -> its own counters (events.h).  Created when the tgid enters
+ * `traced` and removed by userspace once it has read them, so this map only
+ * holds traced processes and exited ones not yet forgotten: twice `traced`. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 32768);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct cd_proc_counts);
+} proc_counts SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
@@ -104,9 +117,14 @@ struct inflight_slot {
 	__u64 out_ptr; /* user address the call writes a new comm to */
 	__u64 a0, a1, a2; /* role-specific arguments (see events.h cookie slots) */
 	struct cd_count_key ckey;
-	__u32 counted;
+	__u32 counted; /* CD_COUNTED_* */
 	__u32 pad;
 };
+
+/* Where call_enter counted a call, so call_exit adds its error there. */
+#define CD_COUNTED_NONE 0
+#define CD_COUNTED_FINE 1
+#define CD_COUNTED_COARSE 2 /* + slot index */
 
 struct frame {
 	__u64 sp;
@@ -145,6 +163,13 @@ struct {
 	__type(key, __u32);
 	__type(value, struct cd_comm_val);
 } comm_scratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cd_proc_counts);
+} proc_counts_zero SEC(".maps");
 
 /* ncclDataType_t -> bytes per element; 0 for values NCCL does not define.
  * A switch, not a table: clang 14 leaves a static const table in a .rodata
@@ -237,23 +262,92 @@ static __always_inline __u32 pop_returned_frames(struct thread_state *st, __u64 
 	return n;
 }
 
-static __always_inline void count_call(struct cd_count_key *key, __u64 elements, __u64 bytes)
+/* The process's own counters, created if missing (a process traced before
+ * it was given them, or whose creation raced with another CPU). */
+static __always_inline struct cd_proc_counts *proc_counts_get(__u32 tgid)
 {
-	struct cd_count_val *v = bpf_map_lookup_elem(&counters, key);
+	struct cd_proc_counts *pc = bpf_map_lookup_elem(&proc_counts, &tgid);
+	__u32 zero = 0;
 
-	if (!v) {
-		struct cd_count_val zero = {};
+	if (pc)
+		return pc;
+	pc = bpf_map_lookup_elem(&proc_counts_zero, &zero);
+	if (!pc)
+		return 0;
+	bpf_map_update_elem(&proc_counts, &tgid, pc, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&proc_counts, &tgid);
+}
 
-		bpf_map_update_elem(&counters, key, &zero, BPF_NOEXIST);
-		v = bpf_map_lookup_elem(&counters, key);
-		if (!v) {
-			count_drop(CD_DROP_COUNTER_FULL);
-			return;
-		}
-	}
+static __always_inline void add_count(struct cd_count_val *v, __u64 elements, __u64 bytes)
+{
 	__sync_fetch_and_add(&v->calls, 1);
 	__sync_fetch_and_add(&v->elements, elements);
 	__sync_fetch_and_add(&v->bytes, bytes);
+}
+
+/* A collective whose fine key was refused: counted in the process's own slot
+ * for its symbol (open addressing, claimed with a compare-and-swap). */
+static __always_inline __u32 count_coarse(struct cd_proc_counts *pc, __u32 sym, __u32 role, __u64 elements,
+					  __u64 bytes)
+{
+	__u32 start = (sym * 2654435761u) >> 26; /* top 6 bits: CD_COARSE_SLOTS */
+
+	if (!pc) {
+		count_drop(CD_DROP_UNCOUNTED);
+		return CD_COUNTED_NONE;
+	}
+	if (role == CD_ROLE_COLLECTIVE) {
+		for (__u32 i = 0; i < CD_COARSE_SLOTS; i++) {
+			__u32 idx = (start + i) & (CD_COARSE_SLOTS - 1);
+			struct cd_coarse_slot *s = &pc->coarse[idx];
+			__u32 cur = s->sym1;
+
+			if (cur == 0) {
+				cur = __sync_val_compare_and_swap(&s->sym1, 0, sym + 1);
+				if (cur == 0)
+					cur = sym + 1;
+			}
+			if (cur != sym + 1)
+				continue;
+			add_count(&s->val, elements, bytes);
+			__sync_fetch_and_add(&pc->breakdown_lost, 1);
+			return CD_COUNTED_COARSE + idx;
+		}
+	}
+	__sync_fetch_and_add(&pc->uncounted, 1);
+	count_drop(CD_DROP_UNCOUNTED);
+	return CD_COUNTED_NONE;
+}
+
+/* Counts one call; returns where (CD_COUNTED_*).  A new fine key is taken
+ * only within the process's share, so no process can fill the node's map. */
+static __always_inline __u32 count_call(struct cd_count_key *key, __u32 role, __u64 elements, __u64 bytes)
+{
+	struct cd_count_val *v = bpf_map_lookup_elem(&counters, key);
+	struct cd_proc_counts *pc;
+
+	if (v) {
+		add_count(v, elements, bytes);
+		return CD_COUNTED_FINE;
+	}
+	pc = proc_counts_get(key->tgid);
+	/* Without its own counters (no memory for them) a process still gets
+	 * fine keys: losing the call would be worse than an unbounded share. */
+	if (!pc || pc->fine_keys < fine_keys_per_process) {
+		struct cd_count_val zero = {};
+
+		if (bpf_map_update_elem(&counters, key, &zero, BPF_NOEXIST) == 0 && pc)
+			__sync_fetch_and_add(&pc->fine_keys, 1);
+		v = bpf_map_lookup_elem(&counters, key);
+		if (!v)
+			count_drop(CD_DROP_COUNTER_FULL);
+	} else {
+		count_drop(CD_DROP_COUNTER_SHARE);
+	}
+	if (!v)
+		return count_coarse(pc, key->sym, role, elements, bytes);
+	add_count(v, elements, bytes);
+	return CD_COUNTED_FINE;
 }
 
 /* Every record starts with the same header. */
@@ -319,8 +413,10 @@ static __always_inline __u32 trace_flags(__u32 tgid)
 		return *f;
 	if (!count_all || !in_scope())
 		return 0;
-	if (bpf_map_update_elem(&traced, &tgid, &fl, BPF_NOEXIST) == 0)
+	if (bpf_map_update_elem(&traced, &tgid, &fl, BPF_NOEXIST) == 0) {
+		proc_counts_get(tgid);
 		emit_proc(CD_EV_PROC_SEEN, tgid, 0, 0);
+	}
 	return fl;
 }
 
@@ -381,6 +477,7 @@ int call_enter(struct pt_regs *ctx)
 		.dtype = 0xffffffffu,
 	};
 	__u64 elements = 0, bytes = 0;
+	__u32 counted = CD_COUNTED_NONE;
 
 	if (role == CD_ROLE_COLLECTIVE) {
 		__u32 ds = CD_COOKIE_DTYPE(cookie);
@@ -392,7 +489,7 @@ int call_enter(struct pt_regs *ctx)
 		}
 	}
 	if (flags & CD_TRACE_COUNT)
-		count_call(&key, elements, bytes);
+		counted = count_call(&key, role, elements, bytes);
 
 	if (CD_COOKIE_RET(cookie) && st) {
 		__u32 d = st->depth;
@@ -407,7 +504,7 @@ int call_enter(struct pt_regs *ctx)
 			s->a1 = slot_arg(args, CD_COOKIE_PEER(cookie));
 			s->a2 = slot_arg(args, CD_COOKIE_COMM(cookie));
 			s->ckey = key;
-			s->counted = !!(flags & CD_TRACE_COUNT);
+			s->counted = counted;
 			st->depth = d + 1;
 			if (CD_COOKIE_TAIL(cookie) == CD_TAIL_UNIQUE_ID &&
 			    bpf_probe_read_user(st->unique_id, CD_UNIQUE_ID_BYTES, (void *)(sp + 8)))
@@ -485,11 +582,17 @@ int call_exit(struct pt_regs *ctx)
 	/* ncclResult_t is a 32-bit enum: the upper half of rax is garbage */
 	ret = (__s32)ret;
 
-	if (ret != 0 && s->counted) {
+	if (ret != 0 && s->counted == CD_COUNTED_FINE) {
 		struct cd_count_val *v = bpf_map_lookup_elem(&counters, &s->ckey);
 
 		if (v)
 			__sync_fetch_and_add(&v->errors, 1);
+	} else if (ret != 0 && s->counted >= CD_COUNTED_COARSE) {
+		struct cd_proc_counts *pc = bpf_map_lookup_elem(&proc_counts, &tgid);
+		__u32 idx = (s->counted - CD_COUNTED_COARSE) & (CD_COARSE_SLOTS - 1);
+
+		if (pc)
+			__sync_fetch_and_add(&pc->coarse[idx].val.errors, 1);
 	}
 
 	if (s->out_ptr && role != CD_ROLE_COMM_END) {

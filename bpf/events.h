@@ -178,6 +178,30 @@ struct cd_count_val {
 	__u64 errors;	/* calls that returned non-zero (return probes only) */
 };
 
+/*
+ * The counter map is one per node, so a fine key (above) may be refused: the
+ * process used up its share (a `const volatile` limit) or the map is full.
+ * Every counted process also has a cd_proc_counts of its own, created when it
+ * enters the trace filter, that no other process can fill: the call is then
+ * counted there per symbol (coarse: no communicator or datatype), so per-kind
+ * counts stay exact, and counted as having lost its breakdown.
+ */
+#define CD_COARSE_SLOTS 64 /* distinct collective symbols per process; a power of two */
+
+struct cd_coarse_slot {
+	__u32 sym1; /* symbol id + 1; 0: free */
+	__u32 pad;
+	struct cd_count_val val;
+};
+
+struct cd_proc_counts {
+	__u64 fine_keys;      /* keys this process holds in the counter map */
+	__u64 breakdown_lost; /* calls counted in a coarse slot only */
+	__u64 uncounted;      /* calls not counted at all (not a collective, or no coarse slot left) */
+	__u64 pad;
+	struct cd_coarse_slot coarse[CD_COARSE_SLOTS];
+};
+
 /* Communicators, kept in the kernel so that they survive record drops. */
 struct cd_comm_key {
 	__u32 tgid;
@@ -208,14 +232,16 @@ struct cd_comm_val {
 /* Kernel-side losses, by cause (per-CPU array index). */
 enum cd_drop_cause {
 	CD_DROP_RINGBUF_FULL = 0,   /* call record not emitted: ring buffer full */
-	CD_DROP_COUNTER_FULL = 1,   /* counter map full: call not counted */
+	CD_DROP_COUNTER_FULL = 1,   /* fine key refused: counter map full (counted coarsely) */
 	CD_DROP_INFLIGHT_DEEP = 2,  /* return state not saved: nesting too deep */
 	CD_DROP_COMM_FULL = 3,	    /* communicator map full */
 	CD_DROP_DL_EVENT = 4,	    /* loader event lost: not stopped */
 	CD_DROP_READ_FAULT = 5,	    /* user memory unreadable */
 	CD_DROP_EXIT_LOST = 6,	    /* return record not emitted: its call shows no return */
 	CD_DROP_PROC_EVENT = 7,	    /* fork/exit event not emitted */
-	CD_DROP_MAX = 8,
+	CD_DROP_COUNTER_SHARE = 8,  /* fine key refused: the process holds its share (counted coarsely) */
+	CD_DROP_UNCOUNTED = 9,	    /* call not counted: no fine key and no coarse slot */
+	CD_DROP_MAX = 10,
 };
 
 #define CD_MAX_INFLIGHT 8

@@ -41,6 +41,20 @@ std::string lower(std::string s) {
     return s;
 }
 
+// /proc/PID/stat field 22 (start time, clock ticks after boot); 0 if unreadable.
+uint64_t process_start_time(uint32_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!std::getline(in, line)) return 0;
+    size_t paren = line.rfind(')');  // comm may hold spaces and parentheses
+    if (paren == std::string::npos) return 0;
+    std::istringstream rest(line.substr(paren + 1));
+    std::string field;
+    for (int i = 3; i <= 22; ++i)
+        if (!(rest >> field)) return 0;
+    return strtoull(field.c_str(), nullptr, 10);
+}
+
 // Mount point of the cgroup v2 hierarchy that holds `path`.
 std::string cgroup2_mount_for(const std::string& path) {
     std::ifstream in("/proc/self/mountinfo");
@@ -78,7 +92,7 @@ Result<std::unique_ptr<NodeCounter>> NodeCounter::create(const NodeCounterOption
     std::vector<std::string> errors;
     auto specs = select_specs(opts.probes, errors);
     if (!errors.empty()) return R::fail("commdbgd: " + errors.front());
-    auto bpf = BpfSession::open(BpfOptions{opts.ringbuf_bytes, true, n->scope_fd_});
+    auto bpf = BpfSession::open(BpfOptions{opts.ringbuf_bytes, true, n->scope_fd_, opts.counter_keys_per_process});
     if (!bpf) return R::fail(bpf.error());
     n->bpf_ = std::move(bpf.value());
     // After the load: the guard keeps only the stopped-pid map, never links.
@@ -92,6 +106,10 @@ Result<std::unique_ptr<NodeCounter>> NodeCounter::create(const NodeCounterOption
     n->metrics_.describe("commdbg_collective_calls_total", "Collective calls, exact (kernel counters)", "counter");
     n->metrics_.describe("commdbg_collective_bytes_total", "Bytes of collective calls: count x datatype size", "counter");
     n->metrics_.describe("commdbg_collective_errors_total", "Collective calls that returned an error", "counter");
+    n->metrics_.describe("commdbg_counter_breakdown_lost_total",
+                         "Calls of the process counted without communicator and datatype: its share of kernel "
+                         "counter keys was used up or the node's counter map was full",
+                         "counter");
     n->metrics_.describe("commdbg_events_dropped_total", "Kernel-side losses by cause", "counter");
     n->metrics_.describe("commdbg_processes", "Processes counted now", "gauge");
     n->metrics_.describe("commdbg_build_info", "commdbg version", "gauge");
@@ -140,10 +158,18 @@ void NodeCounter::scan_proc() {
 }
 
 void NodeCounter::adopt(uint32_t pid) {
+    const uint64_t start = process_start_time(pid);
     std::lock_guard lock(mu_);
-    if (procs_.count(pid)) return;
+    if (auto it = procs_.find(pid); it != procs_.end()) {
+        // The same pid, another process: its exit was missed.  A new one.
+        if (start == 0 || it->second.start_time == 0 || it->second.start_time == start) return;
+        metrics_.retire({pid, it->second.start_time}, Clock::now());
+        label_sets_.erase({pid, it->second.start_time});
+        procs_.erase(it);
+    }
     CountedProcess p;
     p.pid = pid;
+    p.start_time = start;
     if (auto info = read_process(static_cast<int>(pid))) {
         p.uid = info->uid;
         p.command = info->cmdline.empty() ? info->comm : info->cmdline;
@@ -155,11 +181,17 @@ void NodeCounter::adopt(uint32_t pid) {
 }
 
 void NodeCounter::retire(uint32_t pid) {
-    metrics_.retire_pid(pid, Clock::now());
+    uint64_t start = 0;
+    {
+        std::lock_guard lock(mu_);
+        if (auto it = procs_.find(pid); it != procs_.end()) start = it->second.start_time;
+    }
+    metrics_.retire({pid, start}, Clock::now());
     bpf_->forget_process(pid);
     bpf_->untrace_process(pid);
     std::lock_guard lock(mu_);
     procs_.erase(pid);
+    label_sets_.erase({pid, start});
 }
 
 void NodeCounter::on_record(std::span<const uint8_t> bytes) {
@@ -205,7 +237,8 @@ void NodeCounter::refresh() {
         for (const auto& [pid, p] : procs_)
             if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) gone.push_back(pid);
     }
-    auto counters = bpf_->counters();
+    auto snapshot = bpf_->counter_snapshot();
+    const auto& counters = snapshot.entries;
     auto comms = bpf_->comms();
     std::set<uint32_t> seen;
     for (const auto& c : counters) seen.insert(c.key.tgid);
@@ -214,13 +247,22 @@ void NodeCounter::refresh() {
     {
         std::lock_guard lock(mu_);
         counters_ = counters;
+        counter_loss_ = snapshot.loss;
         comms_ = comms;
         files_ = attacher_->files();  // the attacher itself is the main thread's
+        // Several counters can fall into one series (a coarse counter, label
+        // sets past a process's share): summed before they are set.
+        struct Sum {
+            ProcessKey owner;
+            uint64_t calls = 0, bytes = 0, errors = 0;
+        };
+        std::map<Labels, Sum> series;
         for (const auto& c : counters) {
             const SymbolInfo* s = symbols_.find(c.key.sym);
             if (!s || s->role != CD_ROLE_COLLECTIVE) continue;
             auto pit = procs_.find(c.key.tgid);
             if (pit == procs_.end()) continue;
+            const ProcessKey owner{c.key.tgid, pit->second.start_time};
             if (!comm_info.count(c.key.tgid)) comm_info[c.key.tgid] = communicators_of(c.key.tgid, comms, counters);
             std::string comm = c.key.comm ? "ptr:" + hex(c.key.comm) : "";
             std::string rank, nranks;
@@ -231,21 +273,39 @@ void NodeCounter::refresh() {
                 if (ci.nranks >= 0) nranks = std::to_string(ci.nranks);
             }
             auto dt = nccl_datatype_name(c.key.dtype);
-            Labels labels = {{"layer", s->layer},
-                             {"collective", std::string(coll_name(s->coll))},
-                             {"dtype", c.key.dtype == 0xffffffffu ? "" : dt ? std::string(*dt) : std::to_string(c.key.dtype)},
-                             {"comm", comm},
-                             {"rank", rank},
-                             {"nranks", nranks},
-                             {"pid", std::to_string(c.key.tgid)},
-                             {"host", host_}};
+            std::string dtype = c.key.dtype == 0xffffffffu ? "" : dt ? std::string(*dt) : std::to_string(c.key.dtype);
+            const std::string collective(coll_name(s->coll));
+            if (!dtype.empty() || !comm.empty() || !rank.empty() || !nranks.empty()) {
+                auto& sets = label_sets_[owner];
+                std::string set = s->layer + '\0' + collective + '\0' + dtype + '\0' + comm + '\0' + rank + '\0' + nranks;
+                if (!sets.count(set) && sets.size() >= opts_.metric_label_sets_per_process)
+                    dtype.clear(), comm.clear(), rank.clear(), nranks.clear();
+                else
+                    sets.insert(std::move(set));
+            }
+            Labels labels = {{"layer", s->layer}, {"collective", collective}, {"dtype", dtype},
+                             {"comm", comm},      {"rank", rank},             {"nranks", nranks},
+                             {"pid", std::to_string(c.key.tgid)},             {"host", host_}};
             for (const auto& k : kLabelEnv) {
                 auto e = pit->second.env.find(k);
                 labels.emplace_back("env_" + lower(k), e == pit->second.env.end() ? "" : e->second);
             }
-            metrics_.set("commdbg_collective_calls_total", labels, static_cast<double>(c.val.calls), c.key.tgid, now);
-            metrics_.set("commdbg_collective_bytes_total", labels, static_cast<double>(c.val.bytes), c.key.tgid, now);
-            metrics_.set("commdbg_collective_errors_total", labels, static_cast<double>(c.val.errors), c.key.tgid, now);
+            Sum& sum = series[std::move(labels)];
+            sum.owner = owner;
+            sum.calls += c.val.calls;
+            sum.bytes += c.val.bytes;
+            sum.errors += c.val.errors;
+        }
+        for (const auto& [labels, sum] : series) {
+            metrics_.set("commdbg_collective_calls_total", labels, static_cast<double>(sum.calls), sum.owner, now);
+            metrics_.set("commdbg_collective_bytes_total", labels, static_cast<double>(sum.bytes), sum.owner, now);
+            metrics_.set("commdbg_collective_errors_total", labels, static_cast<double>(sum.errors), sum.owner, now);
+        }
+        for (const auto& [pid, loss] : snapshot.loss) {
+            auto pit = procs_.find(pid);
+            if (pit == procs_.end()) continue;
+            metrics_.set("commdbg_counter_breakdown_lost_total", {{"pid", std::to_string(pid)}, {"host", host_}},
+                         static_cast<double>(loss.breakdown_lost), ProcessKey{pid, pit->second.start_time}, now);
         }
         metrics_.set("commdbg_processes", {{"host", host_}}, static_cast<double>(procs_.size()), 0, now);
     }
@@ -315,7 +375,15 @@ nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, st
         }
         nlohmann::json env = nlohmann::json::object();
         for (const auto& [k, v] : info.env) env[k] = v;
-        procs.push_back({{"pid", p}, {"command", info.command}, {"env", env}, {"comm_counts", cc}, {"comm_bytes", cb}});
+        auto loss = counter_loss_.find(p);
+        const CounterLoss lost = loss == counter_loss_.end() ? CounterLoss{} : loss->second;
+        procs.push_back({{"pid", p},
+                         {"command", info.command},
+                         {"env", env},
+                         {"comm_counts", cc},
+                         {"comm_bytes", cb},
+                         {"counter_breakdown_lost", lost.breakdown_lost},
+                         {"counter_calls_lost", lost.uncounted}});
         if (!by_comm) continue;
         for (const auto& ci : communicators_of(p, comms_, counters_)) {
             std::string id = ci.id ? hex(*ci.id) : "ptr:" + hex(ci.ptr);

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bpf_session.hpp"
+#include "limits.hpp"
 #include "metrics.hpp"
 #include "probe_attach.hpp"
 #include "resume_guard.hpp"
@@ -28,6 +29,13 @@ struct NodeCounterOptions {
     size_t max_series = 10000;
     std::chrono::seconds series_ttl = std::chrono::minutes(10);
     size_t ringbuf_bytes = 1u << 20;  // only loader/process events: small
+    // Fine counter keys per process in the kernel (BpfOptions).
+    uint32_t counter_keys_per_process = limits::kDefaultCounterKeysPerProcess;
+    // (layer, collective, dtype, comm, rank) label sets per process in
+    // /metrics; calls of further sets go to the process's series of their
+    // collective with dtype, comm, rank and nranks empty, so no process can
+    // take the --max-series of the others.  The first ones seen stay.
+    size_t metric_label_sets_per_process = 256;
 };
 
 // Environment variables that label a process's series (lower-cased).
@@ -35,6 +43,7 @@ extern const std::vector<std::string> kLabelEnv;
 
 struct CountedProcess {
     uint32_t pid = 0;
+    uint64_t start_time = 0;  // /proc/PID/stat field 22: tells a recycled pid apart
     uint32_t uid = 0;
     std::string command;
     std::map<std::string, std::string> env;  // RANK, LOCAL_RANK, ... as found
@@ -76,7 +85,10 @@ private:
 
     std::mutex mu_;  // guards the fields below (control and HTTP threads read them)
     std::map<uint32_t, CountedProcess> procs_;
-    std::vector<CounterEntry> counters_;
+    std::vector<CounterEntry> counters_;           // fine and coarse
+    std::map<uint32_t, CounterLoss> counter_loss_;  // by pid
+    // Label sets of each process's series (metric_label_sets_per_process).
+    std::map<ProcessKey, std::set<std::string>> label_sets_;
     std::vector<CommEntry> comms_;
     std::vector<AttachedFile> files_;
     uint64_t events_ = 0, decode_errors_ = 0, resumed_ = 0;

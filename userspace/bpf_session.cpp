@@ -14,6 +14,9 @@
 
 namespace commdbg {
 
+static_assert(sizeof(cd_coarse_slot) == 8 + sizeof(cd_count_val));
+static_assert(sizeof(cd_proc_counts) == 32 + CD_COARSE_SLOTS * sizeof(cd_coarse_slot));
+
 void LinkDeleter::operator()(bpf_link* l) const {
     if (l) bpf_link__destroy(l);
 }
@@ -28,6 +31,8 @@ const char* drop_cause_name(uint32_t cause) {
     case CD_DROP_READ_FAULT: return "user_read_fault";
     case CD_DROP_EXIT_LOST: return "return_record_lost";
     case CD_DROP_PROC_EVENT: return "process_event_lost";
+    case CD_DROP_COUNTER_SHARE: return "counter_keys_per_process";
+    case CD_DROP_UNCOUNTED: return "call_not_counted";
     default: return "unknown";
     }
 }
@@ -75,6 +80,7 @@ Result<std::unique_ptr<BpfSession>> BpfSession::open(const BpfOptions& opts) {
     bpf_map__set_max_entries(s->skel_->maps.events, s->ringbuf_bytes_);
     s->skel_->rodata->count_all = opts.count_all ? 1 : 0;
     s->skel_->rodata->scope_cgroup = opts.scope_cgroup_fd >= 0 ? 1 : 0;
+    s->skel_->rodata->fine_keys_per_process = opts.counter_keys_per_process;
     bpf_program__set_autoload(s->skel_->progs.on_mmap_file, opts.count_all);
     // Attached per library later, never by the skeleton.
     bpf_program__set_autoattach(s->skel_->progs.call_enter, false);
@@ -118,6 +124,10 @@ int BpfSession::poll(int timeout_ms) { return ring_buffer__poll(rb_, timeout_ms)
 Result<bool> BpfSession::trace_process(uint32_t tgid, uint32_t flags) {
     if (bpf_map__update_elem(skel_->maps.traced, &tgid, sizeof(tgid), &flags, sizeof(flags), BPF_ANY))
         return Result<bool>::fail(bpf_error_message("commdbg: adding pid " + std::to_string(tgid) + " to the trace filter", errno));
+    // Its own counters, where no other process can take their room; kept if
+    // it has them already (the kernel may have been first).
+    static const cd_proc_counts zero{};
+    bpf_map__update_elem(skel_->maps.proc_counts, &tgid, sizeof(tgid), &zero, sizeof(zero), BPF_NOEXIST);
     return true;
 }
 
@@ -148,9 +158,20 @@ std::vector<std::pair<K, V>> dump_map(const bpf_map* map) {
 
 }  // namespace
 
-std::vector<CounterEntry> BpfSession::counters() const {
-    std::vector<CounterEntry> out;
-    for (auto& [k, v] : dump_map<cd_count_key, cd_count_val>(skel_->maps.counters)) out.push_back({k, v});
+CounterSnapshot BpfSession::counter_snapshot() const {
+    CounterSnapshot out;
+    for (auto& [k, v] : dump_map<cd_count_key, cd_count_val>(skel_->maps.counters)) out.entries.push_back({k, v, false});
+    for (auto& [tgid, pc] : dump_map<uint32_t, cd_proc_counts>(skel_->maps.proc_counts)) {
+        out.loss[tgid] = {pc.fine_keys, pc.breakdown_lost, pc.uncounted};
+        for (const cd_coarse_slot& s : pc.coarse) {
+            if (s.sym1 == 0 || s.val.calls == 0) continue;
+            cd_count_key k{};
+            k.tgid = tgid;
+            k.sym = s.sym1 - 1;
+            k.dtype = 0xffffffffu;
+            out.entries.push_back({k, s.val, true});
+        }
+    }
     return out;
 }
 
@@ -206,8 +227,9 @@ uint64_t BpfSession::ringbuf_drops_of(uint32_t tgid) const {
 
 void BpfSession::forget_process(uint32_t tgid) {
     bpf_map__delete_elem(skel_->maps.proc_drops, &tgid, sizeof(tgid), 0);
-    for (auto& e : counters())
-        if (e.key.tgid == tgid) bpf_map__delete_elem(skel_->maps.counters, &e.key, sizeof(e.key), 0);
+    bpf_map__delete_elem(skel_->maps.proc_counts, &tgid, sizeof(tgid), 0);
+    for (auto& [k, v] : dump_map<cd_count_key, cd_count_val>(skel_->maps.counters))
+        if (k.tgid == tgid) bpf_map__delete_elem(skel_->maps.counters, &k, sizeof(k), 0);
     for (auto& e : comms())
         if (e.key.tgid == tgid) bpf_map__delete_elem(skel_->maps.comms, &e.key, sizeof(e.key), 0);
 }

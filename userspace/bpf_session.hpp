@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "events.h"
+#include "limits.hpp"
 #include "result.hpp"
 
 struct commdbg_bpf;
@@ -28,11 +30,29 @@ struct BpfOptions {
     // ones) and stop a process that maps a libnccl file not probed yet.
     bool count_all = false;
     int scope_cgroup_fd = -1;  // with count_all: only processes in this cgroup v2 subtree
+    // Fine (symbol, communicator, datatype) keys one process may hold in the
+    // node-wide counter map; past them its calls are counted per symbol only.
+    uint32_t counter_keys_per_process = limits::kDefaultCounterKeysPerProcess;
 };
 
+// One exact kernel counter.  coarse: the process's own per-symbol counter,
+// for calls whose fine key was refused (comm 0, dtype 0xffffffff: unknown).
 struct CounterEntry {
     cd_count_key key;
     cd_count_val val;
+    bool coarse = false;
+};
+
+// What a process's counters lost, from its cd_proc_counts.
+struct CounterLoss {
+    uint64_t fine_keys = 0;       // fine keys it holds
+    uint64_t breakdown_lost = 0;  // calls counted without communicator and datatype
+    uint64_t uncounted = 0;       // calls not counted (not collectives, or no coarse slot left)
+};
+
+struct CounterSnapshot {
+    std::vector<CounterEntry> entries;      // fine and coarse, every process
+    std::map<uint32_t, CounterLoss> loss;   // by tgid, processes that have counters
 };
 
 struct CommEntry {
@@ -63,7 +83,9 @@ public:
     // Delivers ready records to the handler; returns how many, or -errno.
     int poll(int timeout_ms);
 
-    std::vector<CounterEntry> counters() const;
+    // Fine and coarse entries: the per-symbol sums of a process are exact.
+    std::vector<CounterEntry> counters() const { return counter_snapshot().entries; }
+    CounterSnapshot counter_snapshot() const;
     std::vector<CommEntry> comms() const;
     std::array<uint64_t, CD_DROP_MAX> drops() const;
     uint64_t ringbuf_drops_of(uint32_t tgid) const;  // records `tgid` lost to a full ring buffer

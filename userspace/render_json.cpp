@@ -42,6 +42,7 @@ public:
         ordered_json counters = ordered_json::array();
         for (const CounterRow* c : sorted_counters(p_, syms_)) counters.push_back(counter_json(*c));
         j["counters"] = std::move(counters);
+        if (p_.counter_breakdown_lost) j["counter_breakdown_lost"] = p_.counter_breakdown_lost;
 
         if (records_mark) {
             j["records"] = *records_mark;

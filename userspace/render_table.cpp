@@ -93,6 +93,7 @@ private:
         uint64_t budget = p_.tree ? p_.tree->dropped(DropCause::Budget) : 0;
         uint64_t depth = p_.tree ? p_.tree->dropped(DropCause::Depth) : 0;
         uint64_t missing = p_.kernel_dropped_records + budget + depth;
+        if (p_.counter_breakdown_lost) line(paint(kWarn, "warning: " + std::to_string(p_.counter_breakdown_lost) + " calls counted without communicator and datatype (the kernel's counter keys ran out); the counts per kind are exact"));
         if (missing > 0) {
             line("dropped records: kernel ring buffer " + std::to_string(p_.kernel_dropped_records) +
                  ", model budget " + std::to_string(budget) + ", model depth " +

@@ -45,6 +45,7 @@ struct ProcessReport {
     std::vector<CommInfo> comms;
     const ProcessTree* tree = nullptr;
     uint64_t kernel_dropped_records = 0;
+    uint64_t counter_breakdown_lost = 0;  // calls counted without comm and dtype (kernel counter keys ran out)
     std::vector<std::string> notes;
     std::map<uint32_t, std::string> thread_names;  // tid -> name, where known
 };

@@ -152,4 +152,29 @@ TEST(CounterIsolation, OneProcessCannotTakeMoreThanItsShareOfCounterKeys) {
     EXPECT_EQ(flood.proc->wait(60).status, 0);
 }
 
+// The same in a session (`commdbg run`, no daemon): a process that asks for
+// more keys than the node's map holds keeps exact comm_counts and counters,
+// and the JSON dump says how many calls lost their breakdown.
+TEST(CounterIsolation, SessionCountsStayExactPastTheCounterKeys) {
+    REQUIRE_BPF();
+    TempDir tmp;
+    constexpr long kKeys = 70000;
+    auto r = run({commdbg_bin(), "run", "--counts-only", "--json", tmp.path("out.json"), "--",
+                  testprog("counter_flood"), "--procs", "1", "--keys", std::to_string(kKeys)},
+                 nccl_env(false));
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto j = read_json(tmp.path("out.json"));
+    json flooder;
+    for (const auto& p : j.contains("processes") ? j["processes"] : json::array({j}))
+        if (p.value("comm_counts", json::object()).contains("nccl.all_reduce")) flooder = p;
+    ASSERT_TRUE(flooder.is_object()) << j.dump().substr(0, 2000);
+    EXPECT_EQ(flooder["comm_counts"]["nccl.all_reduce"].get<long>(), kKeys);
+    EXPECT_EQ(flooder.value("counter_breakdown_lost", -1L),
+              kKeys - static_cast<long>(limits::kDefaultCounterKeysPerProcess));
+    long rows = 0;
+    for (const auto& c : flooder["counters"])
+        if (c.value("collective", "") == "all_reduce") rows += c["calls"].get<long>();
+    EXPECT_EQ(rows, kKeys);
+}
+
 }  // namespace commdbg::e2e
