@@ -118,7 +118,8 @@ std::string ControlServer::take_connection(uint32_t uid) {
     std::lock_guard lock(conn_mu_);
     if (uid != 0) {
         const size_t per_uid = kUnprivilegedLimits.connections_per_uid;
-        if (open_by_uid_[uid] >= per_uid)
+        auto mine = open_by_uid_.find(uid);
+        if (mine != open_by_uid_.end() && mine->second >= per_uid)
             return "commdbgd: uid " + std::to_string(uid) + " already has " + std::to_string(per_uid) +
                    " connections open, the most one user other than root may hold — end idle clients of "
                    "this user (commdbg attach/status/counts, scripts holding the socket) and retry";
