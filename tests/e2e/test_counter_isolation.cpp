@@ -154,13 +154,14 @@ TEST(CounterIsolation, OneProcessCannotTakeMoreThanItsShareOfCounterKeys) {
 
 // The same in a session (`commdbg run`, no daemon): a process that asks for
 // more keys than the node's map holds keeps exact comm_counts and counters,
-// and the JSON dump says how many calls lost their breakdown.
+// errors included, and the JSON dump says how many calls lost their breakdown.
 TEST(CounterIsolation, SessionCountsStayExactPastTheCounterKeys) {
     REQUIRE_BPF();
     TempDir tmp;
-    constexpr long kKeys = 70000;
+    constexpr long kKeys = 70000, kFailing = 1000;  // the last ones, far past its share
     auto r = run({commdbg_bin(), "run", "--counts-only", "--json", tmp.path("out.json"), "--",
-                  testprog("counter_flood"), "--procs", "1", "--keys", std::to_string(kKeys)},
+                  testprog("counter_flood"), "--procs", "1", "--keys", std::to_string(kKeys), "--null-comm-from",
+                  std::to_string(kKeys - kFailing)},
                  nccl_env(false));
     ASSERT_EQ(r.status, 0) << r.err;
     auto j = read_json(tmp.path("out.json"));
@@ -171,10 +172,11 @@ TEST(CounterIsolation, SessionCountsStayExactPastTheCounterKeys) {
     EXPECT_EQ(flooder["comm_counts"]["nccl.all_reduce"].get<long>(), kKeys);
     EXPECT_EQ(flooder.value("counter_breakdown_lost", -1L),
               kKeys - static_cast<long>(limits::kDefaultCounterKeysPerProcess));
-    long rows = 0;
+    long rows = 0, errors = 0;
     for (const auto& c : flooder["counters"])
-        if (c.value("collective", "") == "all_reduce") rows += c["calls"].get<long>();
+        if (c.value("collective", "") == "all_reduce") rows += c["calls"].get<long>(), errors += c["errors"].get<long>();
     EXPECT_EQ(rows, kKeys);
+    EXPECT_EQ(errors, kFailing);
 }
 
 }  // namespace commdbg::e2e

@@ -6,7 +6,8 @@
 // has read them.
 //
 // Call i of a child: comm = (ncclComm_t)(0x100000 + 16 * (i / 1000)),
-// datatype = i % 1000 (the stub looks at neither).  Prints
+// datatype = i % 1000 (the stub looks at neither); from call --null-comm-from
+// on, comm = NULL, which the stub rejects (ncclInvalidArgument).  Prints
 // "flooded pid=P calls=K" per child, then "ready children=N" once all are done.
 #define _GNU_SOURCE
 #include "nccl_stub.h"
@@ -39,7 +40,7 @@ static void sleep_ms(long ms) {
 }
 
 int main(int argc, char **argv) {
-  long procs = 1, keys = 70000;
+  long procs = 1, keys = 70000, null_from = -1;
   const char *wait_file = NULL;
   static char buf[64];
 
@@ -47,8 +48,9 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[i], "--procs") && i + 1 < argc) procs = parse(argv[++i], "--procs");
     else if (!strcmp(argv[i], "--keys") && i + 1 < argc) keys = parse(argv[++i], "--keys");
     else if (!strcmp(argv[i], "--wait-file") && i + 1 < argc) wait_file = argv[++i];
+    else if (!strcmp(argv[i], "--null-comm-from") && i + 1 < argc) null_from = parse(argv[++i], "--null-comm-from");
     else {
-      fprintf(stderr, "usage: counter_flood [--procs N] [--keys K] [--wait-file PATH]\n");
+      fprintf(stderr, "usage: counter_flood [--procs N] [--keys K] [--wait-file PATH] [--null-comm-from I]\n");
       return 2;
     }
   }
@@ -61,7 +63,7 @@ int main(int argc, char **argv) {
     if (pid > 0) continue;
     close(done[0]);
     for (long i = 0; i < keys; i++) {
-      ncclComm_t comm = (ncclComm_t)(uintptr_t)(0x100000 + 16 * (i / 1000));
+      ncclComm_t comm = null_from >= 0 && i >= null_from ? NULL : (ncclComm_t)(uintptr_t)(0x100000 + 16 * (i / 1000));
       ncclAllReduce(buf, buf, 1, (ncclDataType_t)(i % 1000), ncclSum, comm, NULL);
     }
     printf("flooded pid=%d calls=%ld\n", getpid(), keys);
