@@ -344,6 +344,24 @@ TEST(DaemonLimits, UnprivilegedSessionsAreHeldToThePerUserLimits) {
     EXPECT_EQ(comm_counts_of(read_json(tmp.path("own.json"))), expected_map(kPattern, "nccl."));
 }
 
+// The daemon reads a spec file as root: through it, another user could learn
+// whether a file exists and read pieces of it from the parse error.
+TEST(DaemonLimits, UnprivilegedAttachCannotMakeTheDaemonReadAFile) {
+    REQUIRE_BPF();
+    SharedDir tmp;
+    START_DAEMON(d, tmp);
+    auto bins = nobody_bins();
+    Background sleeper(concat(kAsNobody, {bins.sleeper, "120000"}));
+    ASSERT_FALSE(sleeper.wait_for_line("ready pid=").empty()) << "sleeper (uid 65534) never got ready";
+    auto r = cli_as_nobody(bins, {"attach", std::to_string(sleeper.pid()), "-d", "1", "--probes", "/etc/shadow",
+                                  "--socket", d.socket(), "--json", tmp.path("out.json")},
+                           15);
+    EXPECT_NE(r.status, 0);
+    EXPECT_EQ(r.err.find("JSON"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("last read"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("built-in specs only"), std::string::npos) << r.err;
+}
+
 // ======================================================================================
 // Finding 13: a window cut short by the daemon's shutdown says so.
 // ======================================================================================
