@@ -52,7 +52,8 @@ int print_status(const nlohmann::json& j) {
                   << l.value("sessions_per_uid", 0) << " sessions each, --ringbuf-kb <= " << l.value("ringbuf_kb", 0)
                   << ", --max-records <= " << l.value("max_records", 0) << ", --duration <= "
                   << limits::format_seconds(l.value("duration_s", 0.0)) << " (also without -d), "
-                  << l.value("connections_per_uid", 0) << " connections each\n";
+                  << l.value("connections_per_uid", 0) << " connections each"
+                  << (l.value("probe_files", true) ? "" : ", built-in --probes only") << "\n";
     }
     std::cout << "library files attached:\n";
     const nlohmann::json files = j.value("library_files", nlohmann::json::array());

@@ -287,7 +287,8 @@ nlohmann::json to_json(const UnprivilegedLimits& l) {
             {"ringbuf_kb", l.ringbuf_kb},
             {"max_records", l.max_records},
             {"duration_s", l.duration_s},
-            {"connections_per_uid", l.connections_per_uid}};
+            {"connections_per_uid", l.connections_per_uid},
+            {"probe_files", l.probe_files}};
 }
 
 std::optional<std::string> unprivileged_problem(const Request& req, uint32_t uid, const UnprivilegedLimits& l) {
@@ -300,6 +301,12 @@ std::optional<std::string> unprivileged_problem(const Request& req, uint32_t uid
     if (req.max_records > l.max_records)
         return "--max-records " + std::to_string(req.max_records) + " is over the " + std::to_string(l.max_records) +
                who + "ask for " + std::to_string(l.max_records) + " or less" + or_root;
+    if (!l.probe_files)
+        for (const auto& p : req.probes)
+            if (p.find('/') != std::string::npos || p.ends_with(".json"))
+                return "--probes " + bounded(p) + ": through commdbgd, uid " + std::to_string(uid) +
+                       " may name built-in specs only (`commdbg probes list`), since the daemon would read the "
+                       "file as root — ask root to trace with that spec file";
     if (req.duration_s > l.duration_s)
         return "--duration " + limits::format_seconds(req.duration_s) + " is over the " +
                limits::format_seconds(l.duration_s) + who + "ask for " + limits::format_seconds(l.duration_s) +

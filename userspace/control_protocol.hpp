@@ -95,6 +95,10 @@ struct UnprivilegedLimits {
     size_t max_records = limits::kDefaultMaxRecords;
     double duration_s = 3600;  // longest window; an attach without -d ends there too
     size_t connections_per_uid = 8;  // open control connections
+    // Spec files (--probes PATH) would be read by the daemon as root: a way
+    // to probe for, and read parts of, files the user cannot read.  Built-in
+    // specs only.
+    bool probe_files = false;
 };
 inline constexpr UnprivilegedLimits kUnprivilegedLimits{};
 

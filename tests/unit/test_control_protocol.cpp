@@ -419,6 +419,22 @@ TEST(UnprivilegedLimits, OtherUsersAreToldTheLimitInTheCliOptionNames) {
     EXPECT_EQ(problem(R"("ringbuf_kb":65536,"max_records":200000,"duration_s":3600)", 65534), "(none)");
 }
 
+// The daemon reads spec files as root: another user naming one could learn
+// whether a file exists and pieces of it from the parse error.
+TEST(UnprivilegedLimits, OtherUsersNameBuiltInSpecsOnly) {
+    auto probes = [](const std::string& list, uint32_t uid) {
+        return unprivileged_problem(parse_ok(R"({"op":"attach","pid":9,"probes":)" + list + "}"), uid);
+    };
+    auto p = probes(R"(["nccl","/etc/shadow"])", 65534);
+    ASSERT_TRUE(p);
+    EXPECT_EQ(*p, "--probes /etc/shadow: through commdbgd, uid 65534 may name built-in specs only (`commdbg probes "
+                  "list`), since the daemon would read the file as root — ask root to trace with that spec file");
+    EXPECT_TRUE(probes(R"(["my-spec.json"])", 65534));
+    EXPECT_TRUE(probes(R"(["/root"])", 1000));
+    EXPECT_FALSE(probes(R"(["nccl","torch-aten"])", 65534));
+    EXPECT_FALSE(probes(R"(["/etc/commdbg/spec.json"])", 0));
+}
+
 TEST(UnprivilegedLimits, AnotherUsersWindowWithoutDurationEndsAtTheLongestAllowed) {
     EXPECT_DOUBLE_EQ(session_window_s(parse_ok(R"({"op":"attach","pid":9})"), 65534), 3600);
     EXPECT_DOUBLE_EQ(session_window_s(parse_ok(R"({"op":"attach","pid":9,"duration_s":10})"), 65534), 10);
@@ -427,7 +443,7 @@ TEST(UnprivilegedLimits, AnotherUsersWindowWithoutDurationEndsAtTheLongestAllowe
 TEST(UnprivilegedLimits, StatusStatesEveryLimit) {
     EXPECT_EQ(to_json(kUnprivilegedLimits),
               json::parse(R"({"sessions_per_uid":2,"ringbuf_kb":65536,"max_records":200000,"duration_s":3600.0,)"
-                          R"("connections_per_uid":8})"));
+                          R"("connections_per_uid":8,"probe_files":false})"));
 }
 
 // ---- responses ---------------------------------------------------------------
