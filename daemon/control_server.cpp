@@ -280,14 +280,17 @@ std::string ControlServer::attach(const Request& req, const PeerCred& peer, int 
     const std::string what_to_do = " — wait for one to end or end one (`commdbg sessions`, `commdbg detach ID`)";
     {
         std::lock_guard lock(mu_);
+        size_t mine = 0;
+        for (const auto& [id, s] : sessions_) mine += s->owner_uid == peer.uid;
+        // Another user sees and ends only its own sessions: say how many those are.
+        const std::string yours =
+            peer.uid == 0 ? std::string() : " (" + std::to_string(mine) + " of them yours; root sees and ends all)";
         if (session_slots_ >= max_sessions_)
             return error_response(who + ": commdbgd already runs " + std::to_string(max_sessions_) +
-                                  " tracing sessions, its limit" + what_to_do +
+                                  " tracing sessions, its limit" + yours + what_to_do +
                                   ", or trace with `commdbg attach --no-daemon`; commdbgd --max-sessions raises "
                                   "the limit");
         if (peer.uid != 0) {
-            size_t mine = 0;
-            for (const auto& [id, s] : sessions_) mine += s->owner_uid == peer.uid;
             const size_t per_uid = kUnprivilegedLimits.sessions_per_uid;
             if (mine >= per_uid)
                 return error_response(who + ": uid " + std::to_string(peer.uid) + " already runs " +
@@ -297,7 +300,7 @@ std::string ControlServer::attach(const Request& req, const PeerCred& peer, int 
             if (max_sessions_ > 1 && session_slots_ + 1 >= max_sessions_)
                 return error_response(who + ": commdbgd runs " + std::to_string(session_slots_) + " of its " +
                                       std::to_string(max_sessions_) +
-                                      " tracing sessions and keeps the last one for root" + what_to_do +
+                                      " tracing sessions and keeps the last one for root" + yours + what_to_do +
                                       ", or ask root");
         }
         ++session_slots_;
