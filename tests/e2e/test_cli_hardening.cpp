@@ -15,6 +15,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -130,20 +131,25 @@ TEST(Outputs, FifoReaderGetsTheWholeDump) {
     TempDir tmp;
     const std::string fifo = tmp.path("fifo");
     ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+    // Opened before commdbg runs and non-blocking: the test never hangs on
+    // a FIFO that commdbg did not open (or replaced).
+    int rd = open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+    ASSERT_GE(rd, 0);
+    std::atomic<bool> ran{false};
     std::string got;
     std::thread reader([&] {
-        int fd = open(fifo.c_str(), O_RDONLY);  // blocks until commdbg opens it
-        if (fd < 0) return;
         char buf[65536];
-        for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) got.append(buf, static_cast<size_t>(n));
-        close(fd);
+        for (;;) {
+            ssize_t n = read(rd, buf, sizeof(buf));
+            if (n > 0) got.append(buf, static_cast<size_t>(n));
+            else if (ran) break;  // no writer left and commdbg is done
+            else std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
     });
     auto r = run(run_argv({"--json", fifo}, workload_argv()), nccl_env(false));
-    if (r.status != 0) {  // unblock the reader if commdbg never opened the FIFO
-        int fd = open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
-        if (fd >= 0) close(fd);
-    }
+    ran = true;
     reader.join();
+    close(rd);
     EXPECT_EQ(r.status, 0) << r.err;
     EXPECT_TRUE(S_ISFIFO(stat_of(fifo).st_mode)) << "the FIFO was replaced";
     auto j = json::parse(got, nullptr, false);
