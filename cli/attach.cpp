@@ -30,7 +30,8 @@ int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
     // The daemon's errors name the attach themselves ("attach N: ..."): once
     // is enough; a protocol field is named by the option that set it.
     auto fail = [&](std::string error) {
-        for (const std::string& own : {"attach " + std::to_string(o.pid) + ": ", std::string("attach: ")})
+        for (const std::string& own :
+             {"attach " + std::to_string(o.pid) + ": ", std::string("attach: "), std::string("commdbg: ")})
             if (error.rfind(own, 0) == 0) error.erase(0, own.size());
         static const std::pair<const char*, const char*> kOptionOf[] = {
             {"field \"duration_s\"", "--duration"},    {"field \"noise_level\"", "--noise-level"},
