@@ -29,6 +29,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kRefreshPeriod = std::chrono::milliseconds(500);
+constexpr size_t kFamilies = 3;  // calls, bytes, errors: series per label set
 
 std::string hex(uint64_t v) {
     char b[24];
@@ -257,6 +258,10 @@ void NodeCounter::refresh() {
             uint64_t calls = 0, bytes = 0, errors = 0;
         };
         std::map<Labels, Sum> series;
+        // New label sets only while they leave a quarter of --max-series for
+        // the series per collective of every process (its counts per kind).
+        const size_t fine_room = opts_.max_series - opts_.max_series / 4;
+        size_t exported = metrics_.series();
         for (const auto& c : counters) {
             const SymbolInfo* s = symbols_.find(c.key.sym);
             if (!s || s->role != CD_ROLE_COLLECTIVE) continue;
@@ -278,10 +283,13 @@ void NodeCounter::refresh() {
             if (!dtype.empty() || !comm.empty() || !rank.empty() || !nranks.empty()) {
                 auto& sets = label_sets_[owner];
                 std::string set = s->layer + '\0' + collective + '\0' + dtype + '\0' + comm + '\0' + rank + '\0' + nranks;
-                if (!sets.count(set) && sets.size() >= opts_.metric_label_sets_per_process)
-                    dtype.clear(), comm.clear(), rank.clear(), nranks.clear();
-                else
+                const bool room = sets.size() < opts_.metric_label_sets_per_process && exported + kFamilies <= fine_room;
+                if (!sets.count(set) && room) {
                     sets.insert(std::move(set));
+                    exported += kFamilies;
+                } else if (!sets.count(set)) {
+                    dtype.clear(), comm.clear(), rank.clear(), nranks.clear();
+                }
             }
             Labels labels = {{"layer", s->layer}, {"collective", collective}, {"dtype", dtype},
                              {"comm", comm},      {"rank", rank},             {"nranks", nranks},

@@ -32,9 +32,10 @@ struct NodeCounterOptions {
     // Fine counter keys per process in the kernel (BpfOptions).
     uint32_t counter_keys_per_process = limits::kDefaultCounterKeysPerProcess;
     // (layer, collective, dtype, comm, rank) label sets per process in
-    // /metrics; calls of further sets go to the process's series of their
-    // collective with dtype, comm, rank and nranks empty, so no process can
-    // take the --max-series of the others.  The first ones seen stay.
+    // /metrics, and all processes' together at most 3/4 of max_series; calls
+    // of further sets go to the process's series of their collective with
+    // dtype, comm, rank and nranks empty, so no process, nor many, can take
+    // the --max-series of the others.  The first ones seen stay.
     size_t metric_label_sets_per_process = 256;
 };
 

@@ -152,6 +152,35 @@ TEST(CounterIsolation, OneProcessCannotTakeMoreThanItsShareOfCounterKeys) {
     EXPECT_EQ(flood.proc->wait(60).status, 0);
 }
 
+// Processes of uid 65534, each within its share of kernel keys and of label
+// sets, together would fill --max-series; a root workload that starts
+// afterwards still has its series, exact per kind.
+TEST(CounterIsolation, ManyProcessesOfAnotherUserCannotFillMaxSeries) {
+    REQUIRE_BPF();
+    SharedDir dir;
+    constexpr int kMaxSeries = 3000;
+    START_DAEMON(d, dir, {"--max-series", std::to_string(kMaxSeries)});
+    constexpr int kProcs = 6;
+    constexpr long kKeys = 1000;  // 1000 label sets each: 3 series per set
+    static_assert(kProcs * kKeys * 3 > kMaxSeries);
+    Flood flood = start_flood(dir, kProcs, kKeys);
+    ASSERT_EQ(flood.children.size(), static_cast<size_t>(kProcs));
+    // Until the daemon has exported what the flooders asked for.
+    counts_settled(d, flood.children, kKeys, false);
+    sleep_ms(1200);
+
+    StalledWorkload w({testprog("nccl_workload"), "--calls", pattern_arg(kPattern), "--fake-comm"}, nccl_env(false));
+    ASSERT_STALLED(w);
+    EXPECT_EQ(metrics_calls_settled(d.port(), w.pid(), expected_map(kPattern)), expected_map(kPattern));
+    auto samples = scrape(d.port());
+    for (int pid : flood.children)
+        EXPECT_EQ(sum_by_collective(samples, "commdbg_collective_calls_total", pid)["all_reduce"], kKeys)
+            << "flooder " << pid;
+    EXPECT_EQ(w.finish().status, 0);
+    touch(dir.path("go"));
+    EXPECT_EQ(flood.proc->wait(60).status, 0);
+}
+
 // The same in a session (`commdbg run`, no daemon): a process that asks for
 // more keys than the node's map holds keeps exact comm_counts and counters,
 // errors included, and the JSON dump says how many calls lost their breakdown.
