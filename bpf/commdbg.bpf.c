@@ -701,7 +701,8 @@ int dl_debug_state(struct pt_regs *ctx)
 }
 
 
-/* Children of a followed process are traced from their first instruction. */
+/* Children of a followed process are traced from their first instruction;
+ * those of a CD_TRACE_NOTE_FORK process are only reported. */
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 {
@@ -712,10 +713,11 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 	if (ptgid == ctgid)
 		return 0; /* a new thread */
 	flags = bpf_map_lookup_elem(&traced, &ptgid);
-	if (!flags || !(*flags & CD_TRACE_FOLLOW))
+	if (!flags || !(*flags & (CD_TRACE_FOLLOW | CD_TRACE_NOTE_FORK)))
 		return 0;
 	f = *flags;
-	bpf_map_update_elem(&traced, &ctgid, &f, BPF_ANY);
+	if (f & CD_TRACE_FOLLOW)
+		bpf_map_update_elem(&traced, &ctgid, &f, BPF_ANY);
 	emit_proc(CD_EV_PROC_FORK, ctgid, ptgid, 0);
 	return 0;
 }

@@ -161,6 +161,7 @@ struct cd_proc {
 #define CD_TRACE_RECORDS (1u << 1) /* emit ring-buffer records */
 #define CD_TRACE_FOLLOW (1u << 2)  /* children inherit the flags */
 #define CD_TRACE_DL_STOP (1u << 3) /* stop at loader changes until resumed */
+#define CD_TRACE_NOTE_FORK (1u << 4) /* report forks without tracing the children */
 
 /* Exact per-process counters: never depend on ring-buffer delivery. */
 struct cd_count_key {

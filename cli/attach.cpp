@@ -21,6 +21,7 @@ struct AttachOptions {
     TraceCliOptions trace;
     std::string socket;
     bool no_daemon = false;
+    bool no_follow = false;
 };
 
 // The session runs inside commdbgd, which decides from our credentials what
@@ -110,7 +111,7 @@ int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
     }
 }
 
-int run_attach(const AttachOptions& o) {
+int run_attach(AttachOptions o) {
     const std::string who = "commdbg: attach " + std::to_string(o.pid);
     auto info = read_process(o.pid);
     if (!info) {
@@ -122,6 +123,18 @@ int run_attach(const AttachOptions& o) {
                   << ") — attach to the user process that runs the training job\n";
         return 1;
     }
+    if (info->tgid != o.pid) {
+        // A thread id (from top -H, py-spy, a log line): its process is meant.
+        std::cerr << "commdbg: note: " << o.pid << " is a thread (" << info->comm << ") of "
+                  << describe_pid(info->tgid) << "; tracing that process\n";
+        o.pid = info->tgid;
+        info = read_process(o.pid);
+        if (!info) {
+            std::cerr << who << ": " << info.error() << "\n";
+            return 1;
+        }
+    }
+    if (!check_trace_outputs(o.trace)) return 2;
     if (!o.no_daemon) {
         if (auto client = DaemonClient::connect(socket_path(o.socket))) return attach_via_daemon(o, *client);
     }
@@ -138,13 +151,13 @@ int run_attach(const AttachOptions& o) {
     // No loader stop here: the target's parent may be an interactive shell that
     // would see the stop.  Libraries loaded during the window are attached as
     // soon as the loader event arrives.
-    if (auto r = s.add_process(o.pid, /*follow=*/false, /*dl_stop=*/false); !r) {
+    if (auto r = s.add_process(o.pid, /*follow=*/!o.no_follow, /*dl_stop=*/false); !r) {
         std::cerr << who << ": " << r.error() << "\n";
         return 1;
     }
     print_messages(s);
     std::cerr << "commdbg: tracing " << describe_pid(o.pid);
-    if (o.duration > 0) std::cerr << " for " << o.duration << " s";
+    if (o.duration > 0) std::cerr << " for " << limits::format_seconds(o.duration);
     std::cerr << " (" << s.attached_files().size() << " library file(s) probed; Ctrl-C to stop)\n";
 
     install_stop_handlers();
@@ -158,9 +171,14 @@ int run_attach(const AttachOptions& o) {
 void register_attach(CLI::App& app) {
     auto opts = std::make_shared<AttachOptions>();
     CLI::App* sub = app.add_subcommand("attach", "Trace one running process for a window, then print what it saw");
-    sub->add_option("pid", opts->pid, "Process to trace")->required()->check(CLI::PositiveNumber);
-    sub->add_option("-d,--duration", opts->duration, "Seconds to trace (default: until Ctrl-C or the process exits)")
-        ->check(CLI::NonNegativeNumber);
+    sub->add_option("pid", opts->pid, "Process to trace (a thread id traces its process)")
+        ->required()
+        ->check(process_id());
+    sub->add_option("-d,--duration", opts->duration,
+                    "Seconds to trace, at most 30 days (default or 0: until Ctrl-C or the process exits)")
+        ->check(duration_seconds());
+    sub->add_flag("--no-follow", opts->no_follow,
+                  "Do not trace children the process forks during the window (each fork is noted instead)");
     add_trace_options(sub, opts->trace);
     sub->add_option("--socket", opts->socket,
                     "commdbgd control socket (default $COMMDBG_SOCKET or /run/commdbg/commdbgd.sock); "

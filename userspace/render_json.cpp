@@ -3,6 +3,7 @@
 // trees) plus what only an outside observer knows (losses, threads,
 // communicators).  ordered_json keeps the field order stable for diffs.
 #include <algorithm>
+#include <cstring>
 
 #include "nccl.hpp"
 #include "report.hpp"
@@ -67,7 +68,15 @@ public:
         ordered_json proc;
         proc["pid"] = p_.pid;
         proc["command"] = p_.command;
-        proc["exit_code"] = p_.exit_code ? ordered_json(*p_.exit_code) : ordered_json(nullptr);
+        // exit_code: the status of exit(N); a process killed by a signal has
+        // "exit_code": null and "signal": N instead.
+        auto ended = p_.exit_code ? report_detail::decode_exit(*p_.exit_code) : report_detail::ExitInfo{};
+        proc["exit_code"] = ended.code ? ordered_json(*ended.code) : ordered_json(nullptr);
+        if (ended.signal) {
+            proc["signal"] = *ended.signal;
+            if (const char* abbrev = sigabbrev_np(*ended.signal)) proc["signal_name"] = std::string("SIG") + abbrev;
+            if (ended.core_dumped) proc["core_dumped"] = true;
+        }
         proc["libraries"] = p_.libraries;
         j["process"] = std::move(proc);
         j["threads"] = p_.tree ? p_.tree->threads() : std::vector<uint32_t>{};

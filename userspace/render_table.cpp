@@ -53,7 +53,7 @@ private:
     void summary() {
         std::string head = "commdbg: pid " + std::to_string(p_.pid);
         if (!p_.command.empty()) head += " (" + p_.command + ")";
-        if (p_.exit_code) head += " exit_code=" + std::to_string(*p_.exit_code);
+        if (p_.exit_code) head += " " + report_detail::describe_exit(report_detail::decode_exit(*p_.exit_code));
         line(paint(kBold, head));
         if (!p_.libraries.empty()) {
             std::string libs = "libraries:";

@@ -39,7 +39,7 @@ struct CommInfo {
 struct ProcessReport {
     uint32_t pid = 0;
     std::string command;
-    std::optional<int> exit_code;
+    std::optional<int> exit_code;  // raw wait status: see report_detail::decode_exit
     std::vector<std::string> libraries;
     std::vector<CounterRow> counters;
     std::vector<CommInfo> comms;
@@ -95,12 +95,18 @@ nlohmann::json chrome_trace(const std::vector<ProcessReport>& ps, const SymbolTa
 // chrome_trace(ps, syms).dump(), written one event at a time.
 std::string chrome_trace_text(const std::vector<ProcessReport>& ps, const SymbolTable& syms);
 
-// Write to a temporary file in the same directory, fsync, rename over `path`.
-// Throws CommdbgError with the path and errno text on failure.
-void write_file_atomic(const std::string& path, const std::string& content);
-
 // Shared by the renderers.
 namespace report_detail {
+// A wait status (from waitpid or the kernel's task->exit_code) as a person
+// reads it: the exit status of exit(N), or the signal that killed it.
+struct ExitInfo {
+    std::optional<int> code;    // exited normally: its status, 0..255
+    std::optional<int> signal;  // killed by this signal
+    bool core_dumped = false;
+};
+ExitInfo decode_exit(int wait_status);
+// "exited with status 3", "killed by SIGKILL (signal 9)".
+std::string describe_exit(const ExitInfo& e);
 const CommInfo* find_comm(const ProcessReport& p, uint64_t ptr);
 std::string hex(uint64_t v);          // "0x1a2b"
 std::string hex16(uint64_t v);        // "0x%016x"

@@ -75,11 +75,14 @@ Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
     if (info->kernel_thread)
         return Result<bool>::fail("pid " + std::to_string(pid) + " is a kernel thread (" + info->comm +
                                   ") — attach to the user process that runs the training job");
+    if (info->tgid != pid)
+        return Result<bool>::fail(std::to_string(pid) + " is a thread of pid " + std::to_string(info->tgid) +
+                                  " — attach to the process: " + std::to_string(info->tgid));
     if (info->state == 'Z')
         return Result<bool>::fail("pid " + std::to_string(pid) + " has exited (zombie) — nothing to trace");
     uint32_t flags = CD_TRACE_COUNT;
     if (opts_.records) flags |= CD_TRACE_RECORDS;
-    if (follow) flags |= CD_TRACE_FOLLOW;
+    flags |= follow ? CD_TRACE_FOLLOW : CD_TRACE_NOTE_FORK;
     // Without a guard that resumes on our death, never stop anybody.
     if (dl_stop && !guard_->running()) guard_->start();
     if (dl_stop && guard_->running()) {
@@ -128,6 +131,17 @@ void TraceSession::on_record(std::span<const uint8_t> bytes) {
         return;
     }
     if (auto* f = std::get_if<ProcFork>(&ev)) {
+        if (!(follow_flags_ & CD_TRACE_FOLLOW)) {
+            // Not followed: said, so that a parent whose children do the
+            // work does not look idle.
+            if (++untraced_children_ <= kMaxChildNotes)
+                messages_.push_back("pid " + std::to_string(f->parent_tgid) + " forked pid " + std::to_string(f->tgid) +
+                                    ", which is not traced (--no-follow): its collectives are not in this report");
+            else if (untraced_children_ == kMaxChildNotes + 1)
+                messages_.push_back("more children were forked and not traced (--no-follow); only the first " +
+                                    std::to_string(kMaxChildNotes) + " are named");
+            return;
+        }
         // The kernel already traces the child; a child forked before exec
         // shares the parent's probed mappings.
         if (follow_flags_ & CD_TRACE_DL_STOP) guard_->watch(static_cast<pid_t>(f->tgid));

@@ -47,8 +47,9 @@ public:
     static Result<std::unique_ptr<TraceSession>> create(const SessionOptions& opts);
     ~TraceSession();
 
-    // Starts tracing `pid`.  follow: its children are traced from their first
-    // instruction; dl_stop: it is stopped at each loader change until new
+    // Starts tracing `pid` (a process id, not a thread id).  follow: its
+    // children are traced from their first instruction (else each fork is
+    // noted); dl_stop: it is stopped at each loader change until new
     // libraries are attached (only where we are sure a stop harms nobody).
     Result<bool> add_process(int pid, bool follow, bool dl_stop);
     // Loader probe for the interpreter of `exe`, before a child execs it.
@@ -87,6 +88,8 @@ private:
     std::vector<std::string> messages_;
     uint64_t decode_errors_ = 0;
     uint32_t follow_flags_ = 0;
+    uint64_t untraced_children_ = 0;  // forks of a process traced without follow
+    static constexpr uint64_t kMaxChildNotes = 8;
 };
 
 // "pid 4242 (python3 train.py)" for messages.
