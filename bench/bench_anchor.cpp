@@ -1,0 +1,299 @@
+// SPDX-License-Identifier: Apache-2.0
+// commdbg against the anchor a user would compare it with: bpftrace counting
+// the same calls.  One run, one process making the calls, each tracer
+// attached to it from outside in turn:
+//   ncclAllReduce (real libnccl.so.2 where installed, else the stub):
+//     unprobed | bpftrace count() on entry | bpftrace count() on entry and
+//     return | commdbg attach --counts-only | commdbg attach (records) |
+//     commdbgd's always-on node counter
+//   torch-aten (a python loop of torch.add): unprobed | bpftrace count() on
+//     at::_ops::add_Tensor::call | commdbg attach --probes torch-aten
+//     --counts-only | with records
+// ns per call and each as a ratio to bpftrace's entry+return count (for
+// torch: its entry count, since return probes are off limits on C++).
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_proc.hpp"
+
+namespace {
+
+using AllReduceFn = int (*)(const void*, void*, size_t, int, int, void*, void*);
+using commdbg::testproc::Background;
+using Clock = std::chrono::steady_clock;
+
+struct Target {
+    // Runs n calls, returns ns per call.
+    std::function<double(long)> ns_per_call;
+    long n;
+};
+
+double best_of(const Target& t, int rounds = 3) {
+    double best = 1e18;
+    for (int r = 0; r < rounds; ++r) best = std::min(best, t.ns_per_call(t.n));
+    return best;
+}
+
+// bpftrace prints "Attaching N probes..." before it attaches: it is in
+// place once it holds a perf_event fd per probe (its uprobes); up to 20 s.
+bool wait_perf_event_fds(pid_t pid, int want) {
+    auto deadline = Clock::now() + std::chrono::seconds(20);
+    const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+    while (Clock::now() < deadline) {
+        int n = 0;
+        std::error_code ec;
+        for (const auto& e : std::filesystem::directory_iterator(fd_dir, ec)) {
+            std::error_code lec;
+            if (std::filesystem::read_symlink(e.path(), lec).string() == "anon_inode:[perf_event]") ++n;
+        }
+        if (n >= want) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+}
+
+struct Row {
+    explicit Row(std::string w, double n = -1) : what(std::move(w)), ns(n) {}
+    std::string what;
+    double ns;  // < 0: not measured, `why` says why
+    std::string why;
+};
+
+// Starts `argv`, waits until it says `ready` (on stdout or stderr; commdbg
+// and commdbgd say so once attached) and, for bpftrace, until its
+// `perf_events` probes exist; measures, then stops it with `stop_sig`.
+Row measure_with(const std::string& what, const std::vector<std::string>& argv, const std::string& ready, bool on_stderr,
+                 int stop_sig, const Target& t, int perf_events = 0) {
+    Row row(what);
+    Background tracer(argv);
+    std::string line = on_stderr ? tracer.wait_for_err_line(ready, 60) : tracer.wait_for_line(ready, 60);
+    if (line.empty()) {
+        auto r = tracer.wait(5);
+        row.why = "did not start: " + r.err.substr(0, 300);
+        return row;
+    }
+    if (perf_events && !wait_perf_event_fds(tracer.pid(), perf_events)) {
+        row.why = "its probes were not attached within 20 s";
+    } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        row.ns = best_of(t);
+    }
+    kill(tracer.pid(), stop_sig);
+    tracer.wait(120);
+    return row;
+}
+
+std::optional<std::string> find_bpftrace() {
+    for (const char* p : {"/usr/bin/bpftrace", "/usr/sbin/bpftrace", "/usr/local/bin/bpftrace"})
+        if (access(p, X_OK) == 0) return std::string(p);
+    return std::nullopt;
+}
+
+void print_rows(const std::vector<Row>& rows, const std::string& anchor_name, double anchor, double unprobed) {
+    for (const auto& r : rows) {
+        if (r.ns < 0) {
+            std::printf("  %-52s %12s  (%s)\n", r.what.c_str(), "-", r.why.c_str());
+            continue;
+        }
+        std::printf("  %-52s %9.1f ns  %7.2fx unprobed", r.what.c_str(), r.ns, r.ns / unprobed);
+        if (anchor > 0) std::printf("  %5.2fx %s", r.ns / anchor, anchor_name.c_str());
+        std::printf("\n");
+    }
+}
+
+// ---- NCCL ---------------------------------------------------------------------
+
+void bench_nccl(const std::string& commdbg, const std::optional<std::string>& bpftrace, long n) {
+    const std::string real = "/usr/local/cuda/lib64/libnccl.so.2";
+    const std::string lib = access(real.c_str(), R_OK) == 0 ? real : std::string(STUB_NCCL);
+    void* h = dlopen(lib.c_str(), RTLD_NOW);
+    if (!h) {
+        std::printf("bench_anchor: cannot load %s: %s\n", lib.c_str(), dlerror());
+        return;
+    }
+    auto fn = reinterpret_cast<AllReduceFn>(dlsym(h, "ncclAllReduce"));
+    // The real library rejects a NULL communicator at once (no GPU needed);
+    // the stub never dereferences its fake one.
+    void* comm = lib == real ? nullptr : reinterpret_cast<void*>(0x1000);
+    Target t{[fn, comm](long calls) {
+                 static float buf[4];
+                 auto t0 = Clock::now();
+                 for (long i = 0; i < calls; ++i) fn(buf, buf, 1, 7, 0, comm, nullptr);
+                 return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / static_cast<double>(calls);
+             },
+             n};
+    const std::string pid = std::to_string(getpid());
+    std::printf("ncclAllReduce on %s, %ld calls per measurement (best of 3), pid %s\n", lib.c_str(), n, pid.c_str());
+    double base = best_of(t);
+    std::vector<Row> rows = {Row("unprobed", base)};
+    Row bt_entry("bpftrace count() on entry"), bt_both("bpftrace count() on entry and return");
+    if (bpftrace) {
+        bt_entry = measure_with(bt_entry.what,
+                                {*bpftrace, "-p", pid, "-e", "uprobe:" + lib + ":ncclAllReduce { @calls = count(); }"},
+                                "Attaching", false, SIGINT, t, 1);
+        bt_both = measure_with(bt_both.what,
+                               {*bpftrace, "-p", pid, "-e",
+                                "uprobe:" + lib + ":ncclAllReduce { @calls = count(); } uretprobe:" + lib +
+                                    ":ncclAllReduce { @returns = count(); }"},
+                               "Attaching", false, SIGINT, t, 2);
+    } else {
+        bt_entry.why = bt_both.why = "no bpftrace (make bench installs Debian's)";
+    }
+    rows.push_back(bt_entry);
+    rows.push_back(bt_both);
+    char dir_tmpl[] = "/tmp/commdbg-bench-XXXXXX";
+    std::string dir = mkdtemp(dir_tmpl);
+    rows.push_back(measure_with("commdbg attach --counts-only",
+                                {commdbg, "attach", pid, "--no-daemon", "--counts-only", "--probes", "nccl", "--table",
+                                 dir + "/counts.txt"},
+                                "commdbg: tracing", true, SIGINT, t));
+    rows.push_back(measure_with("commdbg attach (records)",
+                                {commdbg, "attach", pid, "--no-daemon", "--probes", "nccl", "--noise-level", "0",
+                                 "--table", dir + "/records.txt"},
+                                "commdbg: tracing", true, SIGINT, t));
+    rows.push_back(measure_with("commdbgd node counter (always on)",
+                                {commdbg.substr(0, commdbg.rfind('/')) + "/commdbgd", "--socket", dir + "/d.sock",
+                                 "--metrics-listen", ""},
+                                "counting", true, SIGTERM, t));
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    print_rows(rows, "bpftrace entry+return", bt_both.ns, base);
+    dlclose(h);
+}
+
+// ---- torch-aten ------------------------------------------------------------------
+
+// One python, driven over pipes: each "go N" line runs N torch.add and
+// answers with the seconds they took.
+const char* kPyDriver = R"PY(
+import sys, time, torch
+a = torch.ones(8); b = torch.ones(8)
+print("ready", flush=True)
+for line in sys.stdin:
+    n = int(line.split()[1])
+    t0 = time.perf_counter()
+    for _ in range(n):
+        torch.add(a, b)
+    print(time.perf_counter() - t0, flush=True)
+)PY";
+
+struct Python {
+    pid_t pid = -1;
+    FILE* to = nullptr;
+    FILE* from = nullptr;
+    bool start(const std::string& exe) {
+        int in[2], out[2];
+        if (pipe(in) || pipe(out)) return false;
+        pid = fork();
+        if (pid == 0) {
+            dup2(in[0], 0);
+            dup2(out[1], 1);
+            execl(exe.c_str(), exe.c_str(), "-c", kPyDriver, nullptr);
+            _exit(127);
+        }
+        close(in[0]);
+        close(out[1]);
+        to = fdopen(in[1], "w");
+        from = fdopen(out[0], "r");
+        char buf[64];
+        return fgets(buf, sizeof(buf), from) && std::string(buf).rfind("ready", 0) == 0;
+    }
+    double ns_per_op(long n) {
+        std::fprintf(to, "go %ld\n", n);
+        std::fflush(to);
+        char buf[64];
+        if (!fgets(buf, sizeof(buf), from)) return -1;
+        return std::atof(buf) * 1e9 / static_cast<double>(n);
+    }
+    ~Python() {
+        if (to) fclose(to);
+        if (from) fclose(from);
+        if (pid > 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, nullptr, 0);
+        }
+    }
+};
+
+std::optional<std::string> libtorch_of(pid_t pid) {
+    FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/maps").c_str(), "r");
+    if (!f) return std::nullopt;
+    char line[4096];
+    std::optional<std::string> out;
+    while (std::fgets(line, sizeof(line), f)) {
+        std::string l = line;
+        auto at = l.find('/');
+        if (at == std::string::npos || l.find("libtorch_cpu.so") == std::string::npos) continue;
+        out = l.substr(at, l.find_last_not_of("\n") - at + 1);
+        break;
+    }
+    std::fclose(f);
+    return out;
+}
+
+void bench_torch(const std::string& commdbg, const std::optional<std::string>& bpftrace, long n) {
+    Python py;
+    if (access("/usr/bin/python3", X_OK) != 0 || !py.start("/usr/bin/python3")) {
+        std::printf("torch-aten: skipped — /usr/bin/python3 cannot import torch (Debian: apt install python3-torch)\n");
+        return;
+    }
+    Target t{[&py](long ops) { return py.ns_per_op(ops); }, n};
+    auto lib = libtorch_of(py.pid);
+    const std::string pid = std::to_string(py.pid);
+    std::printf("torch.add on 8 floats in /usr/bin/python3 (pid %s), %ld ops per measurement (best of 3)\n",
+                pid.c_str(), n);
+    double base = best_of(t);
+    std::vector<Row> rows = {Row("unprobed", base)};
+    Row bt("bpftrace count() on entry of at::_ops::add_Tensor::call");
+    if (bpftrace && lib) {
+        bt = measure_with(bt.what,
+                          {*bpftrace, "-p", pid, "-e",
+                           "uprobe:" + *lib + ":_ZN2at4_ops10add_Tensor4callERKNS_6TensorES4_RKN3c106ScalarE "
+                                              "{ @calls = count(); }"},
+                          "Attaching", false, SIGINT, t, 1);
+    } else {
+        bt.why = bpftrace ? "libtorch_cpu.so not mapped" : "no bpftrace (make bench installs Debian's)";
+    }
+    rows.push_back(bt);
+    char dir_tmpl[] = "/tmp/commdbg-bench-XXXXXX";
+    std::string dir = mkdtemp(dir_tmpl);
+    rows.push_back(measure_with("commdbg attach --probes torch-aten --counts-only",
+                                {commdbg, "attach", pid, "--no-daemon", "--counts-only", "--probes", "torch-aten",
+                                 "--table", dir + "/counts.txt"},
+                                "commdbg: tracing", true, SIGINT, t));
+    rows.push_back(measure_with("commdbg attach --probes torch-aten (records)",
+                                {commdbg, "attach", pid, "--no-daemon", "--probes", "torch-aten", "--noise-level",
+                                 "0", "--table", dir + "/records.txt"},
+                                "commdbg: tracing", true, SIGINT, t));
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    print_rows(rows, "bpftrace entry", bt.ns, base);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    long n = argc > 1 ? std::atol(argv[1]) : 200000;
+    if (geteuid() != 0) {
+        std::printf("bench_anchor: skipped — needs root to attach uprobes\n");
+        return 0;
+    }
+    auto bpftrace = find_bpftrace();
+    bench_nccl(COMMDBG_BIN, bpftrace, n);
+    bench_torch(COMMDBG_BIN, bpftrace, n / 10);
+    return 0;
+}
