@@ -50,6 +50,7 @@ int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
                           {"max_records", o.trace.max_records},
                           {"max_depth", o.trace.max_depth},
                           {"counts_only", o.trace.counts_only},
+                          {"follow", !o.no_follow},
                           {"ringbuf_kb", o.trace.ringbuf_kb}};
     // Only what this client writes: the rest would be rendered and sent for nothing.
     nlohmann::json outputs = nlohmann::json::array();

@@ -319,7 +319,9 @@ std::string ControlServer::attach(const Request& req, const PeerCred& peer, int 
     auto created = TraceSession::create(so);
     if (!created) return error_response(who + ": " + created.error());
     TraceSession& ts = *created.value();
-    if (auto r = ts.add_process(*req.pid, false, false); !r) return error_response(who + ": " + r.error());
+    // Children forked during the window are traced as with --no-daemon;
+    // never stopped at a loader change (its parent may be a shell).
+    if (auto r = ts.add_process(*req.pid, req.follow, false); !r) return error_response(who + ": " + r.error());
     {
         std::lock_guard lock(mu_);
         session->state = "tracing";

@@ -126,7 +126,7 @@ const OpFields kOpFields[] = {
     {"status", {}},
     {"counts", {"pid", "by_comm"}},
     {"attach", {"pid", "duration_s", "noise_level", "max_records", "max_depth", "probes",
-                "counts_only", "ringbuf_kb", "outputs"}},
+                "counts_only", "ringbuf_kb", "outputs", "follow"}},
     {"sessions", {}},
     {"detach", {"id"}},
 };
@@ -137,9 +137,9 @@ std::optional<std::string> fill_field(Request& r, const std::string& key, const 
         auto n = get_uint(v, 1, INT_MAX);
         if (!n) return field_error(op, key, "must be a positive integer");
         r.pid = static_cast<int>(*n);
-    } else if (key == "by_comm" || key == "counts_only") {
+    } else if (key == "by_comm" || key == "counts_only" || key == "follow") {
         if (!v.is_boolean()) return field_error(op, key, "must be true or false");
-        (key == "by_comm" ? r.by_comm : r.counts_only) = v.get<bool>();
+        (key == "by_comm" ? r.by_comm : key == "follow" ? r.follow : r.counts_only) = v.get<bool>();
     } else if (key == "duration_s") {
         if (!v.is_number()) return field_error(op, key, "must be a number of seconds");
         double d = v.get<double>();

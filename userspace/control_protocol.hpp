@@ -58,6 +58,7 @@ struct Request {
     size_t max_depth = limits::kDefaultMaxDepth;      // <= limits::kMaxDepthCeiling
     std::vector<std::string> probes;
     bool counts_only = false;
+    bool follow = true;  // trace the children the target forks (false: note each fork)
     size_t ringbuf_kb = limits::kDefaultRingbufKb;  // the session's kernel ring buffer
     // What the reply carries besides the plain table ("outputs": names from
     // "json", "trace", "table_color"; absent: all of them).

@@ -21,6 +21,7 @@
 #include <sstream>
 #include <thread>
 
+#include "daemon_util.hpp"
 #include "e2e_util.hpp"
 
 namespace commdbg::e2e {
@@ -344,6 +345,32 @@ TEST(AttachChildren, NoFollowNotesEveryChild) {
     EXPECT_EQ(notes, static_cast<size_t>(kChildren)) << d.err;
     auto j = read_json(tmp.path("out.json"));
     EXPECT_FALSE(j.contains("processes"));
+}
+
+TEST(AttachChildren, ThroughTheDaemonChildrenAreTracedToo) {
+    REQUIRE_BPF();
+    using namespace daemon_util;
+    SharedDir tmp;
+    START_DAEMON(d, tmp);
+    const int kChildren = 2;
+    Background work(workload_argv({"--fork", std::to_string(kChildren), "--wait-file", tmp.path("go")}),
+                    nccl_env(false));
+    ASSERT_FALSE(work.wait_for_line("ready pid=").empty());
+    Background dbg({commdbg_bin(), "attach", std::to_string(work.pid()), "--socket", d.socket(), "--json",
+                    tmp.path("out.json")});
+    ASSERT_FALSE(dbg.wait_for_err_line("in commdbgd", 60).empty()) << dbg.wait(5).err;
+    touch(tmp.path("go"));
+    auto r = dbg.wait(60);
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto j = read_json(tmp.path("out.json"));
+    ASSERT_TRUE(j.contains("processes")) << "the daemon's session did not trace the children";
+    int children = 0;
+    for (const auto& p : j["processes"]) {
+        if (p["process"].value("pid", 0) == work.pid()) continue;
+        ++children;
+        expect_pattern_counts(p);
+    }
+    EXPECT_EQ(children, kChildren);
 }
 
 // ---- 9. Durations: finite, >= 0, capped -----------------------------------------
