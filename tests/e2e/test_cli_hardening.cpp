@@ -303,74 +303,75 @@ TEST(AttachThread, ThreadIdTracesItsProcessAndSaysSo) {
 
 // ---- 8. Children forked while traced ------------------------------------------
 
+// nccl_workload --fork N waits in the parent; `commdbg attach PARENT ARGS`
+// starts (its banner contains `banner`), then the parent forks N children
+// that each make kPattern's calls.  The attach ends when the parent exits.
+struct ForkedRun {
+    int parent = 0;
+    ProcResult attach;
+    json dump;
+};
+
+ForkedRun attach_to_forking_parent(const TempDir& tmp, int children, const std::vector<std::string>& args,
+                                   const std::string& banner = "commdbg: tracing") {
+    ForkedRun out;
+    Background work(workload_argv({"--fork", std::to_string(children), "--wait-file", tmp.path("go")}),
+                    nccl_env(false));
+    EXPECT_FALSE(work.wait_for_line("ready pid=").empty());
+    out.parent = work.pid();
+    std::vector<std::string> argv = {commdbg_bin(), "attach", std::to_string(work.pid()), "--json", tmp.path("out.json")};
+    argv.insert(argv.end(), args.begin(), args.end());
+    Background dbg(argv);
+    if (dbg.wait_for_err_line(banner, 60).empty()) {
+        out.attach = dbg.wait(5);
+        ADD_FAILURE() << "attach never started: " << out.attach.err;
+        return out;
+    }
+    touch(tmp.path("go"));
+    out.attach = dbg.wait(60);
+    if (std::filesystem::exists(tmp.path("out.json"))) out.dump = read_json(tmp.path("out.json"));
+    return out;
+}
+
+// Every child in the dump, each with exactly the pattern's counts.
+void expect_children_traced(const ForkedRun& r, int children) {
+    ASSERT_EQ(r.attach.status, 0) << r.attach.err;
+    ASSERT_TRUE(r.dump.contains("processes")) << "one process only: the children were not traced: "
+                                              << r.dump.value("comm_counts", json()).dump();
+    int seen = 0;
+    for (const auto& p : r.dump["processes"]) {
+        if (p["process"].value("pid", 0) == r.parent) continue;
+        ++seen;
+        expect_pattern_counts(p);
+    }
+    EXPECT_EQ(seen, children);
+}
+
 TEST(AttachChildren, ChildrenForkedDuringTheWindowAreTracedExactly) {
     REQUIRE_BPF();
     TempDir tmp;
-    const int kChildren = 3;
-    Background work(workload_argv({"--fork", std::to_string(kChildren), "--wait-file", tmp.path("go")}),
-                    nccl_env(false));
-    ASSERT_FALSE(work.wait_for_line("ready pid=").empty());
-    Background dbg({commdbg_bin(), "attach", std::to_string(work.pid()), "--no-daemon", "--json", tmp.path("out.json")});
-    ASSERT_FALSE(dbg.wait_for_err_line("commdbg: tracing", 60).empty()) << dbg.wait(5).err;
-    touch(tmp.path("go"));
-    auto d = dbg.wait(60);  // ends when the parent exits, after its children
-    ASSERT_EQ(d.status, 0) << d.err;
-    auto j = read_json(tmp.path("out.json"));
-    ASSERT_TRUE(j.contains("processes")) << "one process only: the children were not traced: "
-                                         << j.value("comm_counts", json()).dump();
-    int children = 0;
-    for (const auto& p : j["processes"]) {
-        if (p["process"].value("pid", 0) == work.pid()) continue;
-        ++children;
-        expect_pattern_counts(p);
-    }
-    EXPECT_EQ(children, kChildren);
+    expect_children_traced(attach_to_forking_parent(tmp, 3, {"--no-daemon"}), 3);
 }
 
 TEST(AttachChildren, NoFollowNotesEveryChild) {
     REQUIRE_BPF();
     TempDir tmp;
-    const int kChildren = 3;
-    Background work(workload_argv({"--fork", std::to_string(kChildren), "--wait-file", tmp.path("go")}),
-                    nccl_env(false));
-    ASSERT_FALSE(work.wait_for_line("ready pid=").empty());
-    Background dbg({commdbg_bin(), "attach", std::to_string(work.pid()), "--no-daemon", "--no-follow", "--json",
-                    tmp.path("out.json")});
-    ASSERT_FALSE(dbg.wait_for_err_line("commdbg: tracing", 60).empty()) << dbg.wait(5).err;
-    touch(tmp.path("go"));
-    auto d = dbg.wait(60);
-    ASSERT_EQ(d.status, 0) << d.err;
+    auto r = attach_to_forking_parent(tmp, 3, {"--no-daemon", "--no-follow"});
+    ASSERT_EQ(r.attach.status, 0) << r.attach.err;
     size_t notes = 0;
-    for (size_t at = 0; (at = d.err.find("which is not traced (--no-follow)", at)) != std::string::npos; ++at) ++notes;
-    EXPECT_EQ(notes, static_cast<size_t>(kChildren)) << d.err;
-    auto j = read_json(tmp.path("out.json"));
-    EXPECT_FALSE(j.contains("processes"));
+    for (size_t at = 0; (at = r.attach.err.find("which is not traced (--no-follow)", at)) != std::string::npos; ++at)
+        ++notes;
+    EXPECT_EQ(notes, 3u) << r.attach.err;
+    EXPECT_FALSE(r.dump.contains("processes")) << r.dump.dump().substr(0, 300);
 }
 
 TEST(AttachChildren, ThroughTheDaemonChildrenAreTracedToo) {
     REQUIRE_BPF();
     using namespace daemon_util;
-    SharedDir tmp;
-    START_DAEMON(d, tmp);
-    const int kChildren = 2;
-    Background work(workload_argv({"--fork", std::to_string(kChildren), "--wait-file", tmp.path("go")}),
-                    nccl_env(false));
-    ASSERT_FALSE(work.wait_for_line("ready pid=").empty());
-    Background dbg({commdbg_bin(), "attach", std::to_string(work.pid()), "--socket", d.socket(), "--json",
-                    tmp.path("out.json")});
-    ASSERT_FALSE(dbg.wait_for_err_line("in commdbgd", 60).empty()) << dbg.wait(5).err;
-    touch(tmp.path("go"));
-    auto r = dbg.wait(60);
-    ASSERT_EQ(r.status, 0) << r.err;
-    auto j = read_json(tmp.path("out.json"));
-    ASSERT_TRUE(j.contains("processes")) << "the daemon's session did not trace the children";
-    int children = 0;
-    for (const auto& p : j["processes"]) {
-        if (p["process"].value("pid", 0) == work.pid()) continue;
-        ++children;
-        expect_pattern_counts(p);
-    }
-    EXPECT_EQ(children, kChildren);
+    SharedDir dir;
+    START_DAEMON(d, dir);
+    TempDir tmp;
+    expect_children_traced(attach_to_forking_parent(tmp, 2, {"--socket", d.socket()}, "in commdbgd"), 2);
 }
 
 // ---- 9. Durations: finite, >= 0, capped -----------------------------------------
