@@ -32,50 +32,6 @@ void install_stop_handlers() {
     signal(SIGPIPE, SIG_IGN);
 }
 
-namespace {
-
-// A whole decimal number, no sign, no suffix; nullopt otherwise or past 2^64.
-std::optional<unsigned long long> parse_count(const std::string& s) {
-    if (s.empty() || s.size() > 19 || s.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
-    return std::stoull(s);
-}
-
-}  // namespace
-
-CLI::Validator integer_in(size_t lo, size_t hi) {
-    return CLI::Validator(
-        [lo, hi](std::string& s) -> std::string {
-            auto n = parse_count(s);
-            if (n && *n >= lo && *n <= hi) return {};
-            return "must be an integer from " + std::to_string(lo) + " to " + std::to_string(hi) + " (got " +
-                   s.substr(0, 32) + ")";
-        },
-        "INT in [" + std::to_string(lo) + " - " + std::to_string(hi) + "]");
-}
-
-CLI::Validator duration_seconds() {
-    return CLI::Validator(
-        [](std::string& s) -> std::string {
-            char* end = nullptr;
-            errno = 0;
-            double d = std::strtod(s.c_str(), &end);
-            if (s.empty() || !end || *end != '\0') return "must be a number of seconds (got " + s.substr(0, 32) + ")";
-            if (auto problem = limits::duration_problem(d)) return *problem + " (got " + s.substr(0, 32) + ")";
-            return {};
-        },
-        "SECONDS");
-}
-
-CLI::Validator process_id() {
-    return CLI::Validator(
-        [](std::string& s) -> std::string {
-            auto n = parse_count(s);
-            if (n && *n >= 1 && *n <= 4194304) return {};  // the kernel's PID_MAX_LIMIT
-            return "must be a process id, a positive integer (got " + s.substr(0, 32) + ")";
-        },
-        "PID");
-}
-
 void add_trace_options(CLI::App* app, TraceCliOptions& o) {
     o.json_opt = app->add_option("--json", o.json_file,
                                  "Write the JSON dump (comm_counts, records, communicators, ...) to FILE: a regular "

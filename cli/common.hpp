@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "limits.hpp"
+#include "option_checks.hpp"
 #include "output_file.hpp"
 #include "session_output.hpp"
 #include "trace_session.hpp"
@@ -40,12 +41,6 @@ SessionOptions session_options(const TraceCliOptions& o);
 // writable, not a directory, distinct, room left); on a problem prints it
 // and returns false.
 bool check_trace_outputs(TraceCliOptions& o);
-
-// Validators whose messages name the valid range in words (CLI11's own
-// print the range of a double: 309 digits).
-CLI::Validator integer_in(size_t lo, size_t hi);
-CLI::Validator duration_seconds();
-CLI::Validator process_id();
 
 // Set by SIGINT / SIGTERM / SIGHUP (a dropped ssh session); the handlers are
 // installed without SA_RESTART so a blocking poll returns at once.  SIGPIPE is

@@ -125,7 +125,7 @@ void register_daemon_commands(CLI::App& app) {
     status->callback([o] { run("status", *o, {{"op", "status"}}, print_status); });
 
     CLI::App* counts = daemon_command(app, "counts", "commdbgd: exact collective counts per process", o);
-    counts->add_option("--pid", o->pid, "Only this process")->check(CLI::PositiveNumber);
+    counts->add_option("--pid", o->pid, "Only this process (a thread id: its process)")->check(process_id());
     counts->add_flag("--by-comm", o->by_comm, "Per communicator id, the calls of each rank seen on this node");
     counts->add_flag("--json", o->json, "Print the reply as JSON");
     counts->callback([o] {

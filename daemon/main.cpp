@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "control_server.hpp"
+#include "option_checks.hpp"
 #include "node_counter.hpp"
 
 namespace {
@@ -132,13 +133,18 @@ int main(int argc, char** argv) {
     app.add_option("--series-ttl", ttl_s, "Seconds the series of an exited process stay exported")
         ->check(CLI::Range(1L, 7L * 24 * 3600));
     app.add_option("--max-series", opts.max_series, "Cap on exported series; past it an overflow counter counts")
-        ->check(CLI::PositiveNumber);
+        ->check(integer_in(1, 10'000'000));
     size_t max_sessions = ControlServer::kDefaultMaxSessions;
     app.add_option("--max-sessions", max_sessions,
                    "Tracing sessions (`commdbg attach`) run at once; each may hold ~0.3 GB at the default "
                    "200000-record budget")
         ->check(CLI::Range(size_t{1}, size_t{64}));
-    CLI11_PARSE(app, argc, argv);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        // Usage errors exit 2, as commdbg's do (CLI11 has a code per error kind).
+        return app.exit(e) == 0 ? 0 : 2;
+    }
     opts.series_ttl = std::chrono::seconds(ttl_s);
 
     std::string host;

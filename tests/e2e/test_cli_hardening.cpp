@@ -452,10 +452,13 @@ TEST(Messages, BadNumbersNameTheRangeInWords) {
         {{"attach", "1", "--max-depth", "-1"}, "--max-depth"},
         {{"attach", "1", "-d", "-1"}, "--duration"},
         {{"run", "--max-records", "0", "--", "true"}, "--max-records"},
+        {{"counts", "--pid", "0"}, "--pid"},
+        {{"counts", "--pid", "-1"}, "--pid"},
+        {{"", "--max-series", "0"}, "--max-series"},  // commdbgd
     };
     for (const auto& c : cases) {
-        std::vector<std::string> argv = {commdbg_bin()};
-        argv.insert(argv.end(), c.args.begin(), c.args.end());
+        std::vector<std::string> argv = {c.args[0].empty() ? commdbgd_bin() : commdbg_bin()};
+        argv.insert(argv.end(), c.args.begin() + (c.args[0].empty() ? 1 : 0), c.args.end());
         auto r = run(argv, {}, 30);
         std::string line = r.err.substr(0, r.err.find('\n'));
         EXPECT_EQ(r.status, 2) << c.args[1] << ": " << r.err;
