@@ -52,6 +52,7 @@ double traced(AllReduceFn fn, long n, uint32_t flags) {
         std::fprintf(stderr, "bench: could not attach to the stub\n");
         return -1;
     }
+    (*bpf)->set_armed(true);  // as a session does once attached
     std::atomic<bool> stop{false};
     std::atomic<long> records{0};
     (*bpf)->set_event_handler([&](std::span<const uint8_t>) { records.fetch_add(1, std::memory_order_relaxed); });

@@ -27,6 +27,19 @@ const volatile __u32 count_all = 0;
 const volatile __u32 scope_cgroup = 0;
 /* Fine counter keys one process may hold (events.h, cd_proc_counts). */
 const volatile __u32 fine_keys_per_process = 8192;
+/* A record wakes the consumer only once the ring buffer holds this many
+ * bytes: a wake-up per record cost more than the record (the consumer, just
+ * drained, went back to sleep each time).  Userspace polls with a timeout
+ * and reads what is there, so the last records of a quiet process come
+ * within one poll interval.  Events that userspace must act on at once
+ * (loader changes, forks, exits) always wake it. */
+const volatile __u64 wakeup_bytes = 0;
+
+/* Set by userspace (mmap'ed .bss) once every link of a session is attached,
+ * cleared before the first is detached: the kernel arms the functions of a
+ * uprobe_multi link one after another, so without it each symbol's window
+ * would open at another instant.  Calls count and record only while set. */
+volatile __u32 armed = 0;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_CGROUP_ARRAY);
@@ -193,6 +206,14 @@ static __always_inline __u64 dtype_size(__u32 dtype)
 static __always_inline int in_scope(void)
 {
 	return !scope_cgroup || bpf_current_task_under_cgroup(&scope, 0) == 1;
+}
+
+/* Wake-up flags for a call record: none while the buffer fills, forced past
+ * the watermark. */
+static __always_inline __u64 record_wakeup(void)
+{
+	return bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP
+									   : BPF_RB_NO_WAKEUP;
 }
 
 static __always_inline void count_drop(__u32 cause)
@@ -384,7 +405,7 @@ static __always_inline void emit_enter(struct pt_regs *ctx, __u32 tgid, __u32 ti
 	e->frame_depth = frame_depth;
 	if (with_id && bpf_probe_read_user((void *)(e + 1), CD_UNIQUE_ID_BYTES, (void *)(sp + 8)))
 		__builtin_memset((void *)(e + 1), 0, CD_UNIQUE_ID_BYTES);
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, record_wakeup());
 }
 
 static __always_inline void emit_proc(__u32 kind, __u32 tgid, __u32 parent, __s32 code)
@@ -398,7 +419,7 @@ static __always_inline void emit_proc(__u32 kind, __u32 tgid, __u32 parent, __s3
 	fill_header(&e->h, kind, sizeof(*e), CD_TAIL_NONE, 0, tgid, tgid, bpf_ktime_get_ns());
 	e->parent_tgid = parent;
 	e->exit_code = code;
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 }
 
 /* CD_TRACE_* flags for `tgid`, 0 when it is not traced.  In count-all mode a
@@ -425,13 +446,17 @@ int call_enter(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
-	__u32 flags = trace_flags(tgid);
 	struct thread_state *st = 0;
 	__u64 cookie, sp, ts, args[CD_NUM_ARGS] = {};
-	__u32 role, group_depth = 0, frame_depth = CD_DEPTH_UNKNOWN;
+	__u32 flags, role, group_depth = 0, frame_depth = CD_DEPTH_UNKNOWN;
+	bool records;
 
+	if (!armed)
+		return 0;
+	flags = trace_flags(tgid);
 	if (!flags)
 		return 0;
+	records = flags & CD_TRACE_RECORDS;
 	cookie = bpf_get_attach_cookie(ctx);
 	role = CD_COOKIE_ROLE(cookie);
 	ts = bpf_ktime_get_ns();
@@ -446,8 +471,11 @@ int call_enter(struct pt_regs *ctx)
 	if (bpf_probe_read_user(&args[6], 2 * sizeof(__u64), (void *)(sp + 8)))
 		args[6] = args[7] = 0;
 
-	st = thread_get(tid);
-	if (st) {
+	/* Counts alone need a thread's state only to pair a call with its
+	 * return; group and frame depth are for records. */
+	if (records || CD_COOKIE_RET(cookie))
+		st = thread_get(tid);
+	if (st && records) {
 		if (role == CD_ROLE_GROUP_START)
 			st->group_depth++;
 		else if (role == CD_ROLE_GROUP_END && st->group_depth > 0)
@@ -514,7 +542,7 @@ int call_enter(struct pt_regs *ctx)
 		}
 	}
 
-	if (!(flags & CD_TRACE_RECORDS))
+	if (!records)
 		return 0;
 
 	/* Constant sizes per branch: the verifier must see the tail's bounds. */
@@ -560,14 +588,16 @@ int call_exit(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
-	__u32 flags = trace_flags(tgid);
 	struct thread_state *st;
 	struct inflight_slot *s;
 	__u64 cookie, out = 0;
 	__s64 ret;
-	__u32 d, role;
+	__u32 flags, d, role;
 	__s32 split_index = -1;
 
+	if (!armed)
+		return 0;
+	flags = trace_flags(tgid);
 	if (!flags)
 		return 0;
 	st = bpf_map_lookup_elem(&threads, &tid);
@@ -660,7 +690,7 @@ int call_exit(struct pt_regs *ctx)
 	e->out_value = out;
 	e->depth = d;
 	e->pad = 0;
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, record_wakeup());
 	return 0;
 }
 
@@ -696,7 +726,7 @@ int dl_debug_state(struct pt_regs *ctx)
 		    bpf_ktime_get_ns());
 	e->stopped = stopped;
 	e->pad = 0;
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP); /* the thread waits for it */
 	return 0;
 }
 
@@ -805,6 +835,6 @@ int BPF_PROG(on_mmap_file, struct pt_regs *regs, long ret)
 	fill_header(&e->h, CD_EV_DL_CHANGE, sizeof(*e), CD_TAIL_NONE, 0, pid_tgid >> 32, (__u32)pid_tgid,
 		    bpf_ktime_get_ns());
 	e->pad = 0;
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP); /* the process waits for it */
 	return 0;
 }

@@ -93,9 +93,18 @@ Result<std::unique_ptr<NodeCounter>> NodeCounter::create(const NodeCounterOption
     std::vector<std::string> errors;
     auto specs = select_specs(opts.probes, errors);
     if (!errors.empty()) return R::fail("commdbgd: " + errors.front());
+    if (!opts.count_errors) {
+        // The hot calls trap once, not twice; their errors go uncounted.
+        for (auto& spec : specs)
+            for (auto& rule : spec.symbols)
+                if (rule.info.role == CD_ROLE_COLLECTIVE) rule.info.return_probe = false;
+    }
     auto bpf = BpfSession::open(BpfOptions{opts.ringbuf_bytes, true, n->scope_fd_, opts.counter_keys_per_process});
     if (!bpf) return R::fail(bpf.error());
     n->bpf_ = std::move(bpf.value());
+    // Always on: armed before the first file is attached and never disarmed
+    // while more are (a session's window is another BPF object).
+    n->bpf_->set_armed(true);
     // After the load: the guard keeps only the stopped-pid map, never links.
     n->guard_ = std::make_unique<ResumeGuard>();
     n->guard_->start_with_map(n->bpf_->stopped_pids_fd());

@@ -61,6 +61,10 @@ int quiet_print(enum libbpf_print_level level, const char* fmt, va_list args) {
     return vfprintf(stderr, fmt, args);
 }
 
+// Call records wake the consumer once the ring buffer is this fraction full
+// (bpf/commdbg.bpf.c, wakeup_bytes): room for 7/8 more while it wakes.
+constexpr size_t kWakeupFraction = 8;
+
 size_t round_ringbuf(size_t bytes) {
     size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     size_t n = page;
@@ -81,6 +85,7 @@ Result<std::unique_ptr<BpfSession>> BpfSession::open(const BpfOptions& opts) {
     s->skel_->rodata->count_all = opts.count_all ? 1 : 0;
     s->skel_->rodata->scope_cgroup = opts.scope_cgroup_fd >= 0 ? 1 : 0;
     s->skel_->rodata->fine_keys_per_process = opts.counter_keys_per_process;
+    s->skel_->rodata->wakeup_bytes = s->ringbuf_bytes_ / kWakeupFraction;
     bpf_program__set_autoload(s->skel_->progs.on_mmap_file, opts.count_all);
     // Attached per library later, never by the skeleton.
     bpf_program__set_autoattach(s->skel_->progs.call_enter, false);
@@ -119,7 +124,21 @@ int BpfSession::on_ring_record(void* ctx, void* data, size_t size) {
     return 0;
 }
 
-int BpfSession::poll(int timeout_ms) { return ring_buffer__poll(rb_, timeout_ms); }
+int BpfSession::poll(int timeout_ms) {
+    int n = ring_buffer__poll(rb_, timeout_ms);
+    // A poll that timed out reads nothing by itself, and records below the
+    // wake-up watermark never end it early: read what is there now.
+    if (n == 0) n = ring_buffer__consume(rb_);
+    return n;
+}
+
+void BpfSession::set_armed(bool on) {
+    // The programs read it on their next call: one store opens or closes the
+    // window for every attached symbol at once.
+    __atomic_store_n(&skel_->bss->armed, on ? 1u : 0u, __ATOMIC_SEQ_CST);
+}
+
+bool BpfSession::armed() const { return __atomic_load_n(&skel_->bss->armed, __ATOMIC_SEQ_CST) != 0; }
 
 Result<bool> BpfSession::trace_process(uint32_t tgid, uint32_t flags) {
     if (bpf_map__update_elem(skel_->maps.traced, &tgid, sizeof(tgid), &flags, sizeof(flags), BPF_ANY))

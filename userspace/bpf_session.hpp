@@ -81,7 +81,15 @@ public:
 
     void set_event_handler(EventHandler h) { handler_ = std::move(h); }
     // Delivers ready records to the handler; returns how many, or -errno.
+    // Call records do not wake it until the buffer is 1/8 full: within
+    // timeout_ms it still delivers what is there.
     int poll(int timeout_ms);
+
+    // Calls are counted and recorded only while armed (off at open): set
+    // once every link of a window is attached, cleared before the first is
+    // detached, so every symbol's window opens and closes at one instant.
+    void set_armed(bool on);
+    bool armed() const;
 
     // Fine and coarse entries: the per-symbol sums of a process are exact.
     std::vector<CounterEntry> counters() const { return counter_snapshot().entries; }

@@ -52,6 +52,7 @@ TraceSession::TraceSession(std::unique_ptr<ResumeGuard> guard, std::unique_ptr<B
 }
 
 TraceSession::~TraceSession() {
+    bpf_->set_armed(false);  // before the first link goes
     // Stop stopping first, then let anything we stopped run on.
     for (auto& [pid, p] : procs_) {
         bpf_->untrace_process(pid);
@@ -99,6 +100,9 @@ Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
         if (!read_process(pid)) return Result<bool>::fail("pid " + std::to_string(pid) + " exited during attach — nothing was traced");
         return Result<bool>::fail(scan_result.error());
     }
+    // Every link of the process's files is in place: the window opens now,
+    // for all symbols at once.  Files attached later do not close it.
+    bpf_->set_armed(true);
     auto& p = procs_[static_cast<uint32_t>(pid)];
     p.libraries.insert(scan_result->libraries.begin(), scan_result->libraries.end());
     for (auto& n : scan_result->notes) messages_.push_back(std::move(n));
@@ -166,6 +170,7 @@ void TraceSession::on_record(std::span<const uint8_t> bytes) {
 int TraceSession::poll(int timeout_ms) { return bpf_->poll(timeout_ms); }
 
 void TraceSession::drain() {
+    bpf_->set_armed(false);  // the window closes here, for every symbol at once
     while (bpf_->poll(0) > 0) {
     }
 }

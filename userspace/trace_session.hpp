@@ -57,7 +57,8 @@ public:
 
     // Handles ready events; returns the number handled (or -errno).
     int poll(int timeout_ms);
-    // Reads what is left in the ring buffer.
+    // Ends the window (no call is counted or recorded after it), then reads
+    // what is left in the ring buffer.
     void drain();
 
     void mark_exited(int pid, int wait_status);
