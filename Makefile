@@ -75,7 +75,12 @@ demo: build
 test: perfetto-ui build
 	cd $(BUILD) && ctest --output-on-failure --timeout 600
 
+# bench_anchor measures against Debian's bpftrace, installed here.
 bench: build
+	@if ! command -v bpftrace >/dev/null; then \
+	  set -e; apt-get update -q; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends bpftrace; \
+	fi
 	@for b in $(BUILD)/bin/bench_*; do echo "== $$b"; $$b || exit 1; done
 
 install: build

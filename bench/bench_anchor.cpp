@@ -5,7 +5,7 @@
 //   ncclAllReduce (real libnccl.so.2 where installed, else the stub):
 //     unprobed | bpftrace count() on entry | bpftrace count() on entry and
 //     return | commdbg attach --counts-only | commdbg attach (records) |
-//     commdbgd's always-on node counter
+//     commdbgd's always-on node counter, with and without --no-count-errors
 //   torch-aten (a python loop of torch.add): unprobed | bpftrace count() on
 //     at::_ops::add_Tensor::call | commdbg attach --probes torch-aten
 //     --counts-only | with records
@@ -165,9 +165,12 @@ void bench_nccl(const std::string& commdbg, const std::optional<std::string>& bp
                                 {commdbg, "attach", pid, "--no-daemon", "--probes", "nccl", "--noise-level", "0",
                                  "--table", dir + "/records.txt"},
                                 "commdbg: tracing", true, SIGINT, t));
+    const std::string commdbgd = commdbg.substr(0, commdbg.rfind('/')) + "/commdbgd";
     rows.push_back(measure_with("commdbgd node counter (always on)",
-                                {commdbg.substr(0, commdbg.rfind('/')) + "/commdbgd", "--socket", dir + "/d.sock",
-                                 "--metrics-listen", ""},
+                                {commdbgd, "--socket", dir + "/d.sock", "--metrics-listen", ""}, "counting", true,
+                                SIGTERM, t));
+    rows.push_back(measure_with("commdbgd node counter --no-count-errors",
+                                {commdbgd, "--socket", dir + "/d2.sock", "--metrics-listen", "", "--no-count-errors"},
                                 "counting", true, SIGTERM, t));
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);

@@ -134,6 +134,10 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1L, 7L * 24 * 3600));
     app.add_option("--max-series", opts.max_series, "Cap on exported series; past it an overflow counter counts")
         ->check(integer_in(1, 10'000'000));
+    bool no_count_errors = false;
+    app.add_flag("--no-count-errors", no_count_errors,
+                 "Count collectives with entry probes only: each call traps once, not twice (about half the cost), "
+                 "and commdbg_collective_errors_total stays 0; `commdbg attach` sessions still count errors");
     size_t max_sessions = ControlServer::kDefaultMaxSessions;
     app.add_option("--max-sessions", max_sessions,
                    "Tracing sessions (`commdbg attach`) run at once; each may hold ~0.3 GB at the default "
@@ -146,6 +150,7 @@ int main(int argc, char** argv) {
         return app.exit(e) == 0 ? 0 : 2;
     }
     opts.series_ttl = std::chrono::seconds(ttl_s);
+    opts.count_errors = !no_count_errors;
 
     std::string host;
     int port = 0;
