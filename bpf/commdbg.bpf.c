@@ -131,7 +131,7 @@ struct inflight_slot {
 	__u64 a0, a1, a2; /* role-specific arguments (see events.h cookie slots) */
 	struct cd_count_key ckey;
 	__u32 counted; /* CD_COUNTED_* */
-	__u32 pad;
+	__u32 flags;   /* CD_TRACE_* of the process at entry */
 };
 
 /* Where call_enter counted a call, so call_exit adds its error there. */
@@ -240,6 +240,12 @@ static __always_inline void count_ringbuf_drop(__u32 tgid)
 				__sync_fetch_and_add(v, 1);
 		}
 	}
+}
+
+/* Argument slots 6 and 7 are stack words, read only when a slot needs one. */
+static __always_inline bool on_stack(__u32 slot)
+{
+	return slot == 6 || slot == 7;
 }
 
 static __always_inline __u64 slot_arg(const __u64 *args, __u32 slot)
@@ -459,7 +465,8 @@ int call_enter(struct pt_regs *ctx)
 	records = flags & CD_TRACE_RECORDS;
 	cookie = bpf_get_attach_cookie(ctx);
 	role = CD_COOKIE_ROLE(cookie);
-	ts = bpf_ktime_get_ns();
+	/* A time only where it is kept: records, and communicators' creation. */
+	ts = records || role == CD_ROLE_COMM_INIT || role == CD_ROLE_COMM_SPLIT ? bpf_ktime_get_ns() : 0;
 	sp = PT_REGS_SP(ctx);
 	args[0] = PT_REGS_PARM1(ctx);
 	args[1] = PT_REGS_PARM2(ctx);
@@ -468,7 +475,9 @@ int call_enter(struct pt_regs *ctx)
 	args[4] = PT_REGS_PARM5(ctx);
 	args[5] = PT_REGS_PARM6(ctx);
 	/* sp points at the return address; stack arguments start at sp+8 */
-	if (bpf_probe_read_user(&args[6], 2 * sizeof(__u64), (void *)(sp + 8)))
+	if ((records || on_stack(CD_COOKIE_COUNT(cookie)) || on_stack(CD_COOKIE_DTYPE(cookie)) ||
+	     on_stack(CD_COOKIE_COMM(cookie)) || on_stack(CD_COOKIE_PEER(cookie)) || on_stack(CD_COOKIE_OUT(cookie))) &&
+	    bpf_probe_read_user(&args[6], 2 * sizeof(__u64), (void *)(sp + 8)))
 		args[6] = args[7] = 0;
 
 	/* Counts alone need a thread's state only to pair a call with its
@@ -533,6 +542,7 @@ int call_enter(struct pt_regs *ctx)
 			s->a2 = slot_arg(args, CD_COOKIE_COMM(cookie));
 			s->ckey = key;
 			s->counted = counted;
+			s->flags = flags;
 			st->depth = d + 1;
 			if (CD_COOKIE_TAIL(cookie) == CD_TAIL_UNIQUE_ID &&
 			    bpf_probe_read_user(st->unique_id, CD_UNIQUE_ID_BYTES, (void *)(sp + 8)))
@@ -597,15 +607,15 @@ int call_exit(struct pt_regs *ctx)
 
 	if (!armed)
 		return 0;
-	flags = trace_flags(tgid);
-	if (!flags)
-		return 0;
+	/* Only a traced process's entries leave a thread in-flight calls: the
+	 * flags come from its entry, one map lookup fewer per return. */
 	st = bpf_map_lookup_elem(&threads, &tid);
 	if (!st || st->depth == 0 || st->depth > CD_MAX_INFLIGHT)
 		return 0;
 	d = st->depth - 1;
 	st->depth = d;
 	s = &st->s[d & (CD_MAX_INFLIGHT - 1)];
+	flags = s->flags;
 	cookie = s->cookie;
 	role = CD_COOKIE_ROLE(cookie);
 	ret = (__s64)PT_REGS_RC(ctx);

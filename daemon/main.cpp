@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
         ->check(integer_in(1, 10'000'000));
     bool no_count_errors = false;
     app.add_flag("--no-count-errors", no_count_errors,
-                 "Count collectives with entry probes only: each call traps once, not twice (about half the cost), "
+                 "Count collectives with entry probes only: each call traps once, not twice (about 40% less per call), "
                  "and commdbg_collective_errors_total stays 0; `commdbg attach` sessions still count errors");
     size_t max_sessions = ControlServer::kDefaultMaxSessions;
     app.add_option("--max-sessions", max_sessions,
