@@ -148,7 +148,7 @@ struct thread_state {
 	__u32 depth;	   /* open return-probed calls */
 	__u32 group_depth; /* ncclGroupStart nesting */
 	__u32 nframes;	   /* open entry-only frames (see events.h) */
-	__u32 pad;
+	__u32 announced;   /* its first record woke the consumer (see emit_enter) */
 	struct inflight_slot s[CD_MAX_INFLIGHT];
 	struct frame frames[CD_MAX_FRAMES];
 	__u8 unique_id[CD_UNIQUE_ID_BYTES]; /* of the open CommInitRank */
@@ -390,9 +390,12 @@ static __always_inline void fill_header(struct cd_header *h, __u32 kind, __u32 s
 	h->ts_ns = ts;
 }
 
+/* A thread's first record wakes the consumer at once, batching or not:
+ * userspace reads the thread's name when it first sees it, and a short-lived
+ * worker would be gone by the time the watermark is reached. */
 static __always_inline void emit_enter(struct pt_regs *ctx, __u32 tgid, __u32 tid, __u64 ts,
 				       __u64 cookie, __u64 sp, const __u64 *args, __u32 group_depth,
-				       __u32 frame_depth, const bool with_id)
+				       __u32 frame_depth, const bool with_id, const bool first_of_thread)
 {
 	const __u32 size = sizeof(struct cd_call_enter) + (with_id ? CD_UNIQUE_ID_BYTES : 0);
 	struct cd_call_enter *e = bpf_ringbuf_reserve(&events, size, 0);
@@ -411,7 +414,7 @@ static __always_inline void emit_enter(struct pt_regs *ctx, __u32 tgid, __u32 ti
 	e->frame_depth = frame_depth;
 	if (with_id && bpf_probe_read_user((void *)(e + 1), CD_UNIQUE_ID_BYTES, (void *)(sp + 8)))
 		__builtin_memset((void *)(e + 1), 0, CD_UNIQUE_ID_BYTES);
-	bpf_ringbuf_submit(e, record_wakeup());
+	bpf_ringbuf_submit(e, first_of_thread ? BPF_RB_FORCE_WAKEUP : record_wakeup());
 }
 
 static __always_inline void emit_proc(__u32 kind, __u32 tgid, __u32 parent, __s32 code)
@@ -554,12 +557,15 @@ int call_enter(struct pt_regs *ctx)
 
 	if (!records)
 		return 0;
+	bool first_of_thread = st && !st->announced;
 
+	if (first_of_thread)
+		st->announced = 1;
 	/* Constant sizes per branch: the verifier must see the tail's bounds. */
 	if (CD_COOKIE_TAIL(cookie) == CD_TAIL_UNIQUE_ID)
-		emit_enter(ctx, tgid, tid, ts, cookie, sp, args, group_depth, frame_depth, true);
+		emit_enter(ctx, tgid, tid, ts, cookie, sp, args, group_depth, frame_depth, true, first_of_thread);
 	else
-		emit_enter(ctx, tgid, tid, ts, cookie, sp, args, group_depth, frame_depth, false);
+		emit_enter(ctx, tgid, tid, ts, cookie, sp, args, group_depth, frame_depth, false, first_of_thread);
 	return 0;
 }
 
