@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "test_proc.hpp"
+#include "torch_loop.hpp"
 
 namespace {
 
@@ -180,58 +181,6 @@ void bench_nccl(const std::string& commdbg, const std::optional<std::string>& bp
 
 // ---- torch-aten ------------------------------------------------------------------
 
-// One python, driven over pipes: each "go N" line runs N torch.add and
-// answers with the seconds they took.
-const char* kPyDriver = R"PY(
-import sys, time, torch
-a = torch.ones(8); b = torch.ones(8)
-print("ready", flush=True)
-for line in sys.stdin:
-    n = int(line.split()[1])
-    t0 = time.perf_counter()
-    for _ in range(n):
-        torch.add(a, b)
-    print(time.perf_counter() - t0, flush=True)
-)PY";
-
-struct Python {
-    pid_t pid = -1;
-    FILE* to = nullptr;
-    FILE* from = nullptr;
-    bool start(const std::string& exe) {
-        int in[2], out[2];
-        if (pipe(in) || pipe(out)) return false;
-        pid = fork();
-        if (pid == 0) {
-            dup2(in[0], 0);
-            dup2(out[1], 1);
-            execl(exe.c_str(), exe.c_str(), "-c", kPyDriver, nullptr);
-            _exit(127);
-        }
-        close(in[0]);
-        close(out[1]);
-        to = fdopen(in[1], "w");
-        from = fdopen(out[0], "r");
-        char buf[64];
-        return fgets(buf, sizeof(buf), from) && std::string(buf).rfind("ready", 0) == 0;
-    }
-    double ns_per_op(long n) {
-        std::fprintf(to, "go %ld\n", n);
-        std::fflush(to);
-        char buf[64];
-        if (!fgets(buf, sizeof(buf), from)) return -1;
-        return std::atof(buf) * 1e9 / static_cast<double>(n);
-    }
-    ~Python() {
-        if (to) fclose(to);
-        if (from) fclose(from);
-        if (pid > 0) {
-            kill(pid, SIGKILL);
-            waitpid(pid, nullptr, 0);
-        }
-    }
-};
-
 std::optional<std::string> libtorch_of(pid_t pid) {
     FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/maps").c_str(), "r");
     if (!f) return std::nullopt;
@@ -249,14 +198,18 @@ std::optional<std::string> libtorch_of(pid_t pid) {
 }
 
 void bench_torch(const std::string& commdbg, const std::optional<std::string>& bpftrace, long n) {
-    Python py;
+    commdbg::bench::TorchLoop py;
     if (access("/usr/bin/python3", X_OK) != 0 || !py.start("/usr/bin/python3")) {
         std::printf("torch-aten: skipped — /usr/bin/python3 cannot import torch (Debian: apt install python3-torch)\n");
         return;
     }
-    Target t{[&py](long ops) { return py.ns_per_op(ops); }, n};
-    auto lib = libtorch_of(py.pid);
-    const std::string pid = std::to_string(py.pid);
+    Target t{[&py](long ops) {
+                 py.go(ops);
+                 return py.seconds() * 1e9 / static_cast<double>(ops);
+             },
+             n};
+    auto lib = libtorch_of(py.pid());
+    const std::string pid = std::to_string(py.pid());
     std::printf("torch.add on 8 floats in /usr/bin/python3 (pid %s), %ld ops per measurement (best of 3)\n",
                 pid.c_str(), n);
     double base = best_of(t);

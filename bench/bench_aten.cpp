@@ -12,63 +12,23 @@
 #include <string>
 #include <thread>
 
+#include "torch_loop.hpp"
 #include "trace_session.hpp"
 
 using namespace commdbg;
 
 namespace {
 
-// One python, driven over pipes: each "go" line runs N ops and answers with seconds.
-const char* kScript = R"(
-import sys, time, torch
-a = torch.ones(8); b = torch.ones(8)
-n = int(sys.argv[1])
-print("ready", flush=True)
-for line in sys.stdin:
-    t = time.perf_counter()
-    for _ in range(n):
-        torch.add(a, b)
-    print(time.perf_counter() - t, flush=True)
-)";
-
-struct Python {
-    pid_t pid = -1;
-    FILE* in = nullptr;
-    FILE* out = nullptr;
-};
-
-bool start(Python& p, const char* exe, long n) {
-    int to[2], from[2];
-    if (pipe(to) || pipe(from)) return false;
-    p.pid = fork();
-    if (p.pid == 0) {
-        dup2(to[0], 0);
-        dup2(from[1], 1);
-        close(to[1]);
-        close(from[0]);
-        execl(exe, exe, "-c", kScript, std::to_string(n).c_str(), nullptr);
-        _exit(127);
-    }
-    close(to[0]);
-    close(from[1]);
-    p.in = fdopen(to[1], "w");
-    p.out = fdopen(from[0], "r");
-    char line[64];
-    return fgets(line, sizeof(line), p.out) && std::string(line) == "ready\n";
-}
-
-double round_seconds(Python& p, TraceSession* s) {
-    fputs("go\n", p.in);
-    fflush(p.in);
-    // Drain the ring buffer while python runs, as a real session does.
-    pollfd pf{fileno(p.out), POLLIN, 0};
+// One round of n ops; drains the ring buffer while python runs, as a real session does.
+double round_seconds(bench::TorchLoop& py, long n, TraceSession* s) {
+    py.go(n);
+    pollfd pf{py.result_fd(), POLLIN, 0};
     while (poll(&pf, 1, 0) == 0)
         if (s) s->poll(10);
         else std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    char line[64];
-    if (!fgets(line, sizeof(line), p.out)) return -1;
+    double secs = py.seconds();
     if (s) s->drain();
-    return std::atof(line);
+    return secs;
 }
 
 }  // namespace
@@ -80,9 +40,9 @@ int main(int argc, char** argv) {
         return 0;
     }
     const char* exe = nullptr;
-    Python py;
+    bench::TorchLoop py;
     for (const char* cand : {"/usr/bin/python3", "python3"})
-        if (start(py, cand, n)) {
+        if (py.start(cand)) {
             exe = cand;
             break;
         }
@@ -90,9 +50,9 @@ int main(int argc, char** argv) {
         std::printf("bench_aten: skipped — no python3 here imports torch (Debian: apt install python3-torch)\n");
         return 0;
     }
-    double base = round_seconds(py, nullptr);
-    base = std::min(base, round_seconds(py, nullptr));
-    std::printf("ops per measurement: %ld torch.add on 8 floats (python %s, pid %d)\n", n, exe, py.pid);
+    double base = round_seconds(py, n, nullptr);
+    base = std::min(base, round_seconds(py, n, nullptr));
+    std::printf("ops per measurement: %ld torch.add on 8 floats (python %s, pid %d)\n", n, exe, py.pid());
     std::printf("%-34s %10.0f ops/s  ratio 1.00\n", "unprobed", n / base);
     for (bool records : {false, true}) {
         SessionOptions so;
@@ -104,7 +64,7 @@ int main(int argc, char** argv) {
             return 1;
         }
         auto t0 = std::chrono::steady_clock::now();
-        auto r = (*s)->add_process(py.pid, false, false);
+        auto r = (*s)->add_process(py.pid(), false, false);
         double attach = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         size_t probes = 0;
         for (const auto& f : (*s)->attached_files()) probes += f.entry_probes;
@@ -112,12 +72,10 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "bench_aten: attach failed: %s\n", r ? "no probes" : r.error().c_str());
             return 1;
         }
-        double t = round_seconds(py, s->get());
+        double t = round_seconds(py, n, s->get());
         std::printf("%-34s %10.0f ops/s  ratio %.2f of unprobed  (attach %zu probes: %.3f s)\n",
                     records ? "torch-aten counters + records" : "torch-aten counters only", n / t, base / t,
                     probes, attach);
     }
-    fclose(py.in);
-    waitpid(py.pid, nullptr, 0);
     return 0;
 }
