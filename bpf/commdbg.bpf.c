@@ -15,6 +15,7 @@
 #include <bpf/bpf_tracing.h>
 
 #include "events.h"
+#include "arch_x86.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -123,43 +124,13 @@ struct {
 	__type(value, __u64);
 } drops SEC(".maps");
 
-/* What a return probe needs of its entry: kept per thread, popped on return. */
-struct inflight_slot {
-	__u64 cookie;
-	__u64 ts;
-	__u64 out_ptr; /* user address the call writes a new comm to */
-	__u64 a0, a1, a2; /* role-specific arguments (see events.h cookie slots) */
-	struct cd_count_key ckey;
-	__u32 counted; /* CD_COUNTED_* */
-	__u32 flags;   /* CD_TRACE_* of the process at entry */
-};
-
-/* Where call_enter counted a call, so call_exit adds its error there. */
-#define CD_COUNTED_NONE 0
-#define CD_COUNTED_FINE 1
-#define CD_COUNTED_COARSE 2 /* + slot index */
-
-struct frame {
-	__u64 sp;
-	__u64 ret; /* return address stored at sp on entry */
-};
-
-struct thread_state {
-	__u32 depth;	   /* open return-probed calls */
-	__u32 group_depth; /* ncclGroupStart nesting */
-	__u32 nframes;	   /* open entry-only frames (see events.h) */
-	__u32 announced;   /* its first record woke the consumer (see emit_enter) */
-	struct inflight_slot s[CD_MAX_INFLIGHT];
-	struct frame frames[CD_MAX_FRAMES];
-	__u8 unique_id[CD_UNIQUE_ID_BYTES]; /* of the open CommInitRank */
-};
-
+/* tid -> its open return-probed calls and entry-only frames (events.h). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u32);
-	__type(value, struct thread_state);
+	__type(value, struct cd_thread);
 } threads SEC(".maps");
 
 /* Zeroed templates: values too large for the 512-byte BPF stack. */
@@ -167,7 +138,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct thread_state);
+	__type(value, struct cd_thread);
 } thread_zero SEC(".maps");
 
 struct {
@@ -240,53 +211,6 @@ static __always_inline void count_ringbuf_drop(__u32 tgid)
 				__sync_fetch_and_add(v, 1);
 		}
 	}
-}
-
-/* Argument slots 6 and 7 are stack words, read only when a slot needs one. */
-static __always_inline bool on_stack(__u32 slot)
-{
-	return slot == 6 || slot == 7;
-}
-
-static __always_inline __u64 slot_arg(const __u64 *args, __u32 slot)
-{
-	return slot < CD_NUM_ARGS ? args[slot & 7] : 0;
-}
-
-static __always_inline struct thread_state *thread_get(__u32 tid)
-{
-	struct thread_state *st = bpf_map_lookup_elem(&threads, &tid);
-	__u32 zero = 0;
-
-	if (st)
-		return st;
-	st = bpf_map_lookup_elem(&thread_zero, &zero);
-	if (!st)
-		return 0;
-	bpf_map_update_elem(&threads, &tid, st, BPF_NOEXIST);
-	return bpf_map_lookup_elem(&threads, &tid);
-}
-
-/* Pops the frames that returned before an entry at `sp`; returns the depth
- * left, the parent level of the new call. */
-static __always_inline __u32 pop_returned_frames(struct thread_state *st, __u64 sp)
-{
-	__u32 n = st->nframes;
-
-	for (int i = 0; i < CD_MAX_FRAMES; i++) {
-		struct frame *f;
-		__u64 cur = 0;
-
-		if (n == 0 || n > CD_MAX_FRAMES)
-			break;
-		f = &st->frames[(n - 1) & (CD_MAX_FRAMES - 1)];
-		if (f->sp > sp && bpf_probe_read_user(&cur, sizeof(cur), (void *)f->sp) == 0 &&
-		    cur == f->ret)
-			break; /* still open: below us, return address intact */
-		n--;
-	}
-	st->nframes = n;
-	return n;
 }
 
 /* The process's own counters, created if missing (a process traced before
@@ -390,33 +314,6 @@ static __always_inline void fill_header(struct cd_header *h, __u32 kind, __u32 s
 	h->ts_ns = ts;
 }
 
-/* A thread's first record wakes the consumer at once, batching or not:
- * userspace reads the thread's name when it first sees it, and a short-lived
- * worker would be gone by the time the watermark is reached. */
-static __always_inline void emit_enter(struct pt_regs *ctx, __u32 tgid, __u32 tid, __u64 ts,
-				       __u64 cookie, __u64 sp, const __u64 *args, __u32 group_depth,
-				       __u32 frame_depth, const bool with_id, const bool first_of_thread)
-{
-	const __u32 size = sizeof(struct cd_call_enter) + (with_id ? CD_UNIQUE_ID_BYTES : 0);
-	struct cd_call_enter *e = bpf_ringbuf_reserve(&events, size, 0);
-
-	if (!e) {
-		count_ringbuf_drop(tgid);
-		return;
-	}
-	fill_header(&e->h, CD_EV_CALL_ENTER, size, with_id ? CD_TAIL_UNIQUE_ID : CD_TAIL_NONE,
-		    with_id ? CD_UNIQUE_ID_BYTES : 0, tgid, tid, ts);
-	e->cookie = cookie;
-	e->ip = PT_REGS_IP(ctx);
-	e->sp = sp;
-	__builtin_memcpy(e->args, args, sizeof(e->args));
-	e->group_depth = group_depth;
-	e->frame_depth = frame_depth;
-	if (with_id && bpf_probe_read_user((void *)(e + 1), CD_UNIQUE_ID_BYTES, (void *)(sp + 8)))
-		__builtin_memset((void *)(e + 1), 0, CD_UNIQUE_ID_BYTES);
-	bpf_ringbuf_submit(e, first_of_thread ? BPF_RB_FORCE_WAKEUP : record_wakeup());
-}
-
 static __always_inline void emit_proc(__u32 kind, __u32 tgid, __u32 parent, __s32 code)
 {
 	struct cd_proc *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
@@ -450,130 +347,357 @@ static __always_inline __u32 trace_flags(__u32 tgid)
 	return fl;
 }
 
+/* ---- call probes: what an entry saw ----------------------------------------- */
+
+/* Read once at an entry, passed to the helpers below. */
+struct entry {
+	__u64 cookie;
+	__u64 ts; /* 0 unless kept: records, communicator creation */
+	__u64 ip;
+	__u64 sp;
+	__u64 args[CD_NUM_ARGS]; /* registers, then the stack words a slot needs */
+	__u32 tgid;
+	__u32 tid;
+	__u32 flags; /* CD_TRACE_* */
+	__u32 role;
+	__u32 group_depth;
+	__u32 frame_depth;
+};
+
+static __always_inline bool wants_records(const struct entry *en)
+{
+	return en->flags & CD_TRACE_RECORDS;
+}
+
+static __always_inline __u64 slot_arg(const __u64 *args, __u32 slot)
+{
+	return slot < CD_NUM_ARGS ? args[slot & 7] : 0;
+}
+
+/* Fills `en`; returns false when the call is neither counted nor recorded. */
+static __always_inline bool read_entry(struct pt_regs *ctx, struct entry *en)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	bool stack;
+
+	en->tgid = pid_tgid >> 32;
+	en->tid = (__u32)pid_tgid;
+	en->flags = trace_flags(en->tgid);
+	if (!en->flags)
+		return false;
+	en->cookie = bpf_get_attach_cookie(ctx);
+	en->role = CD_COOKIE_ROLE(en->cookie);
+	en->frame_depth = CD_DEPTH_UNKNOWN;
+	/* A time only where it is kept: records, and communicators' creation. */
+	if (wants_records(en) || en->role == CD_ROLE_COMM_INIT || en->role == CD_ROLE_COMM_SPLIT)
+		en->ts = bpf_ktime_get_ns();
+	en->ip = PT_REGS_IP(ctx);
+	en->sp = PT_REGS_SP(ctx);
+	cd_read_reg_args(ctx, en->args);
+	/* A user-memory read costs more than the rest of a counted entry: only
+	 * for a slot that is a stack word. */
+	stack = wants_records(en) ? CD_COOKIE_STACK_RECORD(en->cookie) : CD_COOKIE_STACK_COUNT(en->cookie);
+	if (stack && bpf_probe_read_user(&en->args[CD_REG_SLOTS], (CD_NUM_ARGS - CD_REG_SLOTS) * sizeof(__u64),
+					 (void *)(en->sp + CD_STACK_ARGS_OFFSET)))
+		en->args[6] = en->args[7] = 0;
+	return true;
+}
+
+/* ---- call probes: frames -------------------------------------------------- */
+
+static __always_inline struct cd_thread *thread_get(__u32 tid)
+{
+	struct cd_thread *st = bpf_map_lookup_elem(&threads, &tid);
+	__u32 zero = 0;
+
+	if (st)
+		return st;
+	st = bpf_map_lookup_elem(&thread_zero, &zero);
+	if (!st)
+		return 0;
+	bpf_map_update_elem(&threads, &tid, st, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&threads, &tid);
+}
+
+/* Pops the frames that returned before an entry at `sp`; returns the depth
+ * left, the parent level of the new call. */
+static __always_inline __u32 pop_returned_frames(struct cd_thread *st, __u64 sp)
+{
+	__u32 n = st->nframes;
+
+	for (int i = 0; i < CD_MAX_FRAMES; i++) {
+		struct cd_frame *f;
+		__u64 cur = 0;
+
+		if (n == 0 || n > CD_MAX_FRAMES)
+			break;
+		f = &st->frames[(n - 1) & (CD_MAX_FRAMES - 1)];
+		if (f->sp > sp && bpf_probe_read_user(&cur, sizeof(cur), (void *)f->sp) == 0 &&
+		    cur == f->ret)
+			break; /* still open: below us, return address intact */
+		n--;
+	}
+	st->nframes = n;
+	return n;
+}
+
+static __always_inline void push_frame(struct cd_thread *st, struct entry *en)
+{
+	__u32 n = st->nframes;
+	struct cd_frame *f;
+
+	if (n >= CD_MAX_FRAMES) {
+		en->frame_depth = CD_DEPTH_UNKNOWN; /* too deep to track: sp rule */
+		return;
+	}
+	f = &st->frames[n & (CD_MAX_FRAMES - 1)];
+	f->sp = en->sp;
+	if (bpf_probe_read_user(&f->ret, sizeof(f->ret), (void *)en->sp))
+		f->ret = 0;
+	st->nframes = n + 1;
+}
+
+/* Group and frame depth, for records: where the call nests. */
+static __always_inline void track_frames(struct cd_thread *st, struct entry *en)
+{
+	bool group = en->role == CD_ROLE_GROUP_START || en->role == CD_ROLE_GROUP_END;
+
+	if (en->role == CD_ROLE_GROUP_START)
+		st->group_depth++;
+	else if (en->role == CD_ROLE_GROUP_END && st->group_depth > 0)
+		st->group_depth--;
+	en->group_depth = st->group_depth;
+	en->frame_depth = pop_returned_frames(st, en->sp);
+	if (!CD_COOKIE_RET(en->cookie) && !group)
+		push_frame(st, en);
+}
+
+/* ---- call probes: counting -------------------------------------------------- */
+
+/* Counts an entry; returns where (CD_COUNTED_*) and fills its counter key. */
+static __always_inline __u32 count_entry(const struct entry *en, struct cd_count_key *key)
+{
+	__u64 elements = 0, bytes = 0;
+	__u32 ds = CD_COOKIE_DTYPE(en->cookie);
+
+	key->tgid = en->tgid;
+	key->sym = CD_COOKIE_SYM(en->cookie);
+	key->comm = slot_arg(en->args, CD_COOKIE_COMM(en->cookie));
+	key->dtype = CD_DTYPE_NONE;
+	key->pad = 0;
+	if (en->role == CD_ROLE_COLLECTIVE) {
+		elements = slot_arg(en->args, CD_COOKIE_COUNT(en->cookie));
+		if (ds < CD_NUM_ARGS) {
+			key->dtype = (__u32)en->args[ds & 7];
+			bytes = elements * dtype_size(key->dtype);
+		}
+	}
+	if (!(en->flags & CD_TRACE_COUNT))
+		return CD_COUNTED_NONE;
+	return count_call(key, en->role, elements, bytes);
+}
+
+/* A call that returned non-zero: an error where its entry counted it. */
+static __always_inline void count_error(const struct cd_inflight *s)
+{
+	if (s->counted == CD_COUNTED_FINE) {
+		struct cd_count_val *v = bpf_map_lookup_elem(&counters, &s->ckey);
+
+		if (v)
+			__sync_fetch_and_add(&v->errors, 1);
+	} else if (s->counted >= CD_COUNTED_COARSE) {
+		__u32 tgid = s->ckey.tgid;
+		struct cd_proc_counts *pc = bpf_map_lookup_elem(&proc_counts, &tgid);
+		__u32 idx = (s->counted - CD_COUNTED_COARSE) & (CD_COARSE_SLOTS - 1);
+
+		if (pc)
+			__sync_fetch_and_add(&pc->coarse[idx].val.errors, 1);
+	}
+}
+
+/* ---- call probes: in-flight slots ------------------------------------------- */
+
+/* Keeps what the return needs; false when the thread is nested too deep. */
+static __always_inline bool push_inflight(struct cd_thread *st, const struct entry *en,
+					  const struct cd_count_key *key, __u32 counted, bool entry_sent)
+{
+	__u32 d = st->depth;
+	struct cd_inflight *s;
+
+	if (d >= CD_MAX_INFLIGHT) {
+		count_drop(CD_DROP_INFLIGHT_DEEP);
+		return false;
+	}
+	s = &st->s[d & (CD_MAX_INFLIGHT - 1)];
+	s->cookie = en->cookie;
+	s->ts = en->ts;
+	s->out_ptr = slot_arg(en->args, CD_COOKIE_OUT(en->cookie));
+	s->ip = en->ip;
+	s->sp = en->sp;
+	__builtin_memcpy(s->args, en->args, sizeof(s->args));
+	s->ckey = *key;
+	s->group_depth = en->group_depth;
+	s->frame_depth = en->frame_depth;
+	s->counted = counted;
+	s->flags = en->flags;
+	s->entry_sent = entry_sent;
+	s->pad = 0;
+	st->depth = d + 1;
+	if (CD_COOKIE_TAIL(en->cookie) == CD_TAIL_UNIQUE_ID &&
+	    bpf_probe_read_user(st->unique_id, CD_UNIQUE_ID_BYTES, (void *)(en->sp + CD_STACK_ARGS_OFFSET)))
+		count_drop(CD_DROP_READ_FAULT);
+	return true;
+}
+
+/* The innermost open return-probed call of this thread, popped; 0 if none.
+ * Only a traced process's entries leave a thread in-flight calls. */
+static __always_inline struct cd_inflight *pop_inflight(struct cd_thread *st)
+{
+	__u32 d;
+
+	if (!st || st->depth == 0 || st->depth > CD_MAX_INFLIGHT)
+		return 0;
+	d = st->depth - 1;
+	st->depth = d;
+	return &st->s[d & (CD_MAX_INFLIGHT - 1)];
+}
+
+/* ---- call probes: emission --------------------------------------------------- */
+
+/* A thread's first record wakes the consumer at once, batching or not:
+ * userspace reads the thread's name when it first sees it, and a short-lived
+ * worker would be gone by the time the watermark is reached. */
+static __always_inline __u64 call_wakeup(struct cd_thread *st)
+{
+	if (st && !st->announced) {
+		st->announced = 1;
+		return BPF_RB_FORCE_WAKEUP;
+	}
+	return record_wakeup();
+}
+
+/* An entry record, for a call that has no return probe (or whose in-flight
+ * state could not be kept, or whose thread exits first).  Constant sizes per
+ * branch: the verifier must see the tail's bounds. */
+static __always_inline void emit_enter(const struct entry *en, const __u8 *unique_id, const bool with_id,
+				       __u64 wakeup)
+{
+	const __u32 size = sizeof(struct cd_call_enter) + (with_id ? CD_UNIQUE_ID_BYTES : 0);
+	struct cd_call_enter *e = bpf_ringbuf_reserve(&events, size, 0);
+
+	if (!e) {
+		count_ringbuf_drop(en->tgid);
+		return;
+	}
+	fill_header(&e->h, CD_EV_CALL_ENTER, size, with_id ? CD_TAIL_UNIQUE_ID : CD_TAIL_NONE,
+		    with_id ? CD_UNIQUE_ID_BYTES : 0, en->tgid, en->tid, en->ts);
+	e->cookie = en->cookie;
+	e->ip = en->ip;
+	e->sp = en->sp;
+	__builtin_memcpy(e->args, en->args, sizeof(e->args));
+	e->group_depth = en->group_depth;
+	e->frame_depth = en->frame_depth;
+	/* The id: kept in the thread's state, or still on the stack at entry. */
+	if (with_id && (unique_id ? bpf_probe_read_kernel((void *)(e + 1), CD_UNIQUE_ID_BYTES, unique_id)
+				  : bpf_probe_read_user((void *)(e + 1), CD_UNIQUE_ID_BYTES,
+							(void *)(en->sp + CD_STACK_ARGS_OFFSET))))
+		__builtin_memset((void *)(e + 1), 0, CD_UNIQUE_ID_BYTES);
+	bpf_ringbuf_submit(e, wakeup);
+}
+
+/* What a call returned, for its one record. */
+struct ret_info {
+	__s64 ret;
+	__u64 out;
+	__u32 depth;
+};
+
+static __always_inline void emit_call(const struct cd_inflight *s, struct cd_thread *st, __u32 tid,
+				      const struct ret_info *r, const bool with_id)
+{
+	const __u32 size = sizeof(struct cd_call) + (with_id ? CD_UNIQUE_ID_BYTES : 0);
+	struct cd_call *e = bpf_ringbuf_reserve(&events, size, 0);
+
+	if (!e) {
+		count_ringbuf_drop(s->ckey.tgid);
+		return;
+	}
+	fill_header(&e->h, CD_EV_CALL, size, with_id ? CD_TAIL_UNIQUE_ID : CD_TAIL_NONE,
+		    with_id ? CD_UNIQUE_ID_BYTES : 0, s->ckey.tgid, tid, bpf_ktime_get_ns());
+	e->cookie = s->cookie;
+	e->ip = s->ip;
+	e->sp = s->sp;
+	__builtin_memcpy(e->args, s->args, sizeof(e->args));
+	e->group_depth = s->group_depth;
+	e->frame_depth = s->frame_depth;
+	e->enter_ts_ns = s->ts;
+	e->ret = r->ret;
+	e->out_value = r->out;
+	e->depth = r->depth;
+	e->pad = 0;
+	if (with_id)
+		__builtin_memcpy((void *)(e + 1), st->unique_id, CD_UNIQUE_ID_BYTES);
+	bpf_ringbuf_submit(e, call_wakeup(st));
+}
+
+/* The return of a call whose entry went out as its own record. */
+static __always_inline void emit_exit(const struct cd_inflight *s, __u32 tid, const struct ret_info *r)
+{
+	struct cd_call_exit *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+
+	if (!e) {
+		count_drop(CD_DROP_EXIT_LOST);
+		return;
+	}
+	fill_header(&e->h, CD_EV_CALL_EXIT, sizeof(*e), CD_TAIL_NONE, 0, s->ckey.tgid, tid, bpf_ktime_get_ns());
+	e->cookie = s->cookie;
+	e->enter_ts_ns = s->ts;
+	e->ret = r->ret;
+	e->out_value = r->out;
+	e->depth = r->depth;
+	e->pad = 0;
+	bpf_ringbuf_submit(e, record_wakeup());
+}
+
 SEC("uprobe.multi")
 int call_enter(struct pt_regs *ctx)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
-	struct thread_state *st = 0;
-	__u64 cookie, sp, ts, args[CD_NUM_ARGS] = {};
-	__u32 flags, role, group_depth = 0, frame_depth = CD_DEPTH_UNKNOWN;
-	bool records;
+	struct entry en = {};
+	struct cd_count_key key;
+	struct cd_thread *st = 0;
+	__u32 counted;
+	bool first;
 
-	if (!armed)
+	if (!armed || !read_entry(ctx, &en))
 		return 0;
-	flags = trace_flags(tgid);
-	if (!flags)
-		return 0;
-	records = flags & CD_TRACE_RECORDS;
-	cookie = bpf_get_attach_cookie(ctx);
-	role = CD_COOKIE_ROLE(cookie);
-	/* A time only where it is kept: records, and communicators' creation. */
-	ts = records || role == CD_ROLE_COMM_INIT || role == CD_ROLE_COMM_SPLIT ? bpf_ktime_get_ns() : 0;
-	sp = PT_REGS_SP(ctx);
-	args[0] = PT_REGS_PARM1(ctx);
-	args[1] = PT_REGS_PARM2(ctx);
-	args[2] = PT_REGS_PARM3(ctx);
-	args[3] = PT_REGS_PARM4(ctx);
-	args[4] = PT_REGS_PARM5(ctx);
-	args[5] = PT_REGS_PARM6(ctx);
-	/* sp points at the return address; stack arguments start at sp+8 */
-	if ((records || on_stack(CD_COOKIE_COUNT(cookie)) || on_stack(CD_COOKIE_DTYPE(cookie)) ||
-	     on_stack(CD_COOKIE_COMM(cookie)) || on_stack(CD_COOKIE_PEER(cookie)) || on_stack(CD_COOKIE_OUT(cookie))) &&
-	    bpf_probe_read_user(&args[6], 2 * sizeof(__u64), (void *)(sp + 8)))
-		args[6] = args[7] = 0;
-
 	/* Counts alone need a thread's state only to pair a call with its
 	 * return; group and frame depth are for records. */
-	if (records || CD_COOKIE_RET(cookie))
-		st = thread_get(tid);
-	if (st && records) {
-		if (role == CD_ROLE_GROUP_START)
-			st->group_depth++;
-		else if (role == CD_ROLE_GROUP_END && st->group_depth > 0)
-			st->group_depth--;
-		group_depth = st->group_depth;
-		frame_depth = pop_returned_frames(st, sp);
-		if (!CD_COOKIE_RET(cookie) && role != CD_ROLE_GROUP_START && role != CD_ROLE_GROUP_END) {
-			__u32 n = st->nframes;
-
-			if (n < CD_MAX_FRAMES) {
-				struct frame *f = &st->frames[n & (CD_MAX_FRAMES - 1)];
-
-				f->sp = sp;
-				if (bpf_probe_read_user(&f->ret, sizeof(f->ret), (void *)sp))
-					f->ret = 0;
-				st->nframes = n + 1;
-			} else {
-				frame_depth = CD_DEPTH_UNKNOWN; /* too deep to track: sp rule */
-			}
-		}
-	}
-
-	struct cd_count_key key = {
-		.tgid = tgid,
-		.sym = CD_COOKIE_SYM(cookie),
-		.comm = slot_arg(args, CD_COOKIE_COMM(cookie)),
-		.dtype = 0xffffffffu,
-	};
-	__u64 elements = 0, bytes = 0;
-	__u32 counted = CD_COUNTED_NONE;
-
-	if (role == CD_ROLE_COLLECTIVE) {
-		__u32 ds = CD_COOKIE_DTYPE(cookie);
-
-		elements = slot_arg(args, CD_COOKIE_COUNT(cookie));
-		if (ds < CD_NUM_ARGS) {
-			key.dtype = (__u32)args[ds & 7];
-			bytes = elements * dtype_size(key.dtype);
-		}
-	}
-	if (flags & CD_TRACE_COUNT)
-		counted = count_call(&key, role, elements, bytes);
-
-	if (CD_COOKIE_RET(cookie) && st) {
-		__u32 d = st->depth;
-
-		if (d < CD_MAX_INFLIGHT) {
-			struct inflight_slot *s = &st->s[d & (CD_MAX_INFLIGHT - 1)];
-
-			s->cookie = cookie;
-			s->ts = ts;
-			s->out_ptr = slot_arg(args, CD_COOKIE_OUT(cookie));
-			s->a0 = slot_arg(args, CD_COOKIE_COUNT(cookie));
-			s->a1 = slot_arg(args, CD_COOKIE_PEER(cookie));
-			s->a2 = slot_arg(args, CD_COOKIE_COMM(cookie));
-			s->ckey = key;
-			s->counted = counted;
-			s->flags = flags;
-			st->depth = d + 1;
-			if (CD_COOKIE_TAIL(cookie) == CD_TAIL_UNIQUE_ID &&
-			    bpf_probe_read_user(st->unique_id, CD_UNIQUE_ID_BYTES, (void *)(sp + 8)))
-				count_drop(CD_DROP_READ_FAULT);
-		} else {
-			count_drop(CD_DROP_INFLIGHT_DEEP);
-		}
-	}
-
-	if (!records)
+	if (wants_records(&en) || CD_COOKIE_RET(en.cookie))
+		st = thread_get(en.tid);
+	if (st && wants_records(&en))
+		track_frames(st, &en);
+	counted = count_entry(&en, &key);
+	/* A return-probed call is recorded at its return, in one record; but a
+	 * thread's first record goes out now (see events.h, cd_call). */
+	first = st && wants_records(&en) && !st->announced;
+	if (CD_COOKIE_RET(en.cookie) && st && push_inflight(st, &en, &key, counted, first) && !first)
 		return 0;
-	bool first_of_thread = st && !st->announced;
-
-	if (first_of_thread)
-		st->announced = 1;
-	/* Constant sizes per branch: the verifier must see the tail's bounds. */
-	if (CD_COOKIE_TAIL(cookie) == CD_TAIL_UNIQUE_ID)
-		emit_enter(ctx, tgid, tid, ts, cookie, sp, args, group_depth, frame_depth, true, first_of_thread);
+	if (!wants_records(&en))
+		return 0;
+	if (CD_COOKIE_TAIL(en.cookie) == CD_TAIL_UNIQUE_ID)
+		emit_enter(&en, 0, true, call_wakeup(st));
 	else
-		emit_enter(ctx, tgid, tid, ts, cookie, sp, args, group_depth, frame_depth, false, first_of_thread);
+		emit_enter(&en, 0, false, call_wakeup(st));
 	return 0;
 }
 
+/* ---- call probes: communicators ---------------------------------------------- */
+
 /* Remember a communicator created by the call that just returned. */
-static __always_inline void note_comm(__u32 tgid, struct inflight_slot *s, struct thread_state *st,
-				      __u64 comm, __u32 role, __s32 split_index)
+static __always_inline void note_comm(const struct cd_inflight *s, struct cd_thread *st, __u64 comm,
+				      __u32 role, __s32 split_index)
 {
-	struct cd_comm_key k = {.tgid = tgid, .comm = comm};
+	struct cd_comm_key k = {.tgid = s->ckey.tgid, .comm = comm};
 	__u32 zero = 0;
 	struct cd_comm_val *v = bpf_map_lookup_elem(&comm_scratch, &zero);
 
@@ -583,131 +707,141 @@ static __always_inline void note_comm(__u32 tgid, struct inflight_slot *s, struc
 	v->created_ns = s->ts;
 	if (role == CD_ROLE_COMM_INIT) {
 		v->origin = CD_COMM_FROM_ID;
-		v->nranks = (__s32)s->a0;
-		v->rank = (__s32)s->a1;
+		v->nranks = (__s32)slot_arg(s->args, CD_COOKIE_COUNT(s->cookie));
+		v->rank = (__s32)slot_arg(s->args, CD_COOKIE_PEER(s->cookie));
 		__builtin_memcpy(v->unique_id, st->unique_id, CD_UNIQUE_ID_BYTES);
 	} else {
 		v->origin = CD_COMM_FROM_SPLIT;
 		v->nranks = -1;
 		v->rank = -1;
-		v->key = (__s32)s->a0;
-		v->color = (__s32)s->a1;
-		v->parent = s->a2;
+		v->key = (__s32)slot_arg(s->args, CD_COOKIE_COUNT(s->cookie));
+		v->color = (__s32)slot_arg(s->args, CD_COOKIE_PEER(s->cookie));
+		v->parent = slot_arg(s->args, CD_COOKIE_COMM(s->cookie));
 		v->split_index = split_index;
 	}
 	if (bpf_map_update_elem(&comms, &k, v, BPF_ANY))
 		count_drop(CD_DROP_COMM_FULL);
 }
 
-SEC("uretprobe.multi")
-int call_exit(struct pt_regs *ctx)
+/* ncclCommInitAll(comms, ndev, devlist): one comm per device. */
+static __always_inline void note_comm_list(const struct cd_inflight *s)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
-	struct thread_state *st;
-	struct inflight_slot *s;
-	__u64 cookie, out = 0;
-	__s64 ret;
-	__u32 flags, d, role;
+	__u64 ndev = slot_arg(s->args, CD_COOKIE_COUNT(s->cookie));
+	__u64 n = ndev < CD_MAX_COMM_LIST ? ndev : CD_MAX_COMM_LIST;
+	__u32 zero = 0;
+	struct cd_comm_val *v = bpf_map_lookup_elem(&comm_scratch, &zero);
+
+	if (!v)
+		return;
+	__builtin_memset(v, 0, sizeof(*v));
+	for (__u32 i = 0; i < CD_MAX_COMM_LIST; i++) {
+		struct cd_comm_key k = {.tgid = s->ckey.tgid};
+		__u64 c = 0;
+
+		if (i >= n)
+			break;
+		if (bpf_probe_read_user(&c, sizeof(c), (void *)(s->out_ptr + 8 * i)) || !c)
+			continue;
+		k.comm = c;
+		v->origin = CD_COMM_FROM_ALL;
+		v->nranks = (__s32)n;
+		v->rank = (__s32)i;
+		v->created_ns = s->ts;
+		bpf_map_update_elem(&comms, &k, v, BPF_ANY);
+	}
+}
+
+/* Communicators created, split or ended by the call that returned. */
+static __always_inline void track_comm(const struct cd_inflight *s, struct cd_thread *st, const struct ret_info *r)
+{
+	__u32 role = CD_COOKIE_ROLE(s->cookie), tail = CD_COOKIE_TAIL(s->cookie);
+	__u64 comm_arg = slot_arg(s->args, CD_COOKIE_COMM(s->cookie));
 	__s32 split_index = -1;
 
-	if (!armed)
-		return 0;
-	/* Only a traced process's entries leave a thread in-flight calls: the
-	 * flags come from its entry, one map lookup fewer per return. */
-	st = bpf_map_lookup_elem(&threads, &tid);
-	if (!st || st->depth == 0 || st->depth > CD_MAX_INFLIGHT)
-		return 0;
-	d = st->depth - 1;
-	st->depth = d;
-	s = &st->s[d & (CD_MAX_INFLIGHT - 1)];
-	flags = s->flags;
-	cookie = s->cookie;
-	role = CD_COOKIE_ROLE(cookie);
-	ret = (__s64)PT_REGS_RC(ctx);
-	/* ncclResult_t is a 32-bit enum: the upper half of rax is garbage */
-	ret = (__s32)ret;
-
-	if (ret != 0 && s->counted == CD_COUNTED_FINE) {
-		struct cd_count_val *v = bpf_map_lookup_elem(&counters, &s->ckey);
-
-		if (v)
-			__sync_fetch_and_add(&v->errors, 1);
-	} else if (ret != 0 && s->counted >= CD_COUNTED_COARSE) {
-		struct cd_proc_counts *pc = bpf_map_lookup_elem(&proc_counts, &tgid);
-		__u32 idx = (s->counted - CD_COUNTED_COARSE) & (CD_COARSE_SLOTS - 1);
-
-		if (pc)
-			__sync_fetch_and_add(&pc->coarse[idx].val.errors, 1);
-	}
-
-	if (s->out_ptr && role != CD_ROLE_COMM_END) {
-		if (bpf_probe_read_user(&out, sizeof(out), (void *)s->out_ptr))
-			out = 0;
-	}
 	if (role == CD_ROLE_COMM_SPLIT) {
 		/* Every rank splits a parent in the same order, also ranks that get
 		 * no child (NCCL_SPLIT_NOCOLOR): the n-th split is the same on all. */
-		struct cd_comm_key pk = {.tgid = tgid, .comm = s->a2};
+		struct cd_comm_key pk = {.tgid = s->ckey.tgid, .comm = comm_arg};
 		struct cd_comm_val *pv = bpf_map_lookup_elem(&comms, &pk);
 
 		split_index = pv ? (__s32)__sync_fetch_and_add(&pv->nsplits, 1) : -1;
 	}
-	if (ret == 0 && out &&
-	    (role == CD_ROLE_COMM_SPLIT ||
-	     (role == CD_ROLE_COMM_INIT && CD_COOKIE_TAIL(cookie) == CD_TAIL_UNIQUE_ID)))
-		note_comm(tgid, s, st, out, role, split_index);
-	if (ret == 0 && role == CD_ROLE_COMM_INIT && CD_COOKIE_TAIL(cookie) == CD_TAIL_COMM_LIST &&
-	    s->out_ptr) {
-		/* ncclCommInitAll(comms, ndev, devlist): one comm per device */
-		__u32 zero = 0;
-		struct cd_comm_val *v = bpf_map_lookup_elem(&comm_scratch, &zero);
-		__u64 n = s->a0 < CD_MAX_COMM_LIST ? s->a0 : CD_MAX_COMM_LIST;
-
-		if (v) {
-			__builtin_memset(v, 0, sizeof(*v));
-			for (__u32 i = 0; i < CD_MAX_COMM_LIST; i++) {
-				__u64 c = 0;
-				struct cd_comm_key k = {.tgid = tgid};
-
-				if (i >= n)
-					break;
-				if (bpf_probe_read_user(&c, sizeof(c), (void *)(s->out_ptr + 8 * i)) || !c)
-					continue;
-				k.comm = c;
-				v->origin = CD_COMM_FROM_ALL;
-				v->nranks = (__s32)n;
-				v->rank = (__s32)i;
-				v->created_ns = s->ts;
-				bpf_map_update_elem(&comms, &k, v, BPF_ANY);
-			}
-		}
-	}
-	if (role == CD_ROLE_COMM_END && s->a2) {
-		struct cd_comm_key k = {.tgid = tgid, .comm = s->a2};
+	if (r->ret == 0 && r->out &&
+	    (role == CD_ROLE_COMM_SPLIT || (role == CD_ROLE_COMM_INIT && tail == CD_TAIL_UNIQUE_ID)))
+		note_comm(s, st, r->out, role, split_index);
+	if (r->ret == 0 && role == CD_ROLE_COMM_INIT && tail == CD_TAIL_COMM_LIST && s->out_ptr)
+		note_comm_list(s);
+	if (role == CD_ROLE_COMM_END && comm_arg) {
+		struct cd_comm_key k = {.tgid = s->ckey.tgid, .comm = comm_arg};
 		struct cd_comm_val *v = bpf_map_lookup_elem(&comms, &k);
 
 		if (v)
 			v->destroyed = 1;
 	}
+}
 
-	if (!(flags & CD_TRACE_RECORDS))
-		return 0;
-	struct cd_call_exit *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+SEC("uretprobe.multi")
+int call_exit(struct pt_regs *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct cd_thread *st;
+	struct cd_inflight *s;
+	struct ret_info r = {};
 
-	if (!e) {
-		count_drop(CD_DROP_EXIT_LOST);
+	if (!armed)
 		return 0;
-	}
-	fill_header(&e->h, CD_EV_CALL_EXIT, sizeof(*e), CD_TAIL_NONE, 0, tgid, tid, bpf_ktime_get_ns());
-	e->cookie = cookie;
-	e->enter_ts_ns = s->ts;
-	e->ret = ret;
-	e->out_value = out;
-	e->depth = d;
-	e->pad = 0;
-	bpf_ringbuf_submit(e, record_wakeup());
+	st = bpf_map_lookup_elem(&threads, &tid);
+	s = pop_inflight(st);
+	if (!s)
+		return 0;
+	r.depth = st->depth;
+	/* ncclResult_t is a 32-bit enum: the upper half of rax is garbage */
+	r.ret = (__s32)PT_REGS_RC(ctx);
+	if (r.ret != 0)
+		count_error(s);
+	if (s->out_ptr && CD_COOKIE_ROLE(s->cookie) != CD_ROLE_COMM_END &&
+	    bpf_probe_read_user(&r.out, sizeof(r.out), (void *)s->out_ptr))
+		r.out = 0;
+	track_comm(s, st, &r);
+	if (!(s->flags & CD_TRACE_RECORDS))
+		return 0;
+	if (s->entry_sent)
+		emit_exit(s, tid, &r);
+	else if (CD_COOKIE_TAIL(s->cookie) == CD_TAIL_UNIQUE_ID)
+		emit_call(s, st, tid, &r, true);
+	else
+		emit_call(s, st, tid, &r, false);
 	return 0;
+}
+
+/* The entry of an in-flight call, as its entry record. */
+static __always_inline void emit_open_call(const struct cd_inflight *s, struct cd_thread *st, __u32 tid)
+{
+	struct entry en = {
+		.cookie = s->cookie, .ts = s->ts, .ip = s->ip, .sp = s->sp, .tgid = s->ckey.tgid, .tid = tid,
+		.flags = s->flags, .role = CD_COOKIE_ROLE(s->cookie), .group_depth = s->group_depth,
+		.frame_depth = s->frame_depth,
+	};
+
+	__builtin_memcpy(en.args, s->args, sizeof(en.args));
+	if (CD_COOKIE_TAIL(s->cookie) == CD_TAIL_UNIQUE_ID)
+		emit_enter(&en, st->unique_id, true, BPF_RB_FORCE_WAKEUP);
+	else
+		emit_enter(&en, 0, false, BPF_RB_FORCE_WAKEUP);
+}
+
+/* A thread exiting inside return-probed calls (killed in a collective): its
+ * open calls are sent as entries, so the report shows where it was. */
+static __always_inline void emit_open_calls(struct cd_thread *st, __u32 tid)
+{
+	for (__u32 i = 0; i < CD_MAX_INFLIGHT; i++) {
+		struct cd_inflight *s = &st->s[i & (CD_MAX_INFLIGHT - 1)];
+
+		if (i >= st->depth)
+			break;
+		if ((s->flags & CD_TRACE_RECORDS) && !s->entry_sent)
+			emit_open_call(s, st, tid);
+	}
 }
 
 /*
@@ -774,6 +908,10 @@ int BPF_PROG(on_exit, struct task_struct *p)
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
 
+	struct cd_thread *st = bpf_map_lookup_elem(&threads, &tid);
+
+	if (st && st->depth)
+		emit_open_calls(st, tid);
 	bpf_map_delete_elem(&threads, &tid);
 	if (!bpf_map_lookup_elem(&traced, &tgid))
 		return 0;
@@ -793,7 +931,6 @@ int BPF_PROG(on_exit, struct task_struct *p)
  * hook is refused and there is no kprobe PMU, so the hook is the exit of an
  * mmap syscall, with bpf_find_vma to look at what was mapped.)
  */
-#define NR_MMAP 9
 #define VM_EXEC 0x4
 
 struct vma_match {
@@ -831,7 +968,7 @@ int BPF_PROG(on_mmap_file, struct pt_regs *regs, long ret)
 	struct cd_dl_change *e;
 	__u64 pid_tgid;
 
-	if (!count_all || BPF_CORE_READ(regs, orig_ax) != NR_MMAP || (unsigned long)ret >= (unsigned long)-4095L)
+	if (!count_all || CD_SYSCALL_NR(regs) != CD_NR_MMAP || (unsigned long)ret >= (unsigned long)-4095L)
 		return 0;
 	bpf_find_vma(bpf_get_current_task_btf(), (__u64)ret, check_vma, &m, 0);
 	if (!m.hit || bpf_map_lookup_elem(&known_files, &m.k) || !in_scope())

@@ -40,6 +40,9 @@
  *  bits 48..51  tail source    (enum cd_tail_kind captured at entry)
  *  bits 52..55  collective kind (enum cd_coll, for kernel counters)
  *  bit  56      return probe wanted (only for symbols that cannot throw)
+ *  bit  57      a counted slot (count..out above) is a stack word
+ *  bit  58      a slot of a record (any role, stream and buffers too) is a
+ *               stack word: records read the stack only then
  */
 #define CD_SLOT_NONE 0xfu
 #define CD_COOKIE_SYM(c) ((__u32)((c)&0xfffffu))
@@ -53,6 +56,8 @@
 #define CD_COOKIE_TAIL(c) ((__u32)(((c) >> 48) & 0xfu))
 #define CD_COOKIE_COLL(c) ((__u32)(((c) >> 52) & 0xfu))
 #define CD_COOKIE_RET(c) ((__u32)(((c) >> 56) & 0x1u))
+#define CD_COOKIE_STACK_COUNT(c) ((__u32)(((c) >> 57) & 0x1u))
+#define CD_COOKIE_STACK_RECORD(c) ((__u32)(((c) >> 58) & 0x1u))
 
 /* What a probed symbol is.  New roles (python frame, fsdp hook) append. */
 enum cd_role {
@@ -95,6 +100,7 @@ enum cd_tail_kind {
 #define CD_UNIQUE_ID_BYTES 128
 #define CD_MAX_COMM_LIST 16
 #define CD_NUM_ARGS 8
+#define CD_REG_SLOTS 6 /* slots 0..5: registers; 6, 7: stack words */
 
 /* ---- ring-buffer records ---------------------------------------------- */
 
@@ -105,6 +111,7 @@ enum cd_event_kind {
 	CD_EV_PROC_FORK = 4,  /* a traced process forked a traced child */
 	CD_EV_PROC_EXIT = 5,  /* a traced process exited */
 	CD_EV_PROC_SEEN = 6,  /* count-all mode: first probed call of a process, now traced */
+	CD_EV_CALL = 7,	      /* a return-probed call, sent at its return: entry and return */
 };
 
 struct cd_header {
@@ -139,6 +146,33 @@ struct cd_call_exit {
 	/* tail follows (CD_TAIL_COMM_LIST for InitAll) */
 };
 
+/*
+ * A return-probed call is one record, sent when it returns: the entry's
+ * fields (as in cd_call_enter) kept in the thread's in-flight slot, then the
+ * return's (as in cd_call_exit).  One ring-buffer reservation per call, not
+ * two.  A call still in flight when the window closes is read from the
+ * in-flight slots by userspace; one still in flight when its thread exits is
+ * sent then as a cd_call_enter.  A thread's first call is the exception: its
+ * entry goes out at once as a cd_call_enter (waking userspace, which reads
+ * the thread's name while it runs) and its return as a cd_call_exit.
+ * h.ts_ns is the return.
+ */
+struct cd_call {
+	struct cd_header h;
+	__u64 cookie;
+	__u64 ip;
+	__u64 sp;
+	__u64 args[CD_NUM_ARGS];
+	__u32 group_depth;
+	__u32 frame_depth;
+	__u64 enter_ts_ns;
+	__s64 ret;	 /* raw return register */
+	__u64 out_value; /* *out pointer after return (new comm), or 0 */
+	__u32 depth;	 /* inflight depth at entry */
+	__u32 pad;
+	/* tail follows (CD_TAIL_UNIQUE_ID for CommInitRank) */
+};
+
 struct cd_dl_change {
 	struct cd_header h;
 	__u32 stopped; /* 1: the process was sent SIGSTOP and waits for SIGCONT */
@@ -151,8 +185,8 @@ struct cd_proc {
 	__s32 exit_code;   /* exit: task->exit_code */
 };
 
-/* Largest record the kernel side ever emits: enter + unique id. */
-#define CD_MAX_RECORD (sizeof(struct cd_call_enter) + CD_UNIQUE_ID_BYTES)
+/* Largest record the kernel side ever emits: a call + unique id. */
+#define CD_MAX_RECORD (sizeof(struct cd_call) + CD_UNIQUE_ID_BYTES)
 
 /* ---- maps shared with userspace ---------------------------------------- */
 
@@ -168,7 +202,7 @@ struct cd_count_key {
 	__u32 tgid;
 	__u32 sym; /* symbol id (cookie bits 0..19) */
 	__u64 comm;
-	__u32 dtype; /* 0xffffffff: none */
+	__u32 dtype; /* CD_DTYPE_NONE: none */
 	__u32 pad;
 };
 
@@ -247,6 +281,30 @@ enum cd_drop_cause {
 
 #define CD_MAX_INFLIGHT 8
 
+/* What a return probe needs of its entry, kept per thread until it returns
+ * (the `threads` map; userspace reads the calls still open at the end of a
+ * window from it). */
+struct cd_inflight {
+	__u64 cookie;
+	__u64 ts;      /* entry time (records and communicator creation only) */
+	__u64 out_ptr; /* user address the call writes a new comm to */
+	__u64 ip;
+	__u64 sp;
+	__u64 args[CD_NUM_ARGS];
+	struct cd_count_key ckey; /* ckey.tgid: the process */
+	__u32 group_depth;
+	__u32 frame_depth;
+	__u32 counted;	  /* where the entry counted it: CD_COUNTED_* */
+	__u32 flags;	  /* CD_TRACE_* of the process at entry */
+	__u32 entry_sent; /* its entry went out as a cd_call_enter: the return sends a cd_call_exit */
+	__u32 pad;
+};
+
+/* Where the entry counted a call, so that its return adds an error there. */
+#define CD_COUNTED_NONE 0
+#define CD_COUNTED_FINE 1
+#define CD_COUNTED_COARSE 2 /* + slot index */
+
 /*
  * Entry-only frames (C++ symbols: no return probes) are tracked per thread in
  * the kernel as (sp, return address) pairs.  A frame has returned when a new
@@ -257,5 +315,43 @@ enum cd_drop_cause {
  */
 #define CD_MAX_FRAMES 32
 #define CD_DEPTH_UNKNOWN 0xffffffffu
+
+struct cd_frame {
+	__u64 sp;
+	__u64 ret; /* return address stored at sp on entry */
+};
+
+/* Per thread (`threads` map, key: tid). */
+struct cd_thread {
+	__u32 depth;	   /* open return-probed calls */
+	__u32 group_depth; /* ncclGroupStart nesting */
+	__u32 nframes;	   /* open entry-only frames */
+	__u32 announced;   /* its first record woke the consumer */
+	struct cd_inflight s[CD_MAX_INFLIGHT];
+	struct cd_frame frames[CD_MAX_FRAMES];
+	__u8 unique_id[CD_UNIQUE_ID_BYTES]; /* of the open CommInitRank */
+};
+
+/* "no datatype" in a counter key */
+#define CD_DTYPE_NONE 0xffffffffu
+
+/* Sizes both sides rely on, checked on both sides (C and C++ spellings). */
+#ifdef __cplusplus
+#define CD_STATIC_ASSERT static_assert
+#else
+#define CD_STATIC_ASSERT _Static_assert
+#endif
+CD_STATIC_ASSERT(sizeof(struct cd_header) == 24, "cd_header");
+CD_STATIC_ASSERT(sizeof(struct cd_call_enter) == 24 + 8 * 3 + 8 * CD_NUM_ARGS + 8, "cd_call_enter");
+CD_STATIC_ASSERT(sizeof(struct cd_call_exit) == 24 + 8 * 4 + 8, "cd_call_exit");
+CD_STATIC_ASSERT(sizeof(struct cd_call) == sizeof(struct cd_call_enter) + 8 * 4, "cd_call");
+CD_STATIC_ASSERT(sizeof(struct cd_dl_change) == 32, "cd_dl_change");
+CD_STATIC_ASSERT(sizeof(struct cd_proc) == 32, "cd_proc");
+CD_STATIC_ASSERT(sizeof(struct cd_count_key) == 24, "cd_count_key");
+CD_STATIC_ASSERT(sizeof(struct cd_count_val) == 32, "cd_count_val");
+CD_STATIC_ASSERT(sizeof(struct cd_comm_key) == 16, "cd_comm_key");
+CD_STATIC_ASSERT(sizeof(struct cd_comm_val) == 48 + CD_UNIQUE_ID_BYTES, "cd_comm_val");
+CD_STATIC_ASSERT(sizeof(struct cd_inflight) == 8 * 5 + 8 * CD_NUM_ARGS + 24 + 24, "cd_inflight");
+CD_STATIC_ASSERT(sizeof(struct cd_proc_counts) == 32 + CD_COARSE_SLOTS * 40, "cd_proc_counts");
 
 #endif /* COMMDBG_EVENTS_H */

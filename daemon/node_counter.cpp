@@ -287,7 +287,7 @@ void NodeCounter::refresh() {
                 if (ci.nranks >= 0) nranks = std::to_string(ci.nranks);
             }
             auto dt = nccl_datatype_name(c.key.dtype);
-            std::string dtype = c.key.dtype == 0xffffffffu ? "" : dt ? std::string(*dt) : std::to_string(c.key.dtype);
+            std::string dtype = c.key.dtype == CD_DTYPE_NONE ? "" : dt ? std::string(*dt) : std::to_string(c.key.dtype);
             const std::string collective(coll_name(s->coll));
             if (!dtype.empty() || !comm.empty() || !rank.empty() || !nranks.empty()) {
                 auto& sets = label_sets_[owner];

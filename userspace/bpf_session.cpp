@@ -7,6 +7,7 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -187,10 +188,42 @@ CounterSnapshot BpfSession::counter_snapshot() const {
             cd_count_key k{};
             k.tgid = tgid;
             k.sym = s.sym1 - 1;
-            k.dtype = 0xffffffffu;
+            k.dtype = CD_DTYPE_NONE;
             out.entries.push_back({k, s.val, true});
         }
     }
+    return out;
+}
+
+std::vector<CallEnter> BpfSession::open_calls() const {
+    std::vector<CallEnter> out;
+    uint32_t key = 0, next = 0;
+    const uint32_t* prev = nullptr;
+    auto st = std::make_unique<cd_thread>();  // ~2 KiB: not on the stack
+    while (bpf_map__get_next_key(skel_->maps.threads, prev, &next, sizeof(next)) == 0) {
+        key = next;
+        prev = &key;
+        if (bpf_map__lookup_elem(skel_->maps.threads, &key, sizeof(key), st.get(), sizeof(*st), 0) != 0) continue;
+        for (uint32_t i = 0; i < st->depth && i < CD_MAX_INFLIGHT; ++i) {
+            const cd_inflight& s = st->s[i];
+            if (!(s.flags & CD_TRACE_RECORDS) || s.entry_sent) continue;  // sent: the model has it
+            CallEnter& e = out.emplace_back();
+            e.tgid = s.ckey.tgid;
+            e.tid = key;
+            e.ts_ns = s.ts;
+            e.cookie = s.cookie;
+            e.ip = s.ip;
+            e.sp = s.sp;
+            std::memcpy(e.args.data(), s.args, sizeof(s.args));
+            e.group_depth = s.group_depth;
+            e.frame_depth = s.frame_depth;
+            if (CD_COOKIE_TAIL(s.cookie) == CD_TAIL_UNIQUE_ID) {
+                e.has_unique_id = true;
+                std::memcpy(e.unique_id.data(), st->unique_id, CD_UNIQUE_ID_BYTES);
+            }
+        }
+    }
+    std::sort(out.begin(), out.end(), [](const CallEnter& a, const CallEnter& b) { return a.ts_ns < b.ts_ns; });
     return out;
 }
 

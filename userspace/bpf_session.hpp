@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "events.h"
+#include "events.hpp"
 #include "limits.hpp"
 #include "result.hpp"
 
@@ -36,7 +36,7 @@ struct BpfOptions {
 };
 
 // One exact kernel counter.  coarse: the process's own per-symbol counter,
-// for calls whose fine key was refused (comm 0, dtype 0xffffffff: unknown).
+// for calls whose fine key was refused (comm 0, dtype CD_DTYPE_NONE: unknown).
 struct CounterEntry {
     cd_count_key key;
     cd_count_val val;
@@ -95,6 +95,9 @@ public:
     std::vector<CounterEntry> counters() const { return counter_snapshot().entries; }
     CounterSnapshot counter_snapshot() const;
     std::vector<CommEntry> comms() const;
+    // Recorded return-probed calls still in flight (their one record is sent
+    // at the return), as entries, oldest first: read once a window closes.
+    std::vector<CallEnter> open_calls() const;
     std::array<uint64_t, CD_DROP_MAX> drops() const;
     uint64_t ringbuf_drops_of(uint32_t tgid) const;  // records `tgid` lost to a full ring buffer
     // Removes a process's counters and communicators (e.g. after it exited).

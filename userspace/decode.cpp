@@ -25,6 +25,7 @@ size_t body_size(uint16_t kind) {
     switch (kind) {
     case CD_EV_CALL_ENTER: return sizeof(cd_call_enter);
     case CD_EV_CALL_EXIT: return sizeof(cd_call_exit);
+    case CD_EV_CALL: return sizeof(cd_call);
     case CD_EV_DL_CHANGE: return sizeof(cd_dl_change);
     case CD_EV_PROC_FORK:
     case CD_EV_PROC_EXIT:
@@ -45,6 +46,39 @@ bool tail_ok(const cd_header& h, size_t body) {
                h.tail_len <= CD_MAX_COMM_LIST * sizeof(uint64_t);
     default: return true;
     }
+}
+
+// The entry half of cd_call_enter and cd_call (same field names).
+template <typename Rec>
+void entry_fields(const cd_header& h, const Rec& e, uint64_t enter_ts, CallEnter& out) {
+    out.tgid = h.tgid;
+    out.tid = h.tid;
+    out.ts_ns = enter_ts;
+    out.cookie = e.cookie;
+    out.ip = e.ip;
+    out.sp = e.sp;
+    std::memcpy(out.args.data(), e.args, sizeof(e.args));
+    out.group_depth = e.group_depth;
+    out.frame_depth = e.frame_depth;
+}
+
+// The return half of cd_call_exit and cd_call.
+template <typename Rec>
+void exit_fields(const cd_header& h, const Rec& e, CallExit& out) {
+    out.tgid = h.tgid;
+    out.tid = h.tid;
+    out.ts_ns = h.ts_ns;
+    out.cookie = e.cookie;
+    out.enter_ts_ns = e.enter_ts_ns;
+    out.ret = e.ret;
+    out.out_value = e.out_value;
+    out.depth = e.depth;
+}
+
+void unique_id_tail(const cd_header& h, std::span<const uint8_t> bytes, size_t body, CallEnter& out) {
+    if (h.tail_kind != CD_TAIL_UNIQUE_ID) return;
+    out.has_unique_id = true;
+    std::memcpy(out.unique_id.data(), bytes.data() + body, CD_UNIQUE_ID_BYTES);
 }
 
 }  // namespace
@@ -75,34 +109,26 @@ DecodeResult decode(std::span<const uint8_t> bytes) {
         // Built in place: CallEnter carries a 128-byte id, copies show in profiles.
         DecodeResult r;
         auto& out = std::get<CallEnter>(r.event.emplace(std::in_place_type<CallEnter>));
-        out.tgid = h.tgid;
-        out.tid = h.tid;
-        out.ts_ns = h.ts_ns;
-        out.cookie = e.cookie;
-        out.ip = e.ip;
-        out.sp = e.sp;
-        std::memcpy(out.args.data(), e.args, sizeof(e.args));
-        out.group_depth = e.group_depth;
-        out.frame_depth = e.frame_depth;
-        if (h.tail_kind == CD_TAIL_UNIQUE_ID) {
-            out.has_unique_id = true;
-            std::memcpy(out.unique_id.data(), bytes.data() + body, CD_UNIQUE_ID_BYTES);
-        }
+        entry_fields(h, e, h.ts_ns, out);
+        unique_id_tail(h, bytes, body, out);
         return r;
     }
     case CD_EV_CALL_EXIT: {
         cd_call_exit e;
         std::memcpy(&e, bytes.data(), sizeof(e));
         CallExit out;
-        out.tgid = h.tgid;
-        out.tid = h.tid;
-        out.ts_ns = h.ts_ns;
-        out.cookie = e.cookie;
-        out.enter_ts_ns = e.enter_ts_ns;
-        out.ret = e.ret;
-        out.out_value = e.out_value;
-        out.depth = e.depth;
+        exit_fields(h, e, out);
         return ok(out);
+    }
+    case CD_EV_CALL: {
+        cd_call e;
+        std::memcpy(&e, bytes.data(), sizeof(e));
+        DecodeResult r;
+        auto& out = std::get<Call>(r.event.emplace(std::in_place_type<Call>));
+        entry_fields(h, e, e.enter_ts_ns, out.enter);
+        unique_id_tail(h, bytes, body, out.enter);
+        exit_fields(h, e, out.exit);
+        return r;
     }
     case CD_EV_DL_CHANGE: {
         cd_dl_change e;

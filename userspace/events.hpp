@@ -15,15 +15,7 @@
 
 namespace commdbg {
 
-static_assert(sizeof(cd_header) == 24);
-static_assert(sizeof(cd_call_enter) == 24 + 8 * 3 + 8 * CD_NUM_ARGS + 8);
-static_assert(sizeof(cd_call_exit) == 24 + 8 * 4 + 8);
-static_assert(sizeof(cd_dl_change) == 32);
-static_assert(sizeof(cd_proc) == 32);
-static_assert(sizeof(cd_count_key) == 24);
-static_assert(sizeof(cd_count_val) == 32);
-static_assert(sizeof(cd_comm_key) == 16);
-static_assert(sizeof(cd_comm_val) == 48 + CD_UNIQUE_ID_BYTES);
+// Record sizes are checked in events.h itself, on both sides.
 
 struct CallEnter {
     uint32_t tgid = 0;
@@ -50,6 +42,12 @@ struct CallExit {
     uint32_t depth = 0;
 };
 
+// A return-probed call, sent once at its return (cd_call): both halves.
+struct Call {
+    CallEnter enter;
+    CallExit exit;
+};
+
 struct DlChange {
     uint32_t tgid = 0;
     uint32_t tid = 0;
@@ -74,7 +72,7 @@ struct ProcSeen {  // count-all mode: a process made its first probed call
     uint64_t ts_ns = 0;
 };
 
-using Event = std::variant<CallEnter, CallExit, DlChange, ProcFork, ProcExit, ProcSeen>;
+using Event = std::variant<CallEnter, CallExit, Call, DlChange, ProcFork, ProcExit, ProcSeen>;
 
 // Why a record could not be decoded; each cause is counted, never hidden.
 enum class DecodeError { Truncated, BadSize, UnknownKind, BadTail };
@@ -86,5 +84,12 @@ struct DecodeResult {
 };
 
 DecodeResult decode(std::span<const uint8_t> bytes);
+
+// The entry of a call event (CallEnter, or a Call's), else nullptr.
+inline const CallEnter* entry_of(const Event& ev) {
+    if (auto* e = std::get_if<CallEnter>(&ev)) return e;
+    if (auto* c = std::get_if<Call>(&ev)) return &c->enter;
+    return nullptr;
+}
 
 }  // namespace commdbg

@@ -201,6 +201,9 @@ void TraceModel::on_event(const Event& ev) {
                 on_enter(e);
             } else if constexpr (std::is_same_v<T, CallExit>) {
                 on_exit(e);
+            } else if constexpr (std::is_same_v<T, Call>) {
+                on_enter(e.enter);
+                on_exit(e.exit);
             } else if constexpr (std::is_same_v<T, ProcFork>) {
                 ProcessTree& p = proc(e.tgid);
                 p.parent_pid_ = e.parent_tgid;

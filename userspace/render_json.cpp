@@ -116,7 +116,7 @@ private:
         if (s && s->coll != CD_COLL_NONE) o["collective"] = coll_name(s->coll);
         o["comm"] = hex(c.comm);
         if (const CommInfo* ci = find_comm(p_, c.comm); ci && ci->id) o["comm_id"] = hex16(*ci->id);
-        if (c.dtype != 0xffffffffu) o["dtype"] = dtype_name(c.dtype);
+        if (c.dtype != CD_DTYPE_NONE) o["dtype"] = dtype_name(c.dtype);
         o["calls"] = c.calls;
         o["elements"] = c.elements;
         o["bytes"] = c.bytes;

@@ -22,7 +22,7 @@ namespace commdbg {
 struct CounterRow {
     uint32_t sym = 0;
     uint64_t comm = 0;
-    uint32_t dtype = 0xffffffffu;  // 0xffffffff: none
+    uint32_t dtype = CD_DTYPE_NONE;
     uint64_t calls = 0, elements = 0, bytes = 0, errors = 0;
 };
 

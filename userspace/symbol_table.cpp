@@ -18,6 +18,16 @@ uint64_t make_cookie(uint32_t sym_id, const SymbolInfo& s) {
     c |= nib(s.tail) << 48;
     c |= nib(s.coll) << 52;
     c |= static_cast<uint64_t>(s.return_probe ? 1 : 0) << 56;
+    // Stack words are read only where a slot is one (a user read costs more
+    // than the rest of a counted entry).
+    auto on_stack = [](uint8_t slot) { return slot >= CD_REG_SLOTS && slot < CD_NUM_ARGS; };
+    const ArgSlots& a = s.slots;
+    bool counted = on_stack(a.count) || on_stack(a.dtype) || on_stack(a.comm) || on_stack(a.peer) ||
+                   on_stack(a.out);
+    bool recorded = counted || on_stack(a.redop) || on_stack(a.stream) || on_stack(a.sendbuf) ||
+                    on_stack(a.recvbuf);
+    c |= static_cast<uint64_t>(counted ? 1 : 0) << 57;
+    c |= static_cast<uint64_t>(recorded ? 1 : 0) << 58;
     return c;
 }
 

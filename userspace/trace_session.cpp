@@ -157,7 +157,7 @@ void TraceSession::on_record(std::span<const uint8_t> bytes) {
             it->second.exited = true;
             it->second.exit_code = x->exit_code;
         }
-    } else if (auto* e = std::get_if<CallEnter>(&ev)) {
+    } else if (const CallEnter* e = entry_of(ev)) {
         // A thread's name is read while it runs: at the report it may be gone.
         auto it = procs_.find(e->tgid);
         if (it != procs_.end() && !it->second.thread_names.count(e->tid) &&
@@ -173,6 +173,11 @@ void TraceSession::drain() {
     bpf_->set_armed(false);  // the window closes here, for every symbol at once
     while (bpf_->poll(0) > 0) {
     }
+    // A return-probed call sends its record when it returns: those still in
+    // flight (a rank stuck in a collective) are read from the kernel's slots
+    // and reported as open calls, as they were when the window closed.
+    for (const CallEnter& e : bpf_->open_calls())
+        if (procs_.count(e.tgid)) model_.on_event(Event{e});
 }
 
 void TraceSession::mark_exited(int pid, int wait_status) {

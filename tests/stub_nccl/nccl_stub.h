@@ -137,6 +137,8 @@ NCCL_STUB_DECL(ncclResult_t, Reduce,
 NCCL_STUB_DECL(ncclResult_t, Send,
                (const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
                 ncclComm_t comm, ncclStubStream_t stream))
+// ncclRecv from this peer blocks for `count` ms (stub only, see stub_nccl.c).
+#define NCCL_STUB_PEER_SILENT (-1000)
 NCCL_STUB_DECL(ncclResult_t, Recv,
                (void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
                 ncclComm_t comm, ncclStubStream_t stream))

@@ -227,7 +227,11 @@ STUB_API(ncclResult_t, Send,
 STUB_API(ncclResult_t, Recv,
          (void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
           ncclStubStream_t stream)) {
-  (void)recvbuff, (void)count, (void)datatype, (void)peer, (void)stream;
+  (void)recvbuff, (void)datatype, (void)stream;
+  // Stub only: a peer that never sends (NCCL_STUB_PEER_SILENT) keeps the
+  // caller in the call for `count` milliseconds, as a rank waiting on a
+  // missing peer would be (tests of calls still in flight).
+  if (peer == NCCL_STUB_PEER_SILENT) usleep((useconds_t)(count * 1000));
   return enqueue(comm);
 }
 

@@ -72,6 +72,51 @@ TEST(Decode, CallEnterWithUniqueIdTailCopiesTheId) {
     EXPECT_EQ(e.unique_id[127], static_cast<uint8_t>(200 + 127));
 }
 
+// One record per return-probed call: the entry half keeps the entry's time
+// (enter_ts_ns), the exit half the return's (the header), and a model fed the
+// pair builds the same record as from two.
+TEST(Decode, CallRecordCarriesBothHalvesWithTheirOwnTimes) {
+    cd_call c{};
+    c.h = header(CD_EV_CALL, sizeof(c) + 128, CD_TAIL_UNIQUE_ID, 128);
+    c.cookie = 0x0123456789abcdefull;
+    c.ip = 0x7000;
+    c.sp = 0x7ffd0000;
+    for (int i = 0; i < CD_NUM_ARGS; ++i) c.args[i] = 10 + i;
+    c.group_depth = 2;
+    c.frame_depth = 3;
+    c.enter_ts_ns = 4444;
+    c.ret = -4;
+    c.out_value = 0xdead;
+    c.depth = 1;
+    auto b = bytes_of(c, 128);
+    for (int i = 0; i < 128; ++i) b[sizeof(c) + i] = static_cast<uint8_t>(i);
+    auto r = decode(b);
+    ASSERT_TRUE(r.event);
+    const auto& call = std::get<Call>(*r.event);
+    EXPECT_EQ(call.enter.tgid, 100u);
+    EXPECT_EQ(call.enter.tid, 101u);
+    EXPECT_EQ(call.enter.ts_ns, 4444u);
+    EXPECT_EQ(call.enter.cookie, c.cookie);
+    EXPECT_EQ(call.enter.ip, 0x7000u);
+    EXPECT_EQ(call.enter.sp, 0x7ffd0000u);
+    EXPECT_EQ(call.enter.args[7], 17u);
+    EXPECT_EQ(call.enter.group_depth, 2u);
+    EXPECT_EQ(call.enter.frame_depth, 3u);
+    EXPECT_TRUE(call.enter.has_unique_id);
+    EXPECT_EQ(call.enter.unique_id[127], 127);
+    EXPECT_EQ(call.exit.ts_ns, 5555u);
+    EXPECT_EQ(call.exit.enter_ts_ns, 4444u);
+    EXPECT_EQ(call.exit.cookie, c.cookie);
+    EXPECT_EQ(call.exit.ret, -4);
+    EXPECT_EQ(call.exit.out_value, 0xdeadu);
+    EXPECT_EQ(call.exit.depth, 1u);
+    EXPECT_EQ(entry_of(*r.event), &call.enter);
+
+    auto shorter = c;
+    shorter.h = header(CD_EV_CALL, sizeof(c) - 8);
+    EXPECT_EQ(decode(bytes_of(shorter)).error, DecodeError::BadSize);
+}
+
 TEST(Decode, DecodesFromAnUnalignedBuffer) {
     auto b = bytes_of(enter_rec());
     std::vector<uint8_t> shifted(b.size() + 1);

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "model.hpp"
 
 using namespace commdbg;
@@ -87,6 +89,42 @@ std::vector<uint32_t> children(const ProcessTree& p, uint32_t idx) {
 }
 
 }  // namespace
+
+// The kernel sends a return-probed call as one record at its return; the tree
+// must be the one its entry and exit sent apart would build.
+TEST(Model, OneCallRecordBuildsWhatItsEntryAndExitBuild) {
+    Fixture f;
+    auto feed = [&](TraceModel& m, bool combined) {
+        m.on_event(f.enter(f.mm, 100, 1000));
+        auto nc = f.enter(f.allreduce, 300, 800);
+        nc.args[2] = 64, nc.args[3] = 7, nc.args[6] = 0x5000;
+        if (combined) {
+            m.on_event(Call{nc, Fixture::exit_of(nc, 350, -3)});
+        } else {
+            m.on_event(nc);
+            m.on_event(Fixture::exit_of(nc, 350, -3));
+        }
+        m.on_event(f.enter(f.add, 400, 1000));
+    };
+    TraceModel apart(f.t), one(f.t);
+    feed(apart, false);
+    feed(one, true);
+    const auto& a = apart.process(kPid)->records();
+    const auto& b = one.process(kPid)->records();
+    ASSERT_EQ(a.size(), 3u);
+    ASSERT_EQ(b.size(), a.size());
+    auto fields = [](const Record& r) {
+        return std::make_tuple(r.start_ns, r.end_ns, r.count, r.comm, r.new_comm, r.ret, r.stream, r.sendbuf,
+                               r.recvbuf, r.sym, r.tid, r.parent, r.first_child, r.next_sibling, r.dtype,
+                               r.redop, r.peer, r.group_depth, r.flags, r.kind, r.coll);
+    };
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(fields(a[i]), fields(b[i])) << "record " << i;
+    EXPECT_EQ(b[1].parent, 0u);
+    EXPECT_EQ(b[1].end_ns, 350u);
+    EXPECT_EQ(b[1].ret, -3);
+    EXPECT_EQ(b[1].stream, 0x5000u);
+    EXPECT_EQ(one.process(kPid)->unmatched_exits(), 0u);
+}
 
 TEST(Model, NestsFramesBySpAndLinksNcclLeavesUnderTheOpenFrame) {
     Fixture f;

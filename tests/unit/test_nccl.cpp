@@ -100,9 +100,35 @@ TEST(SymbolTable, CookiePacksEveryFieldWhereEventsHSaysSo) {
     EXPECT_EQ(CD_COOKIE_TAIL(c), static_cast<uint32_t>(CD_TAIL_UNIQUE_ID));
     EXPECT_EQ(CD_COOKIE_COLL(c), static_cast<uint32_t>(CD_COLL_REDUCE));
     EXPECT_EQ(CD_COOKIE_RET(c), 1u);
-    EXPECT_EQ(c >> 57, 0u);
+    // comm is slot 6, a stack word: counting and records both read the stack.
+    EXPECT_EQ(CD_COOKIE_STACK_COUNT(c), 1u);
+    EXPECT_EQ(CD_COOKIE_STACK_RECORD(c), 1u);
+    EXPECT_EQ(c >> 59, 0u);
     s.return_probe = false;
     EXPECT_EQ(CD_COOKIE_RET(make_cookie(1, s)), 0u);
+}
+
+// A user-memory read costs more than the rest of a counted entry: the BPF
+// side reads the stack words only when the cookie says a slot is one.
+TEST(SymbolTable, CookieSaysWhenCountingOrRecordsNeedStackWords) {
+    SymbolInfo s;
+    s.role = CD_ROLE_COLLECTIVE;
+    s.slots = {2, 3, 5, 4, CD_SLOT_NONE, CD_SLOT_NONE};  // all registers
+    uint64_t regs = make_cookie(1, s);
+    EXPECT_EQ(CD_COOKIE_STACK_COUNT(regs), 0u);
+    EXPECT_EQ(CD_COOKIE_STACK_RECORD(regs), 0u);
+    s.slots.stream = 6;  // ncclAllReduce's stream: records only
+    uint64_t stream = make_cookie(1, s);
+    EXPECT_EQ(CD_COOKIE_STACK_COUNT(stream), 0u);
+    EXPECT_EQ(CD_COOKIE_STACK_RECORD(stream), 1u);
+    s.slots.stream = CD_SLOT_NONE;
+    s.slots.recvbuf = 7;
+    EXPECT_EQ(CD_COOKIE_STACK_RECORD(make_cookie(1, s)), 1u);
+    s.slots.recvbuf = CD_SLOT_NONE;
+    s.slots.peer = 7;  // counted (communicator rank / split colour)
+    uint64_t peer = make_cookie(1, s);
+    EXPECT_EQ(CD_COOKIE_STACK_COUNT(peer), 1u);
+    EXPECT_EQ(CD_COOKIE_STACK_RECORD(peer), 1u);
 }
 
 TEST(SymbolTable, InternDedupsOnLayerAndName) {
