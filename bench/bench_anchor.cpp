@@ -10,7 +10,9 @@
 //     at::_ops::add_Tensor::call | commdbg attach --probes torch-aten
 //     --counts-only | with records
 // ns per call and each as a ratio to bpftrace's entry+return count (for
-// torch: its entry count, since return probes are off limits on C++).
+// torch: its entry count, since return probes are off limits on C++), over
+// several rounds (argv[2], default 5): the median and the range of the
+// per-round ratios.  Usage: bench_anchor [calls] [rounds].
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -67,35 +69,67 @@ bool wait_perf_event_fds(pid_t pid, int want) {
     return false;
 }
 
-struct Row {
-    explicit Row(std::string w, double n = -1) : what(std::move(w)), ns(n) {}
+// How to start one tracer and know it is in place.
+struct Tracer {
     std::string what;
-    double ns;  // < 0: not measured, `why` says why
+    std::vector<std::string> argv;  // empty: the unprobed call
+    std::string ready;              // a line it prints once attached
+    bool on_stderr = true;
+    int stop_sig = SIGINT;
+    int perf_events = 0;  // bpftrace: in place once it holds this many perf_event fds
+    std::string why;      // set: not measured, and why
+};
+
+// One tracer's measurements, one per round.
+struct Row {
+    std::string what;
+    std::vector<double> ns;  // empty: not measured, `why` says why
     std::string why;
 };
 
-// Starts `argv`, waits until it says `ready` (on stdout or stderr; commdbg
-// and commdbgd say so once attached) and, for bpftrace, until its
-// `perf_events` probes exist; measures, then stops it with `stop_sig`.
-Row measure_with(const std::string& what, const std::vector<std::string>& argv, const std::string& ready, bool on_stderr,
-                 int stop_sig, const Target& t, int perf_events = 0) {
-    Row row(what);
-    Background tracer(argv);
-    std::string line = on_stderr ? tracer.wait_for_err_line(ready, 60) : tracer.wait_for_line(ready, 60);
+// Starts the tracer, waits until it says `ready` (commdbg and commdbgd say so
+// once attached) and, for bpftrace, until its perf_events probes exist;
+// measures, then stops it with `stop_sig`.  < 0: not measured (`why`).
+double measure_with(const Tracer& tr, const Target& t, std::string& why) {
+    if (tr.argv.empty()) return best_of(t);
+    Background tracer(tr.argv);
+    std::string line = tr.on_stderr ? tracer.wait_for_err_line(tr.ready, 60) : tracer.wait_for_line(tr.ready, 60);
     if (line.empty()) {
         auto r = tracer.wait(5);
-        row.why = "did not start: " + r.err.substr(0, 300);
-        return row;
+        why = "did not start: " + r.err.substr(0, 300);
+        return -1;
     }
-    if (perf_events && !wait_perf_event_fds(tracer.pid(), perf_events)) {
-        row.why = "its probes were not attached within 20 s";
+    double ns = -1;
+    if (tr.perf_events && !wait_perf_event_fds(tracer.pid(), tr.perf_events)) {
+        why = "its probes were not attached within 20 s";
     } else {
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        row.ns = best_of(t);
+        ns = best_of(t);
     }
-    kill(tracer.pid(), stop_sig);
+    kill(tracer.pid(), tr.stop_sig);
     tracer.wait(120);
-    return row;
+    return ns;
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    size_t n = v.size();
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Every tracer in turn, `rounds` times over: the machine's speed drifts (a
+// 2-core VM, bimodal), so each ratio is taken against the anchor measured in
+// the same round, and the median and range over rounds are printed.
+std::vector<Row> measure_rounds(const std::vector<Tracer>& tracers, const Target& t, int rounds) {
+    std::vector<Row> rows;
+    for (const auto& tr : tracers) rows.push_back({tr.what, {}, tr.why});
+    for (int r = 0; r < rounds; ++r)
+        for (size_t i = 0; i < tracers.size(); ++i) {
+            if (!tracers[i].why.empty() || (r > 0 && rows[i].ns.empty())) continue;
+            double ns = measure_with(tracers[i], t, rows[i].why);
+            if (ns >= 0) rows[i].ns.push_back(ns);
+        }
+    return rows;
 }
 
 std::optional<std::string> find_bpftrace() {
@@ -104,21 +138,29 @@ std::optional<std::string> find_bpftrace() {
     return std::nullopt;
 }
 
-void print_rows(const std::vector<Row>& rows, const std::string& anchor_name, double anchor, double unprobed) {
+// rows[0] is the unprobed call; `anchor` indexes the row ratios are to.
+void print_rows(const std::vector<Row>& rows, size_t anchor, const std::string& anchor_name) {
+    const Row& base = rows[0];
+    const Row& anc = rows[anchor];
     for (const auto& r : rows) {
-        if (r.ns < 0) {
+        if (r.ns.empty()) {
             std::printf("  %-52s %12s  (%s)\n", r.what.c_str(), "-", r.why.c_str());
             continue;
         }
-        std::printf("  %-52s %9.1f ns  %7.2fx unprobed", r.what.c_str(), r.ns, r.ns / unprobed);
-        if (anchor > 0) std::printf("  %5.2fx %s", r.ns / anchor, anchor_name.c_str());
+        std::printf("  %-52s %9.1f ns  %7.2fx unprobed", r.what.c_str(), median(r.ns), median(r.ns) / median(base.ns));
+        if (anc.ns.size() == r.ns.size()) {
+            std::vector<double> ratio;
+            for (size_t i = 0; i < r.ns.size(); ++i) ratio.push_back(r.ns[i] / anc.ns[i]);
+            auto [lo, hi] = std::minmax_element(ratio.begin(), ratio.end());
+            std::printf("  %5.2fx %s (rounds %.2f-%.2f)", median(ratio), anchor_name.c_str(), *lo, *hi);
+        }
         std::printf("\n");
     }
 }
 
 // ---- NCCL ---------------------------------------------------------------------
 
-void bench_nccl(const std::string& commdbg, const std::optional<std::string>& bpftrace, long n) {
+void bench_nccl(const std::string& commdbg, const std::optional<std::string>& bpftrace, long n, int rounds) {
     const std::string real = "/usr/local/cuda/lib64/libnccl.so.2";
     const std::string lib = access(real.c_str(), R_OK) == 0 ? real : std::string(STUB_NCCL);
     void* h = dlopen(lib.c_str(), RTLD_NOW);
@@ -138,44 +180,40 @@ void bench_nccl(const std::string& commdbg, const std::optional<std::string>& bp
              },
              n};
     const std::string pid = std::to_string(getpid());
-    std::printf("ncclAllReduce on %s, %ld calls per measurement (best of 3), pid %s\n", lib.c_str(), n, pid.c_str());
-    double base = best_of(t);
-    std::vector<Row> rows = {Row("unprobed", base)};
-    Row bt_entry("bpftrace count() on entry"), bt_both("bpftrace count() on entry and return");
-    if (bpftrace) {
-        bt_entry = measure_with(bt_entry.what,
-                                {*bpftrace, "-p", pid, "-e", "uprobe:" + lib + ":ncclAllReduce { @calls = count(); }"},
-                                "Attaching", false, SIGINT, t, 1);
-        bt_both = measure_with(bt_both.what,
-                               {*bpftrace, "-p", pid, "-e",
-                                "uprobe:" + lib + ":ncclAllReduce { @calls = count(); } uretprobe:" + lib +
-                                    ":ncclAllReduce { @returns = count(); }"},
-                               "Attaching", false, SIGINT, t, 2);
-    } else {
-        bt_entry.why = bt_both.why = "no bpftrace (make bench installs Debian's)";
-    }
-    rows.push_back(bt_entry);
-    rows.push_back(bt_both);
+    std::printf("ncclAllReduce on %s, %ld calls per measurement (best of 3), %d rounds, pid %s\n", lib.c_str(), n,
+                rounds, pid.c_str());
     char dir_tmpl[] = "/tmp/commdbg-bench-XXXXXX";
     std::string dir = mkdtemp(dir_tmpl);
-    rows.push_back(measure_with("commdbg attach --counts-only",
-                                {commdbg, "attach", pid, "--no-daemon", "--counts-only", "--probes", "nccl", "--table",
-                                 dir + "/counts.txt"},
-                                "commdbg: tracing", true, SIGINT, t));
-    rows.push_back(measure_with("commdbg attach (records)",
-                                {commdbg, "attach", pid, "--no-daemon", "--probes", "nccl", "--noise-level", "0",
-                                 "--table", dir + "/records.txt"},
-                                "commdbg: tracing", true, SIGINT, t));
     const std::string commdbgd = commdbg.substr(0, commdbg.rfind('/')) + "/commdbgd";
-    rows.push_back(measure_with("commdbgd node counter (always on)",
-                                {commdbgd, "--socket", dir + "/d.sock", "--metrics-listen", ""}, "counting", true,
-                                SIGTERM, t));
-    rows.push_back(measure_with("commdbgd node counter --no-count-errors",
-                                {commdbgd, "--socket", dir + "/d2.sock", "--metrics-listen", "", "--no-count-errors"},
-                                "counting", true, SIGTERM, t));
+    const std::string no_bt = bpftrace ? "" : "no bpftrace (make bench installs Debian's)";
+    const std::string bt = bpftrace.value_or("bpftrace");
+    std::vector<Tracer> tracers = {
+        {"unprobed", {}, "", true, 0, 0, ""},
+        {"bpftrace count() on entry",
+         {bt, "-p", pid, "-e", "uprobe:" + lib + ":ncclAllReduce { @calls = count(); }"}, "Attaching", false, SIGINT,
+         1, no_bt},
+        {"bpftrace count() on entry and return",
+         {bt, "-p", pid, "-e",
+          "uprobe:" + lib + ":ncclAllReduce { @calls = count(); } uretprobe:" + lib +
+              ":ncclAllReduce { @returns = count(); }"},
+         "Attaching", false, SIGINT, 2, no_bt},
+        {"commdbg attach --counts-only",
+         {commdbg, "attach", pid, "--no-daemon", "--counts-only", "--probes", "nccl", "--table", dir + "/counts.txt"},
+         "commdbg: tracing", true, SIGINT, 0, ""},
+        {"commdbg attach (records)",
+         {commdbg, "attach", pid, "--no-daemon", "--probes", "nccl", "--noise-level", "0", "--table",
+          dir + "/records.txt"},
+         "commdbg: tracing", true, SIGINT, 0, ""},
+        {"commdbgd node counter (always on)", {commdbgd, "--socket", dir + "/d.sock", "--metrics-listen", ""},
+         "counting", true, SIGTERM, 0, ""},
+        {"commdbgd node counter --no-count-errors",
+         {commdbgd, "--socket", dir + "/d2.sock", "--metrics-listen", "", "--no-count-errors"}, "counting", true,
+         SIGTERM, 0, ""},
+    };
+    auto rows = measure_rounds(tracers, t, rounds);
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
-    print_rows(rows, "bpftrace entry+return", bt_both.ns, base);
+    print_rows(rows, 2, "bpftrace entry+return");
     dlclose(h);
 }
 
@@ -197,7 +235,7 @@ std::optional<std::string> libtorch_of(pid_t pid) {
     return out;
 }
 
-void bench_torch(const std::string& commdbg, const std::optional<std::string>& bpftrace, long n) {
+void bench_torch(const std::string& commdbg, const std::optional<std::string>& bpftrace, long n, int rounds) {
     commdbg::bench::TorchLoop py;
     if (access("/usr/bin/python3", X_OK) != 0 || !py.start("/usr/bin/python3")) {
         std::printf("torch-aten: skipped — /usr/bin/python3 cannot import torch (Debian: apt install python3-torch)\n");
@@ -210,46 +248,44 @@ void bench_torch(const std::string& commdbg, const std::optional<std::string>& b
              n};
     auto lib = libtorch_of(py.pid());
     const std::string pid = std::to_string(py.pid());
-    std::printf("torch.add on 8 floats in /usr/bin/python3 (pid %s), %ld ops per measurement (best of 3)\n",
-                pid.c_str(), n);
-    double base = best_of(t);
-    std::vector<Row> rows = {Row("unprobed", base)};
-    Row bt("bpftrace count() on entry of at::_ops::add_Tensor::call");
-    if (bpftrace && lib) {
-        bt = measure_with(bt.what,
-                          {*bpftrace, "-p", pid, "-e",
-                           "uprobe:" + *lib + ":_ZN2at4_ops10add_Tensor4callERKNS_6TensorES4_RKN3c106ScalarE "
-                                              "{ @calls = count(); }"},
-                          "Attaching", false, SIGINT, t, 1);
-    } else {
-        bt.why = bpftrace ? "libtorch_cpu.so not mapped" : "no bpftrace (make bench installs Debian's)";
-    }
-    rows.push_back(bt);
+    std::printf("torch.add on 8 floats in /usr/bin/python3 (pid %s), %ld ops per measurement (best of 3), %d rounds\n",
+                pid.c_str(), n, rounds);
     char dir_tmpl[] = "/tmp/commdbg-bench-XXXXXX";
     std::string dir = mkdtemp(dir_tmpl);
-    rows.push_back(measure_with("commdbg attach --probes torch-aten --counts-only",
-                                {commdbg, "attach", pid, "--no-daemon", "--counts-only", "--probes", "torch-aten",
-                                 "--table", dir + "/counts.txt"},
-                                "commdbg: tracing", true, SIGINT, t));
-    rows.push_back(measure_with("commdbg attach --probes torch-aten (records)",
-                                {commdbg, "attach", pid, "--no-daemon", "--probes", "torch-aten", "--noise-level",
-                                 "0", "--table", dir + "/records.txt"},
-                                "commdbg: tracing", true, SIGINT, t));
+    std::string no_bt = !bpftrace ? "no bpftrace (make bench installs Debian's)" : !lib ? "libtorch_cpu.so not mapped" : "";
+    std::vector<Tracer> tracers = {
+        {"unprobed", {}, "", true, 0, 0, ""},
+        {"bpftrace count() on entry of at::_ops::add_Tensor::call",
+         {bpftrace.value_or("bpftrace"), "-p", pid, "-e",
+          "uprobe:" + lib.value_or("") +
+              ":_ZN2at4_ops10add_Tensor4callERKNS_6TensorES4_RKN3c106ScalarE { @calls = count(); }"},
+         "Attaching", false, SIGINT, 1, no_bt},
+        {"commdbg attach --probes torch-aten --counts-only",
+         {commdbg, "attach", pid, "--no-daemon", "--counts-only", "--probes", "torch-aten", "--table",
+          dir + "/counts.txt"},
+         "commdbg: tracing", true, SIGINT, 0, ""},
+        {"commdbg attach --probes torch-aten (records)",
+         {commdbg, "attach", pid, "--no-daemon", "--probes", "torch-aten", "--noise-level", "0", "--table",
+          dir + "/records.txt"},
+         "commdbg: tracing", true, SIGINT, 0, ""},
+    };
+    auto rows = measure_rounds(tracers, t, rounds);
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
-    print_rows(rows, "bpftrace entry", bt.ns, base);
+    print_rows(rows, 1, "bpftrace entry");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
     long n = argc > 1 ? std::atol(argv[1]) : 200000;
+    int rounds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 5;
     if (geteuid() != 0) {
         std::printf("bench_anchor: skipped — needs root to attach uprobes\n");
         return 0;
     }
     auto bpftrace = find_bpftrace();
-    bench_nccl(COMMDBG_BIN, bpftrace, n);
-    bench_torch(COMMDBG_BIN, bpftrace, n / 10);
+    bench_nccl(COMMDBG_BIN, bpftrace, n, rounds);
+    bench_torch(COMMDBG_BIN, bpftrace, n / 10, rounds);
     return 0;
 }
