@@ -16,6 +16,7 @@
 
 #include "events.h"
 #include "arch_x86.h"
+#include "nccl_dtype.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -154,25 +155,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct cd_proc_counts);
 } proc_counts_zero SEC(".maps");
-
-/* ncclDataType_t -> bytes per element; 0 for values NCCL does not define.
- * A switch, not a table: clang 14 leaves a static const table in a .rodata
- * that libbpf cannot size. */
-static __always_inline __u64 dtype_size(__u32 dtype)
-{
-	switch (dtype) {
-	case 0: case 1: case 10: case 11: /* int8 uint8 fp8e4m3 fp8e5m2 */
-		return 1;
-	case 6: case 9: /* float16 bfloat16 */
-		return 2;
-	case 2: case 3: case 7: /* int32 uint32 float32 */
-		return 4;
-	case 4: case 5: case 8: /* int64 uint64 float64 */
-		return 8;
-	default:
-		return 0;
-	}
-}
 
 static __always_inline int in_scope(void)
 {
