@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "call_fields.hpp"
 #include "nccl.hpp"
 #include "report.hpp"
 
@@ -172,77 +173,18 @@ private:
 
 namespace report_detail {
 
-namespace {
-
-// Communicator calls reuse the generic slots: init count/peer = nranks/rank,
-// split comm/peer/count = parent/color/key (see probe_spec.cpp).  int
-// arguments are read from 64-bit registers: only the low 32 bits are defined.
-template <typename Json>
-void lifecycle_json(const Record& r, const ProcessReport& p, const SymbolTable& syms, cd_role role,
-                    Json& o) {
-    if (role == CD_ROLE_COMM_INIT) {
-        if (r.has(kHasCount))
-            o[is_init_all(r, syms) ? "ndev" : "nranks"] = static_cast<int32_t>(r.count);
-        if (r.has(kHasPeer)) o["rank"] = r.peer;
-    } else if (role == CD_ROLE_COMM_SPLIT) {
-        if (r.has(kHasComm)) o["parent"] = hex(r.comm);
-        if (r.has(kHasPeer)) o["color"] = r.peer;
-        if (r.has(kHasCount)) o["key"] = static_cast<int32_t>(r.count);
-    } else if (r.has(kHasComm)) {  // COMM_END: the communicator it ends
-        const CommInfo* comm = find_comm(p, r.comm);
-        if (comm && comm->nranks >= 0) o["group_size"] = comm->nranks;
-        o["comm"] = hex(r.comm);
-        if (comm && comm->id) o["comm_id"] = hex16(*comm->id);
-    }
-    if (r.has(kHasNewComm)) {
-        o["new_comm"] = hex(r.new_comm);
-        const CommInfo* comm = find_comm(p, r.new_comm);
-        if (comm && comm->id) o["new_comm_id"] = hex16(*comm->id);
-        if (role == CD_ROLE_COMM_SPLIT && comm && comm->nranks >= 0) o["group_size"] = comm->nranks;
-    }
-}
-
-}  // namespace
-
 template <typename Json>
 void collective_json(const Record& r, const ProcessReport& p, const SymbolTable& syms, Json& o) {
-    cd_role role = record_role(r, syms);
-    if (role == CD_ROLE_COMM_INIT || role == CD_ROLE_COMM_SPLIT || role == CD_ROLE_COMM_END) {
-        lifecycle_json(r, p, syms, role, o);
-    } else {
-        if (r.coll != CD_COLL_NONE) o["collective"] = coll_name(static_cast<cd_coll>(r.coll));
-        // The communicator a call runs on.
-        std::optional<uint64_t> ptr;
-        if (r.has(kHasNewComm)) ptr = r.new_comm;
-        else if (r.has(kHasComm)) ptr = r.comm;
-        const CommInfo* comm = ptr ? find_comm(p, *ptr) : nullptr;
-        int32_t nranks = comm ? comm->nranks : -1;
-        if (nranks >= 0) o["group_size"] = nranks;
-        if (ptr) o["comm"] = hex(*ptr);
-        if (comm && comm->id) o["comm_id"] = hex16(*comm->id);
-        if (r.has(kHasComm) && r.has(kHasNewComm)) o["parent_comm"] = hex(r.comm);
-        if (auto el = record_elements(r, nranks)) {
-            o["input_elements"] = el->in;
-            o["output_elements"] = el->out;
+    for (const CallField& f : call_fields(r, p, syms)) {
+        if (f.key.empty()) continue;  // the table's only
+        std::string key(f.key);
+        switch (f.type) {
+        case FieldType::Int: o[key] = f.i; break;
+        case FieldType::UInt:
+        case FieldType::Nanos: o[key] = f.u; break;
+        default: o[key] = field_text(f); break;
         }
-        if (r.has(kHasDtype)) o["dtype"] = dtype_name(r.dtype);
-        if (auto b = record_bytes(r)) o["bytes"] = *b;
-        if (r.has(kHasRedop)) {
-            auto op = nccl_redop_name(r.redop);
-            o["reduce_op"] = op ? std::string(*op) : "op(" + std::to_string(r.redop) + ")";
-        }
-        if (r.has(kHasPeer))
-            o[r.coll == CD_COLL_SEND || r.coll == CD_COLL_RECV ? "peer" : "root"] = r.peer;
-        if (r.has(kHasStream)) o["stream"] = hex(r.stream);
-        if (r.has(kHasSendBuf)) o["sendbuff"] = hex(r.sendbuf);
-        if (r.has(kHasRecvBuf)) o["recvbuff"] = hex(r.recvbuf);
     }
-    if (r.group_depth > 0) o["group_depth"] = r.group_depth;
-    if (r.has(kHasRet)) o["ret"] = r.ret;
-    // A collective returns once enqueued (asynchronous: not GPU time); a
-    // communicator lifecycle call returns when it is done.
-    if (auto ns = host_enqueue_ns(r))
-        o[r.coll != CD_COLL_NONE ? "host_enqueue_ns" : "host_call_ns"] = *ns;
 }
 
 template void collective_json(const Record&, const ProcessReport&, const SymbolTable&,

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // The human table: an exact summary first (kernel counters, communicators,
 // losses), then CommDebugMode's tracing table (type | indented detail).
+#include <algorithm>
 #include <cstdio>
 #include <map>
 
+#include "call_fields.hpp"
 #include "nccl.hpp"
 #include "report.hpp"
 
@@ -147,67 +149,23 @@ private:
             emit(c, child_level);
     }
 
+    // The name, then the call's fields (call_fields.hpp) in table order.
     std::string detail(const Record& r) const {
         std::string d(record_name(r, syms_));
-        if (r.kind != RecordKind::Collective) return d;
-        switch (record_role(r, syms_)) {
-        case CD_ROLE_COMM_INIT:
-        case CD_ROLE_COMM_SPLIT:
-        case CD_ROLE_COMM_END: lifecycle_detail(r, d); break;
-        default: collective_detail(r, d); break;
+        auto fields = call_fields(r, p_, syms_);
+        std::stable_sort(fields.begin(), fields.end(),
+                         [](const CallField& a, const CallField& b) { return a.table_order < b.table_order; });
+        for (const CallField& f : fields) {
+            if (f.show == TableShow::Never || noise_ < f.min_noise) continue;
+            std::string value = f.type == FieldType::Nanos ? us(f.u) + " (host)" : field_text(f);
+            if (f.show == TableShow::Bare) {
+                d += " " + value;
+                continue;
+            }
+            std::string kv = std::string(f.table_key) + "=" + value;
+            d += " " + (f.show == TableShow::Warn && f.i != 0 ? paint(kWarn, kv) : kv);
         }
-        if (r.group_depth > 0) d += " group=" + std::to_string(r.group_depth);
-        if (r.has(kHasRet)) {
-            std::string ret = "ret=" + std::to_string(r.ret);
-            d += " " + (r.ret != 0 ? paint(kWarn, ret) : ret);
-        }
-        // A collective returns once enqueued; a lifecycle call returns when done.
-        if (auto ns = host_enqueue_ns(r))
-            d += (r.coll != CD_COLL_NONE ? " enqueue=" : " call=") + us(*ns) + " (host)";
         return d;
-    }
-
-    void collective_detail(const Record& r, std::string& d) const {
-        if (r.has(kHasCount)) d += " count=" + std::to_string(r.count);
-        if (r.has(kHasDtype)) d += " " + dtype_name(r.dtype);
-        if (r.has(kHasRedop)) {
-            auto op = nccl_redop_name(r.redop);
-            d += " " + (op ? std::string(*op) : "op(" + std::to_string(r.redop) + ")");
-        }
-        if (r.has(kHasPeer))
-            d += (r.coll == CD_COLL_SEND || r.coll == CD_COLL_RECV ? " peer=" : " root=") +
-                 std::to_string(r.peer);
-        if (r.has(kHasComm)) d += " comm=" + hex(r.comm);
-        if (r.has(kHasNewComm)) d += " new_comm=" + hex(r.new_comm);
-        // Addresses are noise for reading the flow; level 2 and up shows them.
-        if (noise_ >= 2) {
-            if (r.has(kHasStream)) d += " stream=" + hex(r.stream);
-            if (r.has(kHasSendBuf)) d += " sendbuff=" + hex(r.sendbuf);
-            if (r.has(kHasRecvBuf)) d += " recvbuff=" + hex(r.recvbuf);
-        }
-    }
-
-    // Communicator calls reuse the generic slots: init count/peer = nranks/rank,
-    // split comm/peer/count = parent/color/key (see probe_spec.cpp).
-    void lifecycle_detail(const Record& r, std::string& d) const {
-        cd_role role = record_role(r, syms_);
-        if (role == CD_ROLE_COMM_INIT) {
-            if (r.has(kHasCount))
-                d += (is_init_all(r, syms_) ? " ndev=" : " nranks=") +
-                     std::to_string(static_cast<int32_t>(r.count));
-            if (r.has(kHasPeer)) d += " rank=" + std::to_string(r.peer);
-        } else if (role == CD_ROLE_COMM_SPLIT) {
-            if (r.has(kHasComm)) d += " parent=" + hex(r.comm);
-            if (r.has(kHasPeer)) d += " color=" + std::to_string(r.peer);
-            if (r.has(kHasCount)) d += " key=" + std::to_string(static_cast<int32_t>(r.count));
-        } else if (r.has(kHasComm)) {
-            d += " comm=" + hex(r.comm);
-        }
-        if (r.has(kHasNewComm)) {
-            d += " new_comm=" + hex(r.new_comm);
-            const CommInfo* c = find_comm(p_, r.new_comm);
-            if (c && c->id) d += " id=" + hex16(*c->id);
-        }
     }
 
     const ProcessReport& p_;

@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: Apache-2.0
+// What one call means, decoded once.  A probe spec names which argument slot
+// holds what (count, dtype, comm, peer, stream, ...); the model keeps those
+// raw values in a Record.  call_fields() turns a Record into typed, ordered
+// fields from its symbol's role -- a communicator init's "count" slot is its
+// nranks, a split's "peer" slot its colour -- joined with what the window
+// knows of its communicators.  The JSON dump, the trace's args and the
+// tracing table only format these fields: a new argument is added here and in
+// the spec, never in a renderer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model.hpp"
+#include "symbol_table.hpp"
+
+namespace commdbg {
+
+struct ProcessReport;
+
+enum class FieldType : uint8_t {
+    Int,    // signed integer
+    UInt,   // unsigned integer (element and byte counts)
+    Hex,    // address or handle: "0x1a2b"
+    Hex16,  // 64-bit id: "0x%016x"
+    Text,   // a name: "float32", "sum", "all_reduce"
+    Nanos,  // a duration in ns: a number in JSON, microseconds in the table
+};
+
+// How (and whether) the tracing table shows a field.
+enum class TableShow : uint8_t {
+    Never,     // JSON and trace args only
+    KeyValue,  // " key=value"
+    Bare,      // " value" (a datatype, a reduction op)
+    Warn,      // " key=value", painted as a warning when non-zero (ret)
+};
+
+struct CallField {
+    std::string_view key;  // JSON and trace-args key; empty: table only
+    FieldType type = FieldType::Int;
+    int64_t i = 0;     // Int
+    uint64_t u = 0;    // UInt, Hex, Hex16, Nanos
+    std::string text;  // Text
+    // The table: how it shows the field, under which key, in which position
+    // (its order differs from the JSON's), and from which noise level.
+    TableShow show = TableShow::Never;
+    std::string_view table_key;
+    int table_order = 0;
+    int min_noise = 0;
+};
+
+// The fields of a collective-kind record (collectives and the communicator
+// lifecycle), in JSON order; empty for other kinds.
+std::vector<CallField> call_fields(const Record& r, const ProcessReport& p, const SymbolTable& syms);
+
+// A field's value as JSON / table text.
+std::string field_text(const CallField& f);
+
+}  // namespace commdbg
