@@ -7,11 +7,14 @@ namespace commdbg {
 
 namespace {
 
+struct DatatypeInfo {
+    std::string_view name;
+    uint32_t size;  // bytes per element; bpf/nccl_dtype.h must agree (tests/unit/test_dtype.cpp)
+};
 // Indexed by ncclDataType_t (nccl.h 2.28: ncclInt8 = 0 .. ncclFloat8e5m2 = 11).
-constexpr std::array<uint32_t, 12> kDatatypeSizes = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
-constexpr std::array<std::string_view, 12> kDatatypeNames = {
-    "int8",    "uint8",   "int32",   "uint32",   "int64",   "uint64",
-    "float16", "float32", "float64", "bfloat16", "fp8e4m3", "fp8e5m2"};
+constexpr std::array<DatatypeInfo, 12> kDatatypes = {{
+    {"int8", 1},    {"uint8", 1},   {"int32", 4},   {"uint32", 4},    {"int64", 8},   {"uint64", 8},
+    {"float16", 2}, {"float32", 4}, {"float64", 8}, {"bfloat16", 2}, {"fp8e4m3", 1}, {"fp8e5m2", 1}}};
 // ncclSum = 0 .. ncclAvg = 4; values from 5 on are ncclNumOps / user-created ops.
 constexpr std::array<std::string_view, 5> kRedopNames = {"sum", "prod", "max", "min", "avg"};
 constexpr std::array<std::string_view, CD_COLL_MAX> kCollNames = {
@@ -21,13 +24,13 @@ constexpr std::array<std::string_view, CD_COLL_MAX> kCollNames = {
 }  // namespace
 
 std::optional<uint32_t> nccl_datatype_size(uint64_t dtype) {
-    if (dtype >= kDatatypeSizes.size()) return std::nullopt;
-    return kDatatypeSizes[dtype];
+    if (dtype >= kDatatypes.size()) return std::nullopt;
+    return kDatatypes[dtype].size;
 }
 
 std::optional<std::string_view> nccl_datatype_name(uint64_t dtype) {
-    if (dtype >= kDatatypeNames.size()) return std::nullopt;
-    return kDatatypeNames[dtype];
+    if (dtype >= kDatatypes.size()) return std::nullopt;
+    return kDatatypes[dtype].name;
 }
 
 std::optional<std::string_view> nccl_redop_name(uint64_t op) {
