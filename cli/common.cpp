@@ -7,8 +7,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <optional>
 #include <iostream>
+#include <optional>
+#include <string>
 
 #include "report.hpp"
 #include "session_output.hpp"
@@ -42,12 +43,15 @@ void add_trace_options(CLI::App* app, TraceCliOptions& o) {
                     "0 collectives only, 1 + ops (default), 2 + module annotations, 3 + trivial ops")
         ->check(CLI::Range(0, 3));
     app->add_option("--max-records", o.max_records,
-                    "Records retained per process (default 200000); past it they are counted as dropped")
+                    "Records retained per process (default " + std::to_string(limits::kDefaultMaxRecords) +
+                        "); past it they are counted as dropped")
         ->check(integer_in(1, limits::kMaxRecordsCeiling));
-    app->add_option("--max-depth", o.max_depth, "Nesting depth retained per thread (default 128)")
+    app->add_option("--max-depth", o.max_depth,
+                    "Nesting depth retained per thread (default " + std::to_string(limits::kDefaultMaxDepth) + ")")
         ->check(integer_in(1, limits::kMaxDepthCeiling));
     app->add_option("--ringbuf-kb", o.ringbuf_kb,
-                    "Kernel ring-buffer size in KiB (default 8192; records past it are dropped and counted)")
+                    "Kernel ring-buffer size in KiB (default " + std::to_string(limits::kDefaultRingbufKb) +
+                        "; records past it are dropped and counted)")
         ->check(integer_in(limits::kMinRingbufKb, limits::kMaxRingbufKb));
     app->add_option("--probes", o.probes,
                     "Probe specs to use: built-in names (see `commdbg probes list`) or JSON files; default: all built-ins")

@@ -32,13 +32,14 @@
 #include <vector>
 
 #include "events.hpp"
+#include "limits.hpp"
 #include "symbol_table.hpp"
 
 namespace commdbg {
 
 struct ModelLimits {
-    size_t max_records = 200000;  // retained records per process
-    size_t max_depth = 128;       // nesting levels per thread
+    size_t max_records = limits::kDefaultMaxRecords;  // retained records per process
+    size_t max_depth = limits::kDefaultMaxDepth;      // nesting levels per thread
 };
 
 // Collective: role COLLECTIVE and the communicator lifecycle (COMM_INIT /
