@@ -46,7 +46,10 @@ double traced(AllReduceFn fn, long n, uint32_t flags) {
     SymbolTable syms;
     std::vector<std::string> errs;
     ProbeAttacher attacher(**bpf, syms, select_specs({"nccl"}, errs));
-    (*bpf)->trace_process(static_cast<uint32_t>(getpid()), flags);
+    if (auto r = (*bpf)->trace_process(static_cast<uint32_t>(getpid()), flags); !r) {
+        std::fprintf(stderr, "%s\n", r.error().c_str());
+        return -1;
+    }
     auto scan = attacher.scan_process(getpid());
     if (!scan || scan->new_files == 0) {
         std::fprintf(stderr, "bench: could not attach to the stub\n");

@@ -3,6 +3,7 @@
 // CommdbgError is the one exception type, for fatal user errors, caught in main.
 #pragma once
 
+#include <exception>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -10,8 +11,10 @@
 
 namespace commdbg {
 
+// [[nodiscard]]: an ignored failure is a silent one; a caller that means to
+// ignore one says so with (void).
 template <typename T>
-class Result {
+class [[nodiscard]] Result {
 public:
     Result(T v) : value_(std::move(v)) {}
     static Result fail(std::string msg) {
@@ -33,6 +36,21 @@ private:
     std::optional<T> value_;
     std::string error_;
 };
+
+// Runs `f` where no exception may escape: a handler called from a C frame
+// (libbpf's ring_buffer__poll), where one would be undefined behaviour.
+// Returns what went wrong, or nullopt when `f` returned.
+template <typename F>
+std::optional<std::string> run_without_throwing(F&& f) noexcept {
+    try {
+        f();
+        return std::nullopt;
+    } catch (const std::exception& e) {
+        return std::string(e.what());
+    } catch (...) {
+        return std::string("unknown exception");
+    }
+}
 
 class CommdbgError : public std::runtime_error {
 public:
