@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "symbol_table.hpp"
 
-#include "result.hpp"
 
 namespace commdbg {
 
@@ -31,18 +30,24 @@ uint64_t make_cookie(uint32_t sym_id, const SymbolInfo& s) {
     return c;
 }
 
-uint32_t SymbolTable::intern(const SymbolInfo& s) {
+Result<uint32_t> SymbolTable::try_intern(const SymbolInfo& s) {
     std::string key = s.layer;
     key.push_back('\0');
     key += s.name;
     if (auto it = index_.find(key); it != index_.end()) return it->second;
-    // The cookie has 20 bits for the id; a larger table cannot be probed.
-    if (syms_.size() > 0xfffffu)
-        throw CommdbgError("symbol table full: more than 2^20 probed symbols");
+    if (syms_.size() >= max_)
+        return Result<uint32_t>::fail("symbol table full: more than " + std::to_string(max_) +
+                                      " probed symbols (a probe's cookie holds 20 bits of symbol id)");
     auto id = static_cast<uint32_t>(syms_.size());
     syms_.push_back(s);
     index_.emplace(std::move(key), id);
     return id;
+}
+
+uint32_t SymbolTable::intern(const SymbolInfo& s) {
+    auto id = try_intern(s);
+    if (!id) throw CommdbgError(id.error());
+    return *id;
 }
 
 }  // namespace commdbg

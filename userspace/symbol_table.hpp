@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "events.h"
+#include "result.hpp"
 
 namespace commdbg {
 
@@ -41,7 +42,16 @@ uint64_t make_cookie(uint32_t sym_id, const SymbolInfo& s);
 
 class SymbolTable {
 public:
-    // Returns the id of `s`, adding it when no symbol of that layer+name exists.
+    // The cookie has 20 bits for the id; a larger table cannot be probed.
+    static constexpr size_t kMaxSymbols = size_t{1} << 20;
+    // max_symbols below kMaxSymbols: tests reach a full table cheaply.
+    explicit SymbolTable(size_t max_symbols = kMaxSymbols)
+        : max_(max_symbols < kMaxSymbols ? max_symbols : kMaxSymbols) {}
+
+    // Returns the id of `s`, adding it when no symbol of that layer+name
+    // exists; fails (never throws) when the table is full.
+    Result<uint32_t> try_intern(const SymbolInfo& s);
+    // try_intern for setup code: a full table is a CommdbgError.
     uint32_t intern(const SymbolInfo& s);
     const SymbolInfo* find(uint32_t id) const {
         return id < syms_.size() ? &syms_[id] : nullptr;
@@ -50,6 +60,7 @@ public:
     size_t size() const { return syms_.size(); }
 
 private:
+    size_t max_;
     std::vector<SymbolInfo> syms_;
     std::unordered_map<std::string, uint32_t> index_;  // layer + '\0' + name -> id
 };
