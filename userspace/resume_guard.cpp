@@ -39,7 +39,15 @@ constexpr size_t kMaxWatched = 8192;
         ssize_t r = read(rfd, &v, sizeof(v));
         if (r == sizeof(v)) {
             if (v == kDone) _exit(0);
-            if (n < kMaxWatched) pids[n++] = v;
+            if (v < 0) {  // unwatch: the last entry moves into its place
+                for (size_t i = 0; i < n; ++i)
+                    if (pids[i] == -v) {
+                        pids[i] = pids[--n];
+                        break;
+                    }
+            } else if (n < kMaxWatched) {
+                pids[n++] = v;
+            }
             continue;
         }
         if (r < 0 && errno == EINTR) continue;
@@ -98,6 +106,12 @@ bool ResumeGuard::start_impl(int keep_fd) {
 void ResumeGuard::watch(pid_t pid) {
     if (fd_ < 0) return;
     int32_t v = pid;
+    (void)!write(fd_, &v, sizeof(v));
+}
+
+void ResumeGuard::unwatch(pid_t pid) {
+    if (fd_ < 0 || pid <= 0) return;
+    int32_t v = -pid;
     (void)!write(fd_, &v, sizeof(v));
 }
 

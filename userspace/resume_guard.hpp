@@ -26,6 +26,7 @@ public:
     // of stopped tgids) and resumes every tgid in it when the daemon dies.
     bool start_with_map(int stopped_map_fd);
     void watch(pid_t pid); // pid may be stopped by us from now on
+    void unwatch(pid_t pid);  // it may not after all (its trace failed)
     bool running() const { return fd_ >= 0; }
 
 private:

@@ -53,10 +53,12 @@ TraceSession::TraceSession(std::unique_ptr<ResumeGuard> guard, std::unique_ptr<B
 
 TraceSession::~TraceSession() {
     bpf_->set_armed(false);  // before the first link goes
-    // Stop stopping first, then let anything we stopped run on.
+    // Stop stopping first, then let anything we may have stopped run on: a
+    // process we never stopped may be stopped by someone else (Ctrl-Z, a
+    // debugger) and is left as it is.
     for (auto& [pid, p] : procs_) {
         bpf_->untrace_process(pid);
-        if (!p.exited) kill(static_cast<pid_t>(pid), SIGCONT);
+        if (p.may_be_stopped && !p.exited) kill(static_cast<pid_t>(pid), SIGCONT);
     }
 }
 
@@ -70,7 +72,10 @@ TracedProcess& TraceSession::track(uint32_t pid) {
     return it->second;
 }
 
-Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
+namespace {
+
+// Why `pid` cannot be traced (a thread, a kernel thread, a zombie), if so.
+Result<bool> check_traceable(int pid) {
     auto info = read_process(pid);
     if (!info) return Result<bool>::fail(info.error());
     if (info->kernel_thread)
@@ -81,29 +86,51 @@ Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
                                   " — attach to the process: " + std::to_string(info->tgid));
     if (info->state == 'Z')
         return Result<bool>::fail("pid " + std::to_string(pid) + " has exited (zombie) — nothing to trace");
+    return true;
+}
+
+}  // namespace
+
+uint32_t TraceSession::trace_flags(bool follow, bool dl_stop) {
     uint32_t flags = CD_TRACE_COUNT;
     if (opts_.records) flags |= CD_TRACE_RECORDS;
     flags |= follow ? CD_TRACE_FOLLOW : CD_TRACE_NOTE_FORK;
     // Without a guard that resumes on our death, never stop anybody.
     if (dl_stop && !guard_->running()) guard_->start();
-    if (dl_stop && guard_->running()) {
-        flags |= CD_TRACE_DL_STOP;
-        guard_->watch(pid);
+    if (dl_stop && guard_->running()) flags |= CD_TRACE_DL_STOP;
+    return flags;
+}
+
+Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
+    if (auto r = check_traceable(pid); !r) return r;
+    const auto tgid = static_cast<uint32_t>(pid);
+    const uint32_t flags = trace_flags(follow, dl_stop);
+    const bool stops = flags & CD_TRACE_DL_STOP;
+    // A failed add leaves nothing behind: not in the kernel's filter, not
+    // watched, not in procs_ (else its report and SIGCONT would follow).
+    const bool fresh = !procs_.count(tgid);
+    auto undo = [&] {
+        if (!fresh) return;
+        bpf_->untrace_process(tgid);
+        if (stops) guard_->unwatch(pid);
+    };
+    if (stops) guard_->watch(pid);  // before the kernel may stop it
+    if (auto r = bpf_->trace_process(tgid, flags); !r) {
+        undo();
+        return r;
     }
-    follow_flags_ = flags;
-    track(static_cast<uint32_t>(pid));
-    if (auto r = bpf_->trace_process(static_cast<uint32_t>(pid), flags); !r) return r;
     auto scan_result = attacher_.scan_process(pid);
     if (!scan_result) {
-        bpf_->untrace_process(static_cast<uint32_t>(pid));
-        procs_.erase(static_cast<uint32_t>(pid));
+        undo();
         if (!read_process(pid)) return Result<bool>::fail("pid " + std::to_string(pid) + " exited during attach — nothing was traced");
         return Result<bool>::fail(scan_result.error());
     }
+    follow_flags_ = flags;
+    auto& p = track(tgid);
+    p.may_be_stopped = p.may_be_stopped || stops;
     // Every link of the process's files is in place: the window opens now,
     // for all symbols at once.  Files attached later do not close it.
     bpf_->set_armed(true);
-    auto& p = procs_[static_cast<uint32_t>(pid)];
     p.libraries.insert(scan_result->libraries.begin(), scan_result->libraries.end());
     for (auto& n : scan_result->notes) messages_.push_back(std::move(n));
     return true;
@@ -120,7 +147,18 @@ void TraceSession::scan(uint32_t pid) {
     for (auto& n : r->notes) messages_.push_back(std::move(n));
 }
 
-void TraceSession::on_record(std::span<const uint8_t> bytes) {
+void TraceSession::on_record(std::span<const uint8_t> bytes) noexcept {
+    // Called from inside ring_buffer__poll: nothing may unwind through it.
+    // A record that cannot be handled (a full symbol table while attaching
+    // to a new library, no memory) is counted and said, and the next one
+    // handled as usual.
+    auto failed = run_without_throwing([&] { handle_record(bytes); });
+    if (!failed) return;
+    if (++failed_records_ <= kMaxFailureNotes)
+        (void)run_without_throwing([&] { messages_.push_back("a ring-buffer record could not be handled: " + *failed); });
+}
+
+void TraceSession::handle_record(std::span<const uint8_t> bytes) {
     DecodeResult d = decode(bytes);
     if (!d.event) {
         ++decode_errors_;
@@ -148,8 +186,9 @@ void TraceSession::on_record(std::span<const uint8_t> bytes) {
         }
         // The kernel already traces the child; a child forked before exec
         // shares the parent's probed mappings.
-        if (follow_flags_ & CD_TRACE_DL_STOP) guard_->watch(static_cast<pid_t>(f->tgid));
-        track(f->tgid);
+        const bool stops = follow_flags_ & CD_TRACE_DL_STOP;
+        if (stops) guard_->watch(static_cast<pid_t>(f->tgid));
+        track(f->tgid).may_be_stopped = stops;
         scan(f->tgid);
     } else if (auto* x = std::get_if<ProcExit>(&ev)) {
         auto it = procs_.find(x->tgid);

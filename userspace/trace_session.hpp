@@ -40,6 +40,9 @@ struct TracedProcess {
     // "" when it could not be read.  At most kMaxThreadNames.
     std::map<uint32_t, std::string> thread_names;
     static constexpr size_t kMaxThreadNames = 4096;
+    // Traced with CD_TRACE_DL_STOP: the kernel may have stopped it for us,
+    // so it gets a SIGCONT when the session ends.  No other process does.
+    bool may_be_stopped = false;
 };
 
 class TraceSession {
@@ -69,13 +72,17 @@ public:
     const SymbolTable& symbols() const { return symbols_; }
     std::vector<std::string> take_messages();  // problems worth a line on stderr
     uint64_t decode_errors() const { return decode_errors_; }
+    // Records whose handling failed (each said in take_messages, up to kMaxFailureNotes).
+    uint64_t failed_records() const { return failed_records_; }
     std::array<uint64_t, CD_DROP_MAX> kernel_drops() const { return bpf_->drops(); }
     const std::vector<AttachedFile>& attached_files() const { return attacher_.files(); }
 
 private:
     TraceSession(std::unique_ptr<ResumeGuard> guard, std::unique_ptr<BpfSession> bpf,
                  std::vector<ProbeSpec> specs, const SessionOptions& opts);
-    void on_record(std::span<const uint8_t> bytes);
+    void on_record(std::span<const uint8_t> bytes) noexcept;
+    void handle_record(std::span<const uint8_t> bytes);
+    uint32_t trace_flags(bool follow, bool dl_stop);
     void scan(uint32_t pid);
     TracedProcess& track(uint32_t pid);
 
@@ -88,6 +95,8 @@ private:
     std::map<uint32_t, TracedProcess> procs_;
     std::vector<std::string> messages_;
     uint64_t decode_errors_ = 0;
+    uint64_t failed_records_ = 0;
+    static constexpr uint64_t kMaxFailureNotes = 8;
     uint32_t follow_flags_ = 0;
     uint64_t untraced_children_ = 0;  // forks of a process traced without follow
     static constexpr uint64_t kMaxChildNotes = 8;
