@@ -42,6 +42,11 @@ bool DaemonClient::send(const nlohmann::json& request) { return send_all(fd_, re
 
 Result<nlohmann::json> DaemonClient::receive() {
     using R = Result<nlohmann::json>;
+    auto fail = [this](Failure why, std::string msg) {
+        last_failure_ = why;
+        return R::fail(std::move(msg));
+    };
+    last_failure_ = Failure::None;
     for (;;) {
         // Only bytes not looked at yet: a session's reply can be hundreds of
         // MB, read 64 KiB at a time.
@@ -51,14 +56,16 @@ Result<nlohmann::json> DaemonClient::receive() {
             std::string line = buf_.substr(0, nl);
             buf_.erase(0, nl + 1);
             auto j = nlohmann::json::parse(line, nullptr, false);
-            if (j.is_discarded() || !j.is_object()) return R::fail("commdbgd sent a malformed reply");
-            if (!j.value("ok", false)) return R::fail(j.value("error", std::string("commdbgd refused the request")));
+            if (j.is_discarded() || !j.is_object()) return fail(Failure::Malformed, "commdbgd sent a malformed reply");
+            if (!j.value("ok", false))
+                return fail(Failure::Refused, j.value("error", std::string("commdbgd refused the request")));
             return R(std::move(j));
         }
         char tmp[65536];
         ssize_t n = recv(fd_, tmp, sizeof(tmp), 0);
-        if (n < 0 && errno == EINTR) return R::fail("interrupted");
-        if (n <= 0) return R::fail("commdbgd closed the connection");
+        // The message stays "interrupted" for callers that still read the words.
+        if (n < 0 && errno == EINTR) return fail(Failure::Interrupted, "interrupted");
+        if (n <= 0) return fail(Failure::Closed, "commdbgd closed the connection");
         buf_.append(tmp, static_cast<size_t>(n));
     }
 }
@@ -85,7 +92,7 @@ Result<nlohmann::json> DaemonClient::call(const nlohmann::json& request) {
     // closes, maybe before our request is sent: its line is still there to read.
     bool sent = send(request);
     auto r = receive();
-    if (!r && !sent && r.error() == "commdbgd closed the connection")
+    if (!r && !sent && last_failure_ == Failure::Closed)
         return Result<nlohmann::json>::fail("commdbgd closed the connection before the request was sent");
     return r;
 }

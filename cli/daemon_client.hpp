@@ -18,12 +18,28 @@ class DaemonClient {
 public:
     // nullopt when nothing answers there (no daemon): callers may run embedded.
     static std::optional<DaemonClient> connect(const std::string& path);
-    DaemonClient(DaemonClient&& o) noexcept : fd_(o.fd_), buf_(std::move(o.buf_)), scanned_(o.scanned_) { o.fd_ = -1; }
+    DaemonClient(DaemonClient&& o) noexcept
+        : fd_(o.fd_), buf_(std::move(o.buf_)), scanned_(o.scanned_), last_failure_(o.last_failure_) {
+        o.fd_ = -1;
+    }
     ~DaemonClient();
 
+    // Why the last receive() (or call()) failed, for callers that act on
+    // the kind rather than on the words of the message.
+    enum class Failure {
+        None,
+        Interrupted,  // a signal arrived first: nothing was read, call again
+        Closed,       // the daemon closed the connection
+        Malformed,    // a line that is not a JSON object
+        Refused,      // an {"ok":false} reply: error() holds its message
+    };
+
     bool send(const nlohmann::json& request);
-    // Next response line; fails on a closed connection or an {"ok":false} reply.
+    // Next response line; fails on a closed connection, an {"ok":false}
+    // reply or a signal (EINTR): last_failure() says which.
     Result<nlohmann::json> receive();
+    Failure last_failure() const { return last_failure_; }
+    bool interrupted() const { return last_failure_ == Failure::Interrupted; }
     Result<nlohmann::json> call(const nlohmann::json& request);
     // Exactly n raw bytes that follow a reply line (an attach's outputs).
     Result<std::string> read_bytes(size_t n);
@@ -34,6 +50,7 @@ private:
     int fd_ = -1;
     std::string buf_;
     size_t scanned_ = 0;  // bytes of buf_ known to hold no '\n'
+    Failure last_failure_ = Failure::None;
 };
 
 }  // namespace commdbg::cli
