@@ -3,6 +3,8 @@
 
 #include <array>
 
+#include "arch.hpp"
+
 namespace commdbg {
 
 namespace {
@@ -45,13 +47,9 @@ std::string_view coll_name(cd_coll c) {
 
 uint64_t nccl_comm_hash(std::span<const uint8_t, CD_UNIQUE_ID_BYTES> unique_id) {
     // NCCL's getHash(): `result = ((result << 5) + result) ^ string[c]` with
-    // `const char* string`.  char is signed on x86-64, so a byte >= 0x80 is
-    // sign-extended to 64 bits before the xor; we must do the same.
+    // `const char* string`: each byte as the platform's char (arch.hpp).
     uint64_t h = 5381;
-    for (uint8_t b : unique_id) {
-        auto c = static_cast<uint64_t>(static_cast<int64_t>(static_cast<int8_t>(b)));
-        h = ((h << 5) + h) ^ c;
-    }
+    for (uint8_t b : unique_id) h = ((h << 5) + h) ^ arch::nccl_hash_char(b);
     return h;
 }
 

@@ -14,6 +14,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "arch.hpp"
 #include "demangle.hpp"
 #include "elf_symbols.hpp"
 #include "procfs.hpp"
@@ -249,7 +250,7 @@ Result<bool> ProbeAttacher::attach_loader(const std::string& path, uint64_t dev,
 
 Result<bool> ProbeAttacher::attach_loader_for(const std::string& exe) {
     std::string interp = read_interp(exe);
-    if (interp.empty()) interp = "/lib64/ld-linux-x86-64.so.2";
+    if (interp.empty()) interp = arch::kDefaultLoaderPath;
     struct stat st {};
     if (::stat(interp.c_str(), &st) != 0)
         return Result<bool>::fail("loader " + interp + ": " + std::strerror(errno));
