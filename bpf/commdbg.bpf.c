@@ -559,31 +559,24 @@ static __always_inline __u64 call_wakeup(struct cd_thread *st)
 }
 
 /* An entry record, for a call that has no return probe (or whose in-flight
- * state could not be kept, or whose thread exits first).  Constant sizes per
- * branch: the verifier must see the tail's bounds. */
-static __always_inline void emit_enter(const struct entry *en, const __u8 *unique_id, const bool with_id,
-				       __u64 wakeup)
+ * state could not be kept, or whose thread exits first).  Records carry no
+ * ncclUniqueId: communicators get theirs from the comms map, kept in the
+ * kernel (a copy per record would be 128 bytes nobody reads). */
+static __always_inline void emit_enter(const struct entry *en, __u64 wakeup)
 {
-	const __u32 size = sizeof(struct cd_call_enter) + (with_id ? CD_UNIQUE_ID_BYTES : 0);
-	struct cd_call_enter *e = bpf_ringbuf_reserve(&events, size, 0);
+	struct cd_call_enter *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 
 	if (!e) {
 		count_ringbuf_drop(en->tgid);
 		return;
 	}
-	fill_header(&e->h, CD_EV_CALL_ENTER, size, with_id ? CD_TAIL_UNIQUE_ID : CD_TAIL_NONE,
-		    with_id ? CD_UNIQUE_ID_BYTES : 0, en->tgid, en->tid, en->ts);
+	fill_header(&e->h, CD_EV_CALL_ENTER, sizeof(*e), CD_TAIL_NONE, 0, en->tgid, en->tid, en->ts);
 	e->cookie = en->cookie;
 	e->ip = en->ip;
 	e->sp = en->sp;
 	__builtin_memcpy(e->args, en->args, sizeof(e->args));
 	e->group_depth = en->group_depth;
 	e->frame_depth = en->frame_depth;
-	/* The id: kept in the thread's state, or still on the stack at entry. */
-	if (with_id && (unique_id ? bpf_probe_read_kernel((void *)(e + 1), CD_UNIQUE_ID_BYTES, unique_id)
-				  : bpf_probe_read_user((void *)(e + 1), CD_UNIQUE_ID_BYTES,
-							(void *)(en->sp + CD_STACK_ARGS_OFFSET))))
-		__builtin_memset((void *)(e + 1), 0, CD_UNIQUE_ID_BYTES);
 	bpf_ringbuf_submit(e, wakeup);
 }
 
@@ -595,17 +588,15 @@ struct ret_info {
 };
 
 static __always_inline void emit_call(const struct cd_inflight *s, struct cd_thread *st, __u32 tid,
-				      const struct ret_info *r, const bool with_id)
+				      const struct ret_info *r)
 {
-	const __u32 size = sizeof(struct cd_call) + (with_id ? CD_UNIQUE_ID_BYTES : 0);
-	struct cd_call *e = bpf_ringbuf_reserve(&events, size, 0);
+	struct cd_call *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 
 	if (!e) {
 		count_ringbuf_drop(s->ckey.tgid);
 		return;
 	}
-	fill_header(&e->h, CD_EV_CALL, size, with_id ? CD_TAIL_UNIQUE_ID : CD_TAIL_NONE,
-		    with_id ? CD_UNIQUE_ID_BYTES : 0, s->ckey.tgid, tid, bpf_ktime_get_ns());
+	fill_header(&e->h, CD_EV_CALL, sizeof(*e), CD_TAIL_NONE, 0, s->ckey.tgid, tid, bpf_ktime_get_ns());
 	e->cookie = s->cookie;
 	e->ip = s->ip;
 	e->sp = s->sp;
@@ -617,8 +608,6 @@ static __always_inline void emit_call(const struct cd_inflight *s, struct cd_thr
 	e->out_value = r->out;
 	e->depth = r->depth;
 	e->pad = 0;
-	if (with_id)
-		__builtin_memcpy((void *)(e + 1), st->unique_id, CD_UNIQUE_ID_BYTES);
 	bpf_ringbuf_submit(e, call_wakeup(st));
 }
 
@@ -666,10 +655,7 @@ int call_enter(struct pt_regs *ctx)
 		return 0;
 	if (!wants_records(&en))
 		return 0;
-	if (CD_COOKIE_TAIL(en.cookie) == CD_TAIL_UNIQUE_ID)
-		emit_enter(&en, 0, true, call_wakeup(st));
-	else
-		emit_enter(&en, 0, false, call_wakeup(st));
+	emit_enter(&en, call_wakeup(st));
 	return 0;
 }
 
@@ -789,15 +775,13 @@ int call_exit(struct pt_regs *ctx)
 		return 0;
 	if (s->entry_sent)
 		emit_exit(s, tid, &r);
-	else if (CD_COOKIE_TAIL(s->cookie) == CD_TAIL_UNIQUE_ID)
-		emit_call(s, st, tid, &r, true);
 	else
-		emit_call(s, st, tid, &r, false);
+		emit_call(s, st, tid, &r);
 	return 0;
 }
 
 /* The entry of an in-flight call, as its entry record. */
-static __always_inline void emit_open_call(const struct cd_inflight *s, struct cd_thread *st, __u32 tid)
+static __always_inline void emit_open_call(const struct cd_inflight *s, __u32 tid)
 {
 	struct entry en = {
 		.cookie = s->cookie, .ts = s->ts, .ip = s->ip, .sp = s->sp, .tgid = s->ckey.tgid, .tid = tid,
@@ -806,10 +790,7 @@ static __always_inline void emit_open_call(const struct cd_inflight *s, struct c
 	};
 
 	__builtin_memcpy(en.args, s->args, sizeof(en.args));
-	if (CD_COOKIE_TAIL(s->cookie) == CD_TAIL_UNIQUE_ID)
-		emit_enter(&en, st->unique_id, true, BPF_RB_FORCE_WAKEUP);
-	else
-		emit_enter(&en, 0, false, BPF_RB_FORCE_WAKEUP);
+	emit_enter(&en, BPF_RB_FORCE_WAKEUP);
 }
 
 /* A thread exiting inside return-probed calls (killed in a collective): its
@@ -822,7 +803,7 @@ static __always_inline void emit_open_calls(struct cd_thread *st, __u32 tid)
 		if (i >= st->depth)
 			break;
 		if ((s->flags & CD_TRACE_RECORDS) && !s->entry_sent)
-			emit_open_call(s, st, tid);
+			emit_open_call(s, tid);
 	}
 }
 

@@ -170,7 +170,6 @@ struct cd_call {
 	__u64 out_value; /* *out pointer after return (new comm), or 0 */
 	__u32 depth;	 /* inflight depth at entry */
 	__u32 pad;
-	/* tail follows (CD_TAIL_UNIQUE_ID for CommInitRank) */
 };
 
 struct cd_dl_change {
@@ -185,7 +184,8 @@ struct cd_proc {
 	__s32 exit_code;   /* exit: task->exit_code */
 };
 
-/* Largest record the kernel side ever emits: a call + unique id. */
+/* Largest record the kernel side emits (tails are for future kinds: the
+ * unique id stays in the kernel's comms map, see commdbg.bpf.c). */
 #define CD_MAX_RECORD (sizeof(struct cd_call) + CD_UNIQUE_ID_BYTES)
 
 /* ---- maps shared with userspace ---------------------------------------- */

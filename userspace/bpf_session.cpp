@@ -217,10 +217,6 @@ std::vector<CallEnter> BpfSession::open_calls() const {
             std::memcpy(e.args.data(), s.args, sizeof(s.args));
             e.group_depth = s.group_depth;
             e.frame_depth = s.frame_depth;
-            if (CD_COOKIE_TAIL(s.cookie) == CD_TAIL_UNIQUE_ID) {
-                e.has_unique_id = true;
-                std::memcpy(e.unique_id.data(), st->unique_id, CD_UNIQUE_ID_BYTES);
-            }
         }
     }
     std::sort(out.begin(), out.end(), [](const CallEnter& a, const CallEnter& b) { return a.ts_ns < b.ts_ns; });
