@@ -92,40 +92,41 @@ std::string read_table(const std::string& path, Elf* elf, Elf_Scn* scn, const GE
     return {};
 }
 
-}  // namespace
-
-Result<ElfSymbols> ElfSymbols::open(const std::string& path) {
-    using R = Result<ElfSymbols>;
-    if (!libelf_ready()) return R::fail("libelf: elf_version failed: " + libelf_error());
-
-    ElfHandle h;
+// Opens `path` for reading into `h`; an error message, or empty when it is a
+// non-empty regular file.
+std::string open_file(const std::string& path, ElfHandle& h, uint64_t& file_size) {
     h.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (h.fd_ < 0) {
         int err = errno;
         std::string why = std::strerror(err);
-        if (err == ENOENT) return R::fail(path + ": no such file — check the path");
-        if (err == EACCES) return R::fail(path + ": permission denied — run as root or make it readable");
-        return R::fail(path + ": cannot open: " + why);
+        if (err == ENOENT) return path + ": no such file — check the path";
+        if (err == EACCES) return path + ": permission denied — run as root or make it readable";
+        return path + ": cannot open: " + why;
     }
     struct stat st {};
-    if (fstat(h.fd_, &st) != 0) return R::fail(path + ": cannot stat: " + std::strerror(errno));
-    if (!S_ISREG(st.st_mode)) return R::fail(path + ": not a regular file — pass an ELF shared library or executable");
-    uint64_t file_size = static_cast<uint64_t>(st.st_size);
-    if (file_size == 0) return R::fail(path + ": not an ELF file (empty file)");
+    if (fstat(h.fd_, &st) != 0) return path + ": cannot stat: " + std::strerror(errno);
+    if (!S_ISREG(st.st_mode)) return path + ": not a regular file — pass an ELF shared library or executable";
+    file_size = static_cast<uint64_t>(st.st_size);
+    if (file_size == 0) return path + ": not an ELF file (empty file)";
+    return {};
+}
 
+// Starts libelf on the open file and checks its headers are whole; an error
+// message, or empty with the number of program headers in `phnum`.
+std::string begin_elf(const std::string& path, ElfHandle& h, uint64_t file_size, size_t& phnum) {
     // READ_MMAP: sections are read in place from a private mapping, so a 200 MB
     // libnccl costs page faults on the symbol tables only.
     h.elf_ = elf_begin(h.fd_, ELF_C_READ_MMAP, nullptr);
     if (h.elf_ == nullptr) {
-        return R::fail(path + ": not a valid ELF file (" + libelf_error() +
-                       ") — it is truncated or corrupt; re-copy or reinstall it");
+        return path + ": not a valid ELF file (" + libelf_error() +
+               ") — it is truncated or corrupt; re-copy or reinstall it";
     }
     if (elf_kind(h.elf_) != ELF_K_ELF) {
-        return R::fail(path + ": not an ELF file (no ELF magic) — pass a shared library or executable");
+        return path + ": not an ELF file (no ELF magic) — pass a shared library or executable";
     }
     GElf_Ehdr ehdr;
     if (gelf_getehdr(h.elf_, &ehdr) == nullptr) {
-        return R::fail(path + ": truncated or corrupt ELF header: " + libelf_error());
+        return path + ": truncated or corrupt ELF header: " + libelf_error();
     }
 
     // Section headers usually sit at the very end, so a cut-short copy loses
@@ -134,46 +135,58 @@ Result<ElfSymbols> ElfSymbols::open(const std::string& path) {
     uint64_t sh_entries = std::max<uint64_t>(ehdr.e_shnum, 1);  // 0 = count stored in section 0
     if (ehdr.e_shoff != 0 && (ehdr.e_shoff > file_size ||
                               (file_size - ehdr.e_shoff) / std::max<uint64_t>(ehdr.e_shentsize, 1) < sh_entries)) {
-        return R::fail(path + ": truncated ELF (section headers end past the file's " +
-                       std::to_string(file_size) + " bytes) — re-copy or reinstall it");
+        return path + ": truncated ELF (section headers end past the file's " + std::to_string(file_size) +
+               " bytes) — re-copy or reinstall it";
     }
-    size_t shnum = 0, phnum = 0;
+    size_t shnum = 0;
     if (elf_getshdrnum(h.elf_, &shnum) != 0 || elf_getphdrnum(h.elf_, &phnum) != 0) {
-        return R::fail(path + ": corrupt ELF header tables: " + libelf_error() +
-                       " — the file is truncated or corrupt; re-copy or reinstall it");
+        return path + ": corrupt ELF header tables: " + libelf_error() +
+               " — the file is truncated or corrupt; re-copy or reinstall it";
     }
+    return {};
+}
 
-    std::vector<Segment> loads;
+// The PT_LOAD segments, which translate a symbol's address to a file offset;
+// an error message, or empty.
+std::string read_loads(const std::string& path, Elf* elf, size_t phnum, std::vector<Segment>& loads) {
     for (size_t i = 0; i < phnum; ++i) {
         GElf_Phdr ph;
-        if (gelf_getphdr(h.elf_, static_cast<int>(i), &ph) == nullptr) {
-            return R::fail(path + ": cannot read program header " + std::to_string(i) + ": " + libelf_error());
+        if (gelf_getphdr(elf, static_cast<int>(i), &ph) == nullptr) {
+            return path + ": cannot read program header " + std::to_string(i) + ": " + libelf_error();
         }
         if (ph.p_type == PT_LOAD) loads.push_back({ph.p_vaddr, ph.p_memsz, ph.p_offset});
     }
     if (loads.empty()) {
-        return R::fail(path + ": no loadable segments (a relocatable .o or core file?) — "
-                       "pass a linked shared library or executable");
+        return path + ": no loadable segments (a relocatable .o or core file?) — "
+                      "pass a linked shared library or executable";
     }
+    return {};
+}
 
-    std::vector<Candidate> cands;
+// Every defined function of .dynsym and .symtab; an error message, or empty.
+std::string read_symbol_tables(const std::string& path, Elf* elf, std::vector<Candidate>& cands) {
     bool have_table = false;
     // .dynsym first so a name present in both tables is marked dynamic.
     for (Elf64_Word want : {SHT_DYNSYM, SHT_SYMTAB}) {
         Elf_Scn* scn = nullptr;
-        while ((scn = elf_nextscn(h.elf_, scn)) != nullptr) {
+        while ((scn = elf_nextscn(elf, scn)) != nullptr) {
             GElf_Shdr shdr;
             if (gelf_getshdr(scn, &shdr) == nullptr || shdr.sh_type != want) continue;
             have_table = true;
-            std::string err = read_table(path, h.elf_, scn, shdr, cands);
-            if (!err.empty()) return R::fail(std::move(err));
+            std::string err = read_table(path, elf, scn, shdr, cands);
+            if (!err.empty()) return err;
         }
     }
     if (!have_table) {
-        return R::fail(path + ": no symbol table (stripped?) — use an unstripped build, "
-                       "or one that exports its functions in .dynsym");
+        return path + ": no symbol table (stripped?) — use an unstripped build, "
+                      "or one that exports its functions in .dynsym";
     }
+    return {};
+}
 
+// One ElfSymbol per distinct (name, address), sorted by name, with its file
+// offset; symbols outside every PT_LOAD are left out (nothing to probe).
+std::vector<ElfSymbol> merge_candidates(std::vector<Candidate>& cands, const std::vector<Segment>& loads) {
     // Same name at the same address in both tables is one symbol; aliases
     // (different names, one address) and repeated static names stay apart.
     std::sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
@@ -181,9 +194,8 @@ Result<ElfSymbols> ElfSymbols::open(const std::string& path) {
         return a.vaddr < b.vaddr;
     });
 
-    ElfSymbols out;
-    out.path_ = path;
-    out.functions_.reserve(cands.size());
+    std::vector<ElfSymbol> functions;
+    functions.reserve(cands.size());
     for (size_t i = 0; i < cands.size();) {
         Candidate c = cands[i];
         size_t j = i + 1;
@@ -202,10 +214,32 @@ Result<ElfSymbols> ElfSymbols::open(const std::string& path) {
             return c.vaddr >= s.vaddr && c.vaddr - s.vaddr < s.memsz;
         });
         if (seg == loads.end()) continue;  // not mapped at run time: nothing to probe
-        out.functions_.push_back(ElfSymbol{std::string(c.name), c.vaddr, c.size,
-                                           c.vaddr - seg->vaddr + seg->offset, c.weak, c.local,
-                                           c.dynamic, c.ifunc});
+        functions.push_back(ElfSymbol{std::string(c.name), c.vaddr, c.size, c.vaddr - seg->vaddr + seg->offset,
+                                      c.weak, c.local, c.dynamic, c.ifunc});
     }
+    return functions;
+}
+
+}  // namespace
+
+Result<ElfSymbols> ElfSymbols::open(const std::string& path) {
+    using R = Result<ElfSymbols>;
+    if (!libelf_ready()) return R::fail("libelf: elf_version failed: " + libelf_error());
+
+    ElfHandle h;
+    uint64_t file_size = 0;
+    size_t phnum = 0;
+    std::vector<Segment> loads;
+    std::vector<Candidate> cands;
+    // Each step returns its error message, or empty to go on.
+    if (std::string err = open_file(path, h, file_size); !err.empty()) return R::fail(std::move(err));
+    if (std::string err = begin_elf(path, h, file_size, phnum); !err.empty()) return R::fail(std::move(err));
+    if (std::string err = read_loads(path, h.elf_, phnum, loads); !err.empty()) return R::fail(std::move(err));
+    if (std::string err = read_symbol_tables(path, h.elf_, cands); !err.empty()) return R::fail(std::move(err));
+
+    ElfSymbols out;
+    out.path_ = path;
+    out.functions_ = merge_candidates(cands, loads);
     return out;
 }
 
