@@ -15,8 +15,12 @@
 #include <nlohmann/json.hpp>
 
 #include "bpf_session.hpp"
+#include "events.hpp"
 #include "limits.hpp"
 #include "metrics.hpp"
+#include "node_process.hpp"
+#include "node_scope.hpp"
+#include "node_series.hpp"
 #include "probe_attach.hpp"
 #include "resume_guard.hpp"
 #include "symbol_table.hpp"
@@ -44,17 +48,6 @@ struct NodeCounterOptions {
     bool count_errors = true;
 };
 
-// Environment variables that label a process's series (lower-cased).
-extern const std::vector<std::string> kLabelEnv;
-
-struct CountedProcess {
-    uint32_t pid = 0;
-    uint64_t start_time = 0;  // /proc/PID/stat field 22: tells a recycled pid apart
-    uint32_t uid = 0;
-    std::string command;
-    std::map<std::string, std::string> env;  // RANK, LOCAL_RANK, ... as found
-};
-
 class NodeCounter {
 public:
     static Result<std::unique_ptr<NodeCounter>> create(const NodeCounterOptions& opts);
@@ -73,31 +66,38 @@ public:
 
 private:
     NodeCounter(const NodeCounterOptions& opts) : opts_(opts), metrics_(opts.max_series, opts.series_ttl) {}
-    void on_record(std::span<const uint8_t> bytes);
+    Result<bool> open_bpf(std::vector<ProbeSpec> specs);
+    // Ring-buffer records: loader changes, first calls, exits.
+    void on_record(std::span<const uint8_t> bytes) noexcept;
+    void handle_record(std::span<const uint8_t> bytes);
+    void on_loader_change(const DlChange& dl);
+    // Process registry: adopted when seen calling a probed library, retired
+    // when gone (its series stay for --series-ttl).
     void scan_proc();
     void adopt(uint32_t pid);
     void retire(uint32_t pid);
-    bool in_scope(uint32_t pid) const;
-    void detach_deleted_files();
+    std::vector<uint32_t> find_gone();
+    // refresh()'s steps.
+    void publish(const CounterSnapshot& snapshot, std::vector<CommEntry> comms,
+                 std::chrono::steady_clock::time_point now);
+    void log_notes(uint32_t pid, const std::vector<std::string>& notes);
 
     NodeCounterOptions opts_;
+    CgroupScope scope_;
     std::unique_ptr<ResumeGuard> guard_;
     std::unique_ptr<BpfSession> bpf_;
     SymbolTable symbols_;
     std::unique_ptr<ProbeAttacher> attacher_;
     MetricsRegistry metrics_;
-    std::string scope_rel_;  // scope as it appears in /proc/PID/cgroup ("0::<rel>")
-    int scope_fd_ = -1;
 
     std::mutex mu_;  // guards the fields below (control and HTTP threads read them)
     std::map<uint32_t, CountedProcess> procs_;
     std::vector<CounterEntry> counters_;           // fine and coarse
     std::map<uint32_t, CounterLoss> counter_loss_;  // by pid
-    // Label sets of each process's series (metric_label_sets_per_process).
-    std::map<ProcessKey, std::set<std::string>> label_sets_;
+    std::unique_ptr<SeriesExporter> series_;
     std::vector<CommEntry> comms_;
     std::vector<AttachedFile> files_;
-    uint64_t events_ = 0, decode_errors_ = 0, resumed_ = 0;
+    uint64_t events_ = 0, decode_errors_ = 0, resumed_ = 0, failed_records_ = 0, untraced_ = 0;
     std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
     std::chrono::steady_clock::time_point last_refresh_{};
     std::string host_;

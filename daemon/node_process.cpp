@@ -1,0 +1,56 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "node_process.hpp"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "procfs.hpp"
+
+namespace commdbg {
+
+const std::vector<std::string> kLabelEnv = {"RANK",         "LOCAL_RANK",         "WORLD_SIZE", "GROUP_RANK",
+                                            "MASTER_ADDR", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"};
+
+uint64_t process_start_time(uint32_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!std::getline(in, line)) return 0;
+    size_t paren = line.rfind(')');  // comm may hold spaces and parentheses
+    if (paren == std::string::npos) return 0;
+    std::istringstream rest(line.substr(paren + 1));
+    std::string field;
+    for (int i = 3; i <= 22; ++i)
+        if (!(rest >> field)) return 0;
+    return strtoull(field.c_str(), nullptr, 10);
+}
+
+CountedProcess read_counted_process(uint32_t pid, uint64_t start_time) {
+    CountedProcess p;
+    p.pid = pid;
+    p.start_time = start_time;
+    if (auto info = read_process(static_cast<int>(pid))) {
+        p.uid = info->uid;
+        p.command = info->cmdline.empty() ? info->comm : info->cmdline;
+    }
+    p.env = read_environ(static_cast<int>(pid), kLabelEnv);
+    return p;
+}
+
+std::vector<uint32_t> other_pids() {
+    std::vector<uint32_t> pids;
+    DIR* d = opendir("/proc");
+    if (!d) return pids;
+    while (dirent* e = readdir(d)) {
+        char* end = nullptr;
+        unsigned long pid = strtoul(e->d_name, &end, 10);
+        if (end && *end == '\0' && pid > 0 && pid != static_cast<unsigned long>(getpid())) pids.push_back(pid);
+    }
+    closedir(d);
+    return pids;
+}
+
+}  // namespace commdbg
