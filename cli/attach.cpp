@@ -24,25 +24,22 @@ struct AttachOptions {
     bool no_follow = false;
 };
 
-// The session runs inside commdbgd, which decides from our credentials what
-// we may trace; Ctrl-C detaches it and still prints what it saw.
-int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
-    const std::string who = "commdbg: attach " + std::to_string(o.pid);
-    // The daemon's errors name the attach themselves ("attach N: ..."): once
-    // is enough; a protocol field is named by the option that set it.
-    auto fail = [&](std::string error) {
-        for (const std::string& own :
-             {"attach " + std::to_string(o.pid) + ": ", std::string("attach: "), std::string("commdbg: ")})
-            if (error.rfind(own, 0) == 0) error.erase(0, own.size());
-        static const std::pair<const char*, const char*> kOptionOf[] = {
-            {"field \"duration_s\"", "--duration"},    {"field \"noise_level\"", "--noise-level"},
-            {"field \"max_records\"", "--max-records"}, {"field \"max_depth\"", "--max-depth"},
-            {"field \"ringbuf_kb\"", "--ringbuf-kb"},   {"field \"probes\"", "--probes"}};
-        for (const auto& [field, option] : kOptionOf)
-            if (error.rfind(field, 0) == 0) error.replace(0, std::string(field).size(), option);
-        std::cerr << who << ": " << error << "\n";
-        return 1;
-    };
+// The daemon's errors name the attach themselves ("attach N: ..."): once is
+// enough; a protocol field is named by the option that set it.
+std::string daemon_error_for_user(int pid, std::string error) {
+    for (const std::string& own :
+         {"attach " + std::to_string(pid) + ": ", std::string("attach: "), std::string("commdbg: ")})
+        if (error.rfind(own, 0) == 0) error.erase(0, own.size());
+    static const std::pair<const char*, const char*> kOptionOf[] = {
+        {"field \"duration_s\"", "--duration"},    {"field \"noise_level\"", "--noise-level"},
+        {"field \"max_records\"", "--max-records"}, {"field \"max_depth\"", "--max-depth"},
+        {"field \"ringbuf_kb\"", "--ringbuf-kb"},   {"field \"probes\"", "--probes"}};
+    for (const auto& [field, option] : kOptionOf)
+        if (error.rfind(field, 0) == 0) error.replace(0, std::string(field).size(), option);
+    return error;
+}
+
+nlohmann::json attach_request(const AttachOptions& o) {
     nlohmann::json req = {{"op", "attach"},
                           {"pid", o.pid},
                           {"duration_s", o.duration},  // 0: until Ctrl-C or the process exits
@@ -59,52 +56,75 @@ int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
     if (isatty(STDOUT_FILENO)) outputs.push_back("table_color");
     req["outputs"] = std::move(outputs);
     if (!o.trace.probes.empty()) req["probes"] = o.trace.probes;
+    return req;
+}
+
+// "commdbg: tracing pid N for 10 s (session ...)", with the window commdbgd
+// granted, which may be shorter than the one asked for.
+void announce_daemon_session(const AttachOptions& o, const nlohmann::json& started, uint64_t id, double window) {
+    std::string for_how_long;
+    if (started.contains("window_limited_for_uid"))
+        for_how_long = " for at most " + limits::format_seconds(window) + " (the longest window commdbgd allows uid " +
+                       std::to_string(started.value("window_limited_for_uid", 0u)) + ")";
+    else if (window > 0)
+        for_how_long = " for " + limits::format_seconds(window);
+    std::cerr << "commdbg: tracing " << started.value("target", std::string("pid ") + std::to_string(o.pid))
+              << for_how_long << " (session " << id << " in commdbgd, " << started.value("library_files", 0)
+              << " library file(s) probed; Ctrl-C to stop)\n";
+}
+
+// The session's last reply: its outputs follow as raw bytes, in the order
+// "payload" lists.  Returns the exit status, or the error reading them.
+Result<int> write_daemon_outputs(const AttachOptions& o, DaemonClient& client, const nlohmann::json& reply,
+                                 double window) {
+    SessionOutput out;
+    out.messages = reply.value("messages", std::vector<std::string>{});
+    const auto slots = named_outputs(out);
+    for (const auto& part : reply.value("payload", nlohmann::json::array())) {
+        auto bytes = client.read_bytes(part.value("bytes", size_t{0}));
+        if (!bytes) return Result<int>::fail(bytes.error());
+        const std::string name = part.value("name", std::string());
+        for (const auto& [slot_name, slot] : slots)
+            if (name == slot_name) *slot = std::move(*bytes);
+    }
+    int status = write_outputs(out, o.trace);
+    if (reply.contains("cut_short")) {
+        // What it saw is written, but it is not the window asked for.
+        std::cerr << "commdbg: attach " << o.pid << ": the window was cut short after "
+                  << limits::format_seconds(std::round(reply.value("traced_s", 0.0) * 10) / 10)
+                  << (window > 0 ? " of " + limits::format_seconds(window) : std::string()) << ": "
+                  << reply.value("cut_short", std::string("commdbgd ended it"))
+                  << " — the outputs cover only that part; attach again once commdbgd is back, or use "
+                     "--no-daemon\n";
+        return status != 0 ? status : 1;
+    }
+    return status;
+}
+
+// The session runs inside commdbgd, which decides from our credentials what
+// we may trace; Ctrl-C detaches it and still prints what it saw.
+int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
+    auto fail = [&](const std::string& error) {
+        std::cerr << "commdbg: attach " << o.pid << ": " << daemon_error_for_user(o.pid, error) << "\n";
+        return 1;
+    };
     install_stop_handlers();
-    auto started = client.call(req);
+    auto started = client.call(attach_request(o));
     if (!started) return fail(started.error());
     uint64_t id = started->value("session", 0ull);
     const double window = started->value("duration_s", o.duration);
-    std::string for_how_long;
-    if (started->contains("window_limited_for_uid"))
-        for_how_long = " for at most " + limits::format_seconds(window) + " (the longest window commdbgd allows uid " +
-                       std::to_string(started->value("window_limited_for_uid", 0u)) + ")";
-    else if (window > 0)
-        for_how_long = " for " + limits::format_seconds(window);
-    std::cerr << "commdbg: tracing " << started->value("target", std::string("pid ") + std::to_string(o.pid))
-              << for_how_long << " (session " << id << " in commdbgd, " << started->value("library_files", 0)
-              << " library file(s) probed; Ctrl-C to stop)\n";
+    announce_daemon_session(o, *started, id, window);
     bool detached = false;
     for (;;) {
         auto r = client.receive();
         if (r) {
-            // The outputs follow as raw bytes, in the order "payload" lists.
-            SessionOutput out;
-            out.messages = r->value("messages", std::vector<std::string>{});
-            const auto slots = named_outputs(out);
-            for (const auto& part : r->value("payload", nlohmann::json::array())) {
-                auto bytes = client.read_bytes(part.value("bytes", size_t{0}));
-                if (!bytes) return fail(bytes.error());
-                const std::string name = part.value("name", std::string());
-                for (const auto& [slot_name, slot] : slots)
-                    if (name == slot_name) *slot = std::move(*bytes);
-            }
-            int status = write_outputs(out, o.trace);
-            if (r->contains("cut_short")) {
-                // What it saw is written, but it is not the window asked for.
-                std::cerr << who << ": the window was cut short after "
-                          << limits::format_seconds(std::round(r->value("traced_s", 0.0) * 10) / 10)
-                          << (window > 0 ? " of " + limits::format_seconds(window) : std::string()) << ": "
-                          << r->value("cut_short", std::string("commdbgd ended it"))
-                          << " — the outputs cover only that part; attach again once commdbgd is back, or use "
-                             "--no-daemon\n";
-                return status != 0 ? status : 1;
-            }
-            return status;
+            auto status = write_daemon_outputs(o, client, *r, window);
+            return status ? *status : fail(status.error());
         }
         if (g_stop_signal && !detached) {
             detached = true;
             if (auto second = DaemonClient::connect(socket_path(o.socket)))
-                second->call({{"op", "detach"}, {"id", id}});
+                (void)second->call({{"op", "detach"}, {"id", id}});  // best effort: the reply still comes here
             continue;
         }
         if (r.error() == "interrupted") continue;
