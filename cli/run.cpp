@@ -8,6 +8,9 @@
 
 #include <cstring>
 #include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "commands.hpp"
 
@@ -42,6 +45,87 @@ int exit_status(int wstatus) {
     return 1;
 }
 
+// A forked child that waits on `go` until it is in the filter, then execs;
+// `err` (close-on-exec) carries an exec failure back.  Our ends of both pipes.
+struct HeldChild {
+    pid_t pid = -1;
+    int go = -1;   // write one byte: exec
+    int err = -1;  // an errno, or EOF once the exec succeeded
+};
+
+// The child's side: wait for the go byte, then exec the command.
+[[noreturn]] void exec_when_released(const std::vector<std::string>& command, int go, int err) {
+    // An ignored SIGPIPE would survive the exec; the command gets ours as it was.
+    signal(SIGPIPE, SIG_DFL);
+    char c;
+    ssize_t got;
+    do got = read(go, &c, 1);
+    while (got < 0 && errno == EINTR);
+    if (got != 1) _exit(127);
+    std::vector<char*> argv;
+    for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    int e = errno;
+    (void)!write(err, &e, sizeof(e));
+    _exit(127);
+}
+
+std::optional<HeldChild> fork_held(const std::vector<std::string>& command, const std::string& who) {
+    int go[2], err[2];
+    if (pipe2(go, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) {
+        std::cerr << who << ": pipe: " << std::strerror(errno) << "\n";
+        return std::nullopt;
+    }
+    pid_t child = fork();
+    if (child < 0) {
+        std::cerr << who << ": fork: " << std::strerror(errno) << "\n";
+        return std::nullopt;
+    }
+    if (child == 0) {
+        close(go[1]);
+        close(err[0]);
+        exec_when_released(command, go[0], err[1]);
+    }
+    close(go[0]);
+    close(err[1]);
+    return HeldChild{child, go[1], err[0]};
+}
+
+// Lets the child exec; 0 once it did, 127 (after reaping it) when it could not.
+int release(const HeldChild& child, const std::string& who) {
+    (void)!write(child.go, "x", 1);
+    close(child.go);
+    int exec_errno = 0;
+    if (read(child.err, &exec_errno, sizeof(exec_errno)) == sizeof(exec_errno)) {
+        waitpid(child.pid, nullptr, 0);
+        std::cerr << who << ": cannot execute: " << std::strerror(exec_errno)
+                  << (exec_errno == ENOENT ? " — check the command name and PATH" : "") << "\n";
+        return 127;
+    }
+    close(child.err);
+    return 0;
+}
+
+// Traces until the child ends; returns its wait status.
+int trace_until_exit(TraceSession& s, pid_t child) {
+    // Ctrl-C reaches the child through the terminal; we wait for it to end.
+    signal(SIGINT, SIG_IGN);
+    int wstatus = 0;
+    bool forwarded = false;
+    for (;;) {
+        s.poll(50);
+        if (g_stop_signal && !forwarded) {
+            kill(child, g_stop_signal.load());
+            forwarded = true;
+        }
+        pid_t w = waitpid(child, &wstatus, WNOHANG);
+        if (w == child) break;
+        if (w < 0 && errno != EINTR) break;
+    }
+    return wstatus;
+}
+
 int run_command(RunOptions o) {
     const std::string who = "commdbg: run " + o.command.front();
     // Before anything runs: a bad output path must not cost a whole job.
@@ -57,70 +141,18 @@ int run_command(RunOptions o) {
     std::string exe = resolve_exe(o.command.front());
     if (auto r = s.prepare_exec(exe); !r) std::cerr << "commdbg: note: " << r.error() << "\n";
 
-    // The child waits on `go` until it is in the filter, then execs; `err`
-    // (close-on-exec) carries an exec failure back.
-    int go[2], err[2];
-    if (pipe2(go, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) {
-        std::cerr << who << ": pipe: " << std::strerror(errno) << "\n";
-        return 1;
-    }
-    pid_t child = fork();
-    if (child < 0) {
-        std::cerr << who << ": fork: " << std::strerror(errno) << "\n";
-        return 1;
-    }
-    if (child == 0) {
-        close(go[1]);
-        close(err[0]);
-        // An ignored SIGPIPE would survive the exec; the command gets ours as it was.
-        signal(SIGPIPE, SIG_DFL);
-        char c;
-        ssize_t got;
-        do got = read(go[0], &c, 1);
-        while (got < 0 && errno == EINTR);
-        if (got != 1) _exit(127);
-        std::vector<char*> argv;
-        for (const auto& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
-        argv.push_back(nullptr);
-        execvp(argv[0], argv.data());
-        int e = errno;
-        (void)!write(err[1], &e, sizeof(e));
-        _exit(127);
-    }
-    close(go[0]);
-    close(err[1]);
-    if (auto r = s.add_process(child, /*follow=*/true, /*dl_stop=*/true); !r) {
+    auto child = fork_held(o.command, who);
+    if (!child) return 1;
+    if (auto r = s.add_process(child->pid, /*follow=*/true, /*dl_stop=*/true); !r) {
         std::cerr << who << ": " << r.error() << "\n";
-        kill(child, SIGKILL);
-        waitpid(child, nullptr, 0);
+        kill(child->pid, SIGKILL);
+        waitpid(child->pid, nullptr, 0);
         return 1;
     }
-    (void)!write(go[1], "x", 1);
-    close(go[1]);
-    int exec_errno = 0;
-    if (read(err[0], &exec_errno, sizeof(exec_errno)) == sizeof(exec_errno)) {
-        waitpid(child, nullptr, 0);
-        std::cerr << who << ": cannot execute: " << std::strerror(exec_errno)
-                  << (exec_errno == ENOENT ? " — check the command name and PATH" : "") << "\n";
-        return 127;
-    }
-    close(err[0]);
+    if (int rc = release(*child, who); rc != 0) return rc;
 
-    // Ctrl-C reaches the child through the terminal; we wait for it to end.
-    signal(SIGINT, SIG_IGN);
-    int wstatus = 0;
-    bool forwarded = false;
-    for (;;) {
-        s.poll(50);
-        if (g_stop_signal && !forwarded) {
-            kill(child, g_stop_signal.load());
-            forwarded = true;
-        }
-        pid_t w = waitpid(child, &wstatus, WNOHANG);
-        if (w == child) break;
-        if (w < 0 && errno != EINTR) break;
-    }
-    s.mark_exited(child, wstatus);
+    int wstatus = trace_until_exit(s, child->pid);
+    s.mark_exited(child->pid, wstatus);
     s.drain();
     int rc = emit_outputs(s, o.trace);
     int status = exit_status(wstatus);
