@@ -14,6 +14,8 @@
 #include "control_protocol.hpp"
 #include "node_counter.hpp"
 #include "result.hpp"
+#include "session_output.hpp"
+#include "trace_session.hpp"
 
 namespace commdbg {
 
@@ -68,6 +70,14 @@ private:
     // Sends the session's lines and outputs itself: returns an error reply
     // to send, or "" when everything was sent.
     std::string attach(const Request& req, const PeerCred& peer, int fd);
+    // attach's steps.  A slot: "" when taken (the session is listed from
+    // now on), else the error reply that says why not.
+    std::string take_session_slot(const std::shared_ptr<ActiveSession>& session, const std::string& who);
+    void release_session_slot(uint64_t id);
+    void set_state(ActiveSession& session, const char* state);
+    void trace_and_send(const Request& req, const PeerCred& peer, int fd, ActiveSession& session,
+                        std::unique_ptr<TraceSession> ts);
+    void send_outputs(int fd, nlohmann::json last, SessionOutput& out);
 
     NodeCounter& counter_;
     size_t max_sessions_;

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -114,19 +115,27 @@ bool split_host_port(const std::string& s, std::string& host, int& port) {
     return port >= 0 && port < 65536;
 }
 
-}  // namespace
+// What the command line asks for.
+struct DaemonArgs {
+    std::string socket_path = "/run/commdbg/commdbgd.sock";
+    std::string metrics_listen = "127.0.0.1:9464";
+    std::string metrics_host;  // metrics_listen split
+    int metrics_port = 0;
+    commdbg::NodeCounterOptions counter;
+    size_t max_sessions = commdbg::ControlServer::kDefaultMaxSessions;
+};
 
-int main(int argc, char** argv) {
+// Parses argv into `a`; returns the exit status when commdbgd should exit
+// now (--help, --version, a usage error).
+std::optional<int> parse_args(int argc, char** argv, DaemonArgs& a) {
     using namespace commdbg;
     CLI::App app{"commdbgd — commdbg node service: always-on exact collective counts, Prometheus metrics, "
                  "tracing sessions for `commdbg`"};
     app.set_version_flag("--version", std::string("commdbgd ") + COMMDBG_VERSION);
-    std::string socket_path = "/run/commdbg/commdbgd.sock";
-    std::string metrics_listen = "127.0.0.1:9464";
-    NodeCounterOptions opts;
+    NodeCounterOptions& opts = a.counter;
     long ttl_s = 600;
-    app.add_option("--socket", socket_path, "Control socket path");
-    app.add_option("--metrics-listen", metrics_listen, "HOST:PORT for /metrics (Prometheus); empty: no HTTP");
+    app.add_option("--socket", a.socket_path, "Control socket path");
+    app.add_option("--metrics-listen", a.metrics_listen, "HOST:PORT for /metrics (Prometheus); empty: no HTTP");
     app.add_option("--scope-cgroup", opts.scope_cgroup,
                    "Only count processes in this cgroup v2 subtree (e.g. /sys/fs/cgroup/unified/job1)");
     app.add_option("--probes", opts.probes, "Probe specs for always-on counting (default: nccl)")->delimiter(',');
@@ -138,8 +147,7 @@ int main(int argc, char** argv) {
     app.add_flag("--no-count-errors", no_count_errors,
                  "Count collectives with entry probes only: each call traps once, not twice (about 40% less per call), "
                  "and commdbg_collective_errors_total stays 0; `commdbg attach` sessions still count errors");
-    size_t max_sessions = ControlServer::kDefaultMaxSessions;
-    app.add_option("--max-sessions", max_sessions,
+    app.add_option("--max-sessions", a.max_sessions,
                    "Tracing sessions (`commdbg attach`) run at once; each may hold ~0.3 GB at the default "
                    "200000-record budget")
         ->check(CLI::Range(size_t{1}, size_t{64}));
@@ -151,27 +159,84 @@ int main(int argc, char** argv) {
     }
     opts.series_ttl = std::chrono::seconds(ttl_s);
     opts.count_errors = !no_count_errors;
-
-    std::string host;
-    int port = 0;
-    if (!metrics_listen.empty() && !split_host_port(metrics_listen, host, port)) {
-        std::cerr << "commdbgd: --metrics-listen " << metrics_listen << ": expected HOST:PORT, e.g. 127.0.0.1:9464\n";
+    if (!a.metrics_listen.empty() && !split_host_port(a.metrics_listen, a.metrics_host, a.metrics_port)) {
+        std::cerr << "commdbgd: --metrics-listen " << a.metrics_listen
+                  << ": expected HOST:PORT, e.g. 127.0.0.1:9464\n";
         return 2;
     }
+    return std::nullopt;
+}
+
+void install_signal_handlers() {
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, nullptr);
     sigaction(SIGTERM, &sa, nullptr);
     signal(SIGPIPE, SIG_IGN);
+}
+
+// Binds /metrics at the address asked for and serves it on a thread of its
+// own; false (said on stderr) when it cannot listen there.  Port 0: the
+// kernel picks a free one, and a.metrics_port says which.
+bool serve_metrics(httplib::Server& http, std::thread& thread, commdbg::NodeCounter& counter, DaemonArgs& a) {
+    http.Get("/metrics", [&counter](const httplib::Request&, httplib::Response& res) {
+        res.set_content(counter.metrics().render(), "text/plain; version=0.0.4; charset=utf-8");
+    });
+    // httplib's default sets SO_REUSEPORT: a second daemon would share the
+    // port silently and scrapes would alternate between them.
+    socket_t listening = INVALID_SOCKET;
+    http.set_socket_options([&listening](socket_t sock) {
+        int yes = 1;
+        setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+        listening = sock;
+    });
+    http.new_task_queue = [] { return new ConnectionThreads(kHttpThreads); };
+    http.set_read_timeout(kHttpTimeoutS, 0);
+    http.set_write_timeout(kHttpTimeoutS, 0);
+    http.set_keep_alive_timeout(kHttpTimeoutS);
+    http.set_keep_alive_max_count(100);
+    int& port = a.metrics_port;
+    const bool bound =
+        port == 0 ? (port = http.bind_to_any_port(a.metrics_host)) > 0 : http.bind_to_port(a.metrics_host, port);
+    if (!bound) {
+        std::cerr << "commdbgd: --metrics-listen " << a.metrics_listen
+                  << ": cannot listen there (in use or not a local address) — pick another port\n";
+        return false;
+    }
+    // Debian's libcpp-httplib listens with a backlog of 5: a burst of
+    // connections would see SYNs dropped and retried a second later.
+    if (listening != INVALID_SOCKET) ::listen(listening, SOMAXCONN);
+    thread = std::thread([&http] { http.listen_after_bind(); });
+    return true;
+}
+
+void say_ready(const DaemonArgs& a) {
+    const std::string& host = a.metrics_host;
+    const std::string metrics_at =
+        (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(a.metrics_port);
+    std::cerr << "commdbgd " << COMMDBG_VERSION << ": counting"
+              << (a.counter.scope_cgroup.empty() ? " on this node" : " in " + a.counter.scope_cgroup) << "; socket "
+              << a.socket_path << (a.metrics_listen.empty() ? "" : "; metrics http://" + metrics_at + "/metrics")
+              << "\n";
+    notify_systemd("READY=1");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    using namespace commdbg;
+    DaemonArgs a;
+    if (auto exit_now = parse_args(argc, argv, a)) return *exit_now;
+    install_signal_handlers();
 
     std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(socket_path).parent_path(), ec);
-    auto counter = NodeCounter::create(opts);
+    std::filesystem::create_directories(std::filesystem::path(a.socket_path).parent_path(), ec);
+    auto counter = NodeCounter::create(a.counter);
     if (!counter) {
         std::cerr << counter.error() << "\n";
         return 1;
     }
-    auto control = ControlServer::open(socket_path, **counter, max_sessions);
+    auto control = ControlServer::open(a.socket_path, **counter, a.max_sessions);
     if (!control) {
         std::cerr << control.error() << "\n";
         return 1;
@@ -180,42 +245,8 @@ int main(int argc, char** argv) {
 
     httplib::Server http;
     std::thread http_thread;
-    if (!metrics_listen.empty()) {
-        http.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
-            res.set_content((*counter)->metrics().render(), "text/plain; version=0.0.4; charset=utf-8");
-        });
-        // httplib's default sets SO_REUSEPORT: a second daemon would share the
-        // port silently and scrapes would alternate between them.
-        socket_t listening = INVALID_SOCKET;
-        http.set_socket_options([&listening](socket_t sock) {
-            int yes = 1;
-            setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-            listening = sock;
-        });
-        http.new_task_queue = [] { return new ConnectionThreads(kHttpThreads); };
-        http.set_read_timeout(kHttpTimeoutS, 0);
-        http.set_write_timeout(kHttpTimeoutS, 0);
-        http.set_keep_alive_timeout(kHttpTimeoutS);
-        http.set_keep_alive_max_count(100);
-        // Port 0: the kernel picks a free one; the line below says which.
-        const bool bound = port == 0 ? (port = http.bind_to_any_port(host)) > 0 : http.bind_to_port(host, port);
-        if (!bound) {
-            std::cerr << "commdbgd: --metrics-listen " << metrics_listen
-                      << ": cannot listen there (in use or not a local address) — pick another port\n";
-            return 1;
-        }
-        // Debian's libcpp-httplib listens with a backlog of 5: a burst of
-        // connections would see SYNs dropped and retried a second later.
-        if (listening != INVALID_SOCKET) ::listen(listening, SOMAXCONN);
-        http_thread = std::thread([&] { http.listen_after_bind(); });
-    }
-    const std::string metrics_at =
-        (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
-    std::cerr << "commdbgd " << COMMDBG_VERSION << ": counting"
-              << (opts.scope_cgroup.empty() ? " on this node" : " in " + opts.scope_cgroup) << "; socket "
-              << socket_path << (metrics_listen.empty() ? "" : "; metrics http://" + metrics_at + "/metrics")
-              << "\n";
-    notify_systemd("READY=1");
+    if (!a.metrics_listen.empty() && !serve_metrics(http, http_thread, **counter, a)) return 1;
+    say_ready(a);
     while (!g_stop) (*counter)->step(100);
     notify_systemd("STOPPING=1");
     (*control)->stop();
