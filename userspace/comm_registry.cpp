@@ -30,12 +30,12 @@ std::vector<CommInfo> communicators_of(uint32_t pid, const std::vector<CommEntry
         ci.destroyed = c->val.destroyed != 0;
         switch (c->val.origin) {
         case CD_COMM_FROM_ID:
-            ci.origin = "init_rank";
+            ci.origin = CommOrigin::InitRank;
             ci.id = nccl_comm_hash(std::span<const uint8_t, CD_UNIQUE_ID_BYTES>(c->val.unique_id, CD_UNIQUE_ID_BYTES));
             break;
         case CD_COMM_FROM_SPLIT: {
             // NCCL passes no size or rank for a split child: they stay unknown.
-            ci.origin = "split";
+            ci.origin = CommOrigin::Split;
             ci.parent_ptr = c->val.parent;
             auto parent = id_of.find(c->val.parent);
             if (parent != id_of.end() && c->val.split_index >= 0)
@@ -43,10 +43,10 @@ std::vector<CommInfo> communicators_of(uint32_t pid, const std::vector<CommEntry
             break;
         }
         case CD_COMM_FROM_ALL:
-            ci.origin = "init_all";
+            ci.origin = CommOrigin::InitAll;
             break;
         default:
-            ci.origin = "unknown";
+            ci.origin = CommOrigin::Unknown;
         }
         if (ci.id) id_of[ci.ptr] = *ci.id;
         used.erase(ci.ptr);
@@ -55,7 +55,7 @@ std::vector<CommInfo> communicators_of(uint32_t pid, const std::vector<CommEntry
     for (uint64_t ptr : used) {
         CommInfo ci;
         ci.ptr = ptr;
-        ci.origin = "before_attach";
+        ci.origin = CommOrigin::BeforeAttach;
         out.push_back(std::move(ci));
     }
     return out;

@@ -7,12 +7,12 @@
 #include <vector>
 
 #include "bpf_session.hpp"
-#include "report.hpp"
+#include "snapshot.hpp"
 
 namespace commdbg {
 
 // In creation order; communicators used by counted calls but never created
-// while we watched come last, with origin "before_attach".
+// while we watched come last, with origin BeforeAttach.
 std::vector<CommInfo> communicators_of(uint32_t pid, const std::vector<CommEntry>& comms,
                                        const std::vector<CounterEntry>& counters);
 

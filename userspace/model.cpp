@@ -54,6 +54,13 @@ const char* to_string(DropCause c) {
     return "?";
 }
 
+std::string coll_key(std::string_view layer, cd_coll coll) {
+    std::string k(layer);
+    k += '.';
+    k += coll_name(coll);
+    return k;
+}
+
 std::optional<uint64_t> host_enqueue_ns(const Record& r) {
     if (!r.has(kReturnProbed) || !r.has(kHasRet) || r.end_ns < r.start_ns) return std::nullopt;
     return r.end_ns - r.start_ns;
@@ -74,7 +81,7 @@ std::map<std::string, uint64_t> ProcessTree::coll_counts() const {
     for (uint32_t id = 0; id < calls_.size(); ++id) {
         const SymbolInfo* s = syms_->find(id);
         if (calls_[id] == 0 || !s || s->role != CD_ROLE_COLLECTIVE) continue;
-        out[s->layer + "." + std::string(coll_name(s->coll))] += calls_[id];
+        out[coll_key(s->layer, s->coll)] += calls_[id];
     }
     return out;
 }

@@ -108,6 +108,10 @@ enum class DropCause : uint8_t { Budget = 0, Depth = 1 };
 inline constexpr size_t kDropCauses = 2;
 const char* to_string(DropCause c);  // "budget", "depth"
 
+// "nccl.all_reduce": the key of a collective kind in every count by kind
+// (records, kernel counters, /metrics).
+std::string coll_key(std::string_view layer, cd_coll coll);
+
 class ProcessTree {
 public:
     ProcessTree(uint32_t pid, const SymbolTable& syms) : pid_(pid), syms_(&syms) {}

@@ -131,7 +131,7 @@ private:
         o["id"] = c.id ? ordered_json(hex16(*c.id)) : ordered_json(nullptr);
         o["nranks"] = c.nranks;
         o["rank"] = c.rank;
-        o["origin"] = c.origin;
+        o["origin"] = std::string(to_string(c.origin));
         o["parent_ptr"] = c.parent_ptr ? ordered_json(hex(*c.parent_ptr)) : ordered_json(nullptr);
         o["destroyed"] = c.destroyed;
         o["init_ret"] = c.init_ret ? ordered_json(*c.init_ret) : ordered_json(nullptr);

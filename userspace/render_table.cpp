@@ -84,7 +84,7 @@ private:
                 std::string row = "  id=" + (c.id ? hex16(*c.id) : std::string("unknown"));
                 row += " nranks=" + (c.nranks >= 0 ? std::to_string(c.nranks) : "?");
                 row += " rank=" + (c.rank >= 0 ? std::to_string(c.rank) : "?");
-                row += " origin=" + c.origin + " ptr=" + hex(c.ptr);
+                row += " origin=" + std::string(to_string(c.origin)) + " ptr=" + hex(c.ptr);
                 if (c.parent_ptr) row += " parent=" + hex(*c.parent_ptr);
                 if (c.init_ret && *c.init_ret != 0) row += " init_ret=" + std::to_string(*c.init_ret);
                 if (c.destroyed) row += " destroyed";

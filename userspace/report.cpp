@@ -51,38 +51,6 @@ bool record_visible(const Record& r, const SymbolTable& syms, int noise_level) {
     return true;
 }
 
-std::map<std::string, CollSummary> coll_summary(const ProcessReport& p, const SymbolTable& syms) {
-    std::map<std::string, CollSummary> out;
-    for (const CounterRow& c : p.counters) {
-        const SymbolInfo* s = syms.find(c.sym);
-        if (!s || s->role != CD_ROLE_COLLECTIVE) continue;
-        CollSummary& sum = out[s->layer + "." + std::string(coll_name(s->coll))];
-        sum.calls += c.calls;
-        sum.bytes += c.bytes;
-        sum.errors += c.errors;
-    }
-    return out;
-}
-
-std::map<std::string, uint64_t> comm_counts(const ProcessReport& p, const SymbolTable& syms) {
-    std::map<std::string, uint64_t> out;
-    for (const auto& [k, sum] : coll_summary(p, syms)) out[k] = sum.calls;
-    return out;
-}
-
-std::map<std::string, uint64_t> comm_bytes(const ProcessReport& p, const SymbolTable& syms) {
-    std::map<std::string, uint64_t> out;
-    for (const auto& [k, sum] : coll_summary(p, syms)) out[k] = sum.bytes;
-    return out;
-}
-
-uint64_t total_counts(const ProcessReport& p, const SymbolTable& syms) {
-    uint64_t sum = 0;
-    for (const auto& [k, v] : comm_counts(p, syms)) sum += v;
-    uint64_t nested = p.tree ? p.tree->nested_collectives() : 0;
-    return sum > nested ? sum - nested : 0;
-}
-
 namespace report_detail {
 
 ExitInfo decode_exit(int ws) {
@@ -103,13 +71,6 @@ std::string describe_exit(const ExitInfo& e) {
                std::to_string(*e.signal) + ")" + (e.core_dumped ? ", core dumped" : "");
     }
     return "ended";
-}
-
-const CommInfo* find_comm(const ProcessReport& p, uint64_t ptr) {
-    // Pointers are reused after destroy: the last entry (most recent) wins.
-    for (auto it = p.comms.rbegin(); it != p.comms.rend(); ++it)
-        if (it->ptr == ptr) return &*it;
-    return nullptr;
 }
 
 std::string hex(uint64_t v) {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Outputs of one tracing window: a CommDebugMode-style table (noise levels),
-// the JSON dump, and a Chrome/Perfetto trace.  Pure functions of a
-// ProcessReport (filled by the session) and the symbol table.
+// the JSON dump, and a Chrome/Perfetto trace.  Pure functions of snapshots
+// (snapshot.hpp, ProcessReport) and the symbol table: presentation only.
 #pragma once
 
 #include <cstdint>
@@ -14,41 +14,10 @@
 #include <nlohmann/json.hpp>
 
 #include "model.hpp"
+#include "snapshot.hpp"
 #include "symbol_table.hpp"
 
 namespace commdbg {
-
-// One exact kernel counter (cd_count_key + cd_count_val).
-struct CounterRow {
-    uint32_t sym = 0;
-    uint64_t comm = 0;
-    uint32_t dtype = CD_DTYPE_NONE;
-    uint64_t calls = 0, elements = 0, bytes = 0, errors = 0;
-};
-
-struct CommInfo {
-    uint64_t ptr = 0;
-    std::optional<uint64_t> id;  // commHash (init) or derived split id
-    int32_t nranks = -1, rank = -1;
-    std::string origin;  // "init_rank", "init_rank_config", "split", "init_all", "before_attach"
-    std::optional<uint64_t> parent_ptr;
-    bool destroyed = false;
-    std::optional<int64_t> init_ret;
-};
-
-struct ProcessReport {
-    uint32_t pid = 0;
-    std::string command;
-    std::optional<int> exit_code;  // raw wait status: see report_detail::decode_exit
-    std::vector<std::string> libraries;
-    std::vector<CounterRow> counters;
-    std::vector<CommInfo> comms;
-    const ProcessTree* tree = nullptr;
-    uint64_t kernel_dropped_records = 0;
-    uint64_t counter_breakdown_lost = 0;  // calls counted without comm and dtype (kernel counter keys ran out)
-    std::vector<std::string> notes;
-    std::map<uint32_t, std::string> thread_names;  // tid -> name, where known
-};
 
 // Noise levels (CommDebugMode's idea, our layers):
 //   0 collectives (and communicator lifecycle) only
@@ -59,19 +28,6 @@ struct ProcessReport {
 inline constexpr int kDefaultNoiseLevel = 1;
 bool is_trivial_op(std::string_view name);
 bool record_visible(const Record& r, const SymbolTable& syms, int noise_level);
-
-// Per collective kind ("nccl.all_reduce"), summed from the exact counters of
-// collective-role symbols (never from records, which may be dropped).
-struct CollSummary {
-    uint64_t calls = 0, bytes = 0, errors = 0;
-};
-std::map<std::string, CollSummary> coll_summary(const ProcessReport& p, const SymbolTable& syms);
-// "nccl.all_reduce" -> calls / bytes (the same keys as coll_summary).
-std::map<std::string, uint64_t> comm_counts(const ProcessReport& p, const SymbolTable& syms);
-std::map<std::string, uint64_t> comm_bytes(const ProcessReport& p, const SymbolTable& syms);
-// Each logical collective once: sum of comm_counts minus the collectives the
-// model saw nested in another collective (c10d allreduce -> ncclAllReduce).
-uint64_t total_counts(const ProcessReport& p, const SymbolTable& syms);
 
 std::string render_table(const ProcessReport& p, const SymbolTable& syms,
                          int noise_level = kDefaultNoiseLevel, bool color = false);
@@ -107,7 +63,7 @@ struct ExitInfo {
 ExitInfo decode_exit(int wait_status);
 // "exited with status 3", "killed by SIGKILL (signal 9)".
 std::string describe_exit(const ExitInfo& e);
-const CommInfo* find_comm(const ProcessReport& p, uint64_t ptr);
+using commdbg::find_comm;
 std::string hex(uint64_t v);          // "0x1a2b"
 std::string hex16(uint64_t v);        // "0x%016x"
 std::string dtype_name(uint32_t dtype);  // "float32" or "dtype(N)"

@@ -10,7 +10,7 @@
 #include <set>
 
 #include "events.hpp"
-#include "comm_registry.hpp"
+#include "snapshot.hpp"
 #include "procfs.hpp"
 
 namespace commdbg {
@@ -238,7 +238,6 @@ std::vector<std::string> TraceSession::take_messages() {
 
 std::vector<ProcessReport> TraceSession::reports() const {
     auto snapshot = bpf_->counter_snapshot();
-    const auto& counters = snapshot.entries;
     auto comms = bpf_->comms();
     std::vector<ProcessReport> out;
     for (const auto& [pid, p] : procs_) {
@@ -253,30 +252,7 @@ std::vector<ProcessReport> TraceSession::reports() const {
         for (const auto& [tid, name] : p.thread_names)
             if (!name.empty()) r.thread_names[tid] = name;
 
-        // Fine and coarse counters; a coarse one joins the fine row of the same
-        // (symbol, no comm, no dtype) if there is one, so each row is unique.
-        for (const auto& c : counters) {
-            if (c.key.tgid != pid) continue;
-            auto same = std::find_if(r.counters.begin(), r.counters.end(), [&](const CounterRow& row) {
-                return c.coarse && row.sym == c.key.sym && row.comm == c.key.comm && row.dtype == c.key.dtype;
-            });
-            if (same == r.counters.end()) {
-                r.counters.push_back({c.key.sym, c.key.comm, c.key.dtype, c.val.calls, c.val.elements, c.val.bytes,
-                                      c.val.errors});
-            } else {
-                same->calls += c.val.calls, same->elements += c.val.elements;
-                same->bytes += c.val.bytes, same->errors += c.val.errors;
-            }
-        }
-        if (auto loss = snapshot.loss.find(pid); loss != snapshot.loss.end()) {
-            r.counter_breakdown_lost = loss->second.breakdown_lost;
-            if (loss->second.uncounted)
-                r.notes.push_back(std::to_string(loss->second.uncounted) +
-                                  " calls of pid " + std::to_string(pid) +
-                                  " that are not collectives were not counted: the kernel's counter keys ran out "
-                                  "(collectives are still counted exactly)");
-        }
-        r.comms = communicators_of(pid, comms, counters);
+        join_kernel_state(pid, snapshot, comms, r);
         if (p.libraries.empty()) {
             // Each pattern once: two torch specs name the same library.
             std::string names;

@@ -155,12 +155,12 @@ struct Scenario {
         c.id = nccl_comm_hash(uid);
         c.nranks = 2;
         c.rank = 0;
-        c.origin = "init_rank";
+        c.origin = CommOrigin::InitRank;
         c.init_ret = 0;
         CommInfo child;
         child.ptr = kSplitComm;
         child.id = 0x1234abcd5678ef00;
-        child.origin = "split";
+        child.origin = CommOrigin::Split;
         child.parent_ptr = kComm;
         child.init_ret = 0;
         child.destroyed = true;

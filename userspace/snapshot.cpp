@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "snapshot.hpp"
+
+#include <algorithm>
+
+#include "comm_registry.hpp"
+#include "nccl.hpp"
+
+namespace commdbg {
+
+std::string_view to_string(CommOrigin o) {
+    switch (o) {
+    case CommOrigin::InitRank: return "init_rank";
+    case CommOrigin::Split: return "split";
+    case CommOrigin::InitAll: return "init_all";
+    case CommOrigin::BeforeAttach: return "before_attach";
+    case CommOrigin::Unknown: return "unknown";
+    }
+    return "unknown";
+}
+
+void join_kernel_state(uint32_t pid, const CounterSnapshot& counters, const std::vector<CommEntry>& comms,
+                       ProcessReport& r) {
+    for (const auto& c : counters.entries) {
+        if (c.key.tgid != pid) continue;
+        auto same = std::find_if(r.counters.begin(), r.counters.end(), [&](const CounterRow& row) {
+            return c.coarse && row.sym == c.key.sym && row.comm == c.key.comm && row.dtype == c.key.dtype;
+        });
+        if (same == r.counters.end()) {
+            r.counters.push_back(
+                {c.key.sym, c.key.comm, c.key.dtype, c.val.calls, c.val.elements, c.val.bytes, c.val.errors});
+        } else {
+            same->calls += c.val.calls, same->elements += c.val.elements;
+            same->bytes += c.val.bytes, same->errors += c.val.errors;
+        }
+    }
+    if (auto loss = counters.loss.find(pid); loss != counters.loss.end()) {
+        r.counter_breakdown_lost = loss->second.breakdown_lost;
+        if (loss->second.uncounted)
+            r.notes.push_back(std::to_string(loss->second.uncounted) + " calls of pid " + std::to_string(pid) +
+                              " that are not collectives were not counted: the kernel's counter keys ran out "
+                              "(collectives are still counted exactly)");
+    }
+    r.comms = communicators_of(pid, comms, counters.entries);
+}
+
+std::map<std::string, CollSummary> coll_summary(const std::vector<CounterRow>& counters, const SymbolTable& syms) {
+    std::map<std::string, CollSummary> out;
+    for (const CounterRow& c : counters) {
+        const SymbolInfo* s = syms.find(c.sym);
+        if (!s || s->role != CD_ROLE_COLLECTIVE) continue;
+        CollSummary& sum = out[coll_key(s->layer, s->coll)];
+        sum.calls += c.calls;
+        sum.bytes += c.bytes;
+        sum.errors += c.errors;
+    }
+    return out;
+}
+
+std::map<std::string, CollSummary> coll_summary(const ProcessReport& p, const SymbolTable& syms) {
+    return coll_summary(p.counters, syms);
+}
+
+std::map<std::string, uint64_t> comm_counts(const ProcessReport& p, const SymbolTable& syms) {
+    std::map<std::string, uint64_t> out;
+    for (const auto& [k, sum] : coll_summary(p, syms)) out[k] = sum.calls;
+    return out;
+}
+
+std::map<std::string, uint64_t> comm_bytes(const ProcessReport& p, const SymbolTable& syms) {
+    std::map<std::string, uint64_t> out;
+    for (const auto& [k, sum] : coll_summary(p, syms)) out[k] = sum.bytes;
+    return out;
+}
+
+uint64_t total_counts(const ProcessReport& p, const SymbolTable& syms) {
+    uint64_t sum = 0;
+    for (const auto& [k, v] : comm_counts(p, syms)) sum += v;
+    uint64_t nested = p.tree ? p.tree->nested_collectives() : 0;
+    return sum > nested ? sum - nested : 0;
+}
+
+const CommInfo* find_comm(const ProcessReport& p, uint64_t ptr) {
+    for (auto it = p.comms.rbegin(); it != p.comms.rend(); ++it)
+        if (it->ptr == ptr) return &*it;
+    return nullptr;
+}
+
+}  // namespace commdbg

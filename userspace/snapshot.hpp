@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: Apache-2.0
+// The snapshot layer: what one traced process looked like at the end of a
+// window -- its exact kernel counters joined with its communicators, its
+// record tree, notes and losses -- built once (join_kernel_state() from the
+// kernel's maps, the rest by the session) and only read afterwards.  Every
+// output (table, JSON, trace, the daemon's replies and /metrics) reads
+// snapshots; nothing here knows how they are presented.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "bpf_session.hpp"
+#include "model.hpp"
+#include "symbol_table.hpp"
+
+namespace commdbg {
+
+// One exact kernel counter (cd_count_key + cd_count_val).
+struct CounterRow {
+    uint32_t sym = 0;
+    uint64_t comm = 0;
+    uint32_t dtype = CD_DTYPE_NONE;
+    uint64_t calls = 0, elements = 0, bytes = 0, errors = 0;
+};
+
+// How a communicator came to be, as far as this window saw.
+enum class CommOrigin : uint8_t {
+    InitRank,      // ncclCommInitRank / InitRankConfig: from a unique id
+    Split,         // ncclCommSplit of a parent
+    InitAll,       // ncclCommInitAll: one per device
+    BeforeAttach,  // only seen in use: created before the window opened
+    Unknown,
+};
+std::string_view to_string(CommOrigin o);  // "init_rank", "split", "init_all", "before_attach", "unknown"
+
+struct CommInfo {
+    uint64_t ptr = 0;
+    std::optional<uint64_t> id;  // commHash (init) or derived split id
+    int32_t nranks = -1, rank = -1;
+    CommOrigin origin = CommOrigin::Unknown;
+    std::optional<uint64_t> parent_ptr;
+    bool destroyed = false;
+    std::optional<int64_t> init_ret;
+};
+
+// One process's snapshot.  Owns its values, except `tree`: the record tree
+// stays in the TraceSession's model (200000 records are ~22 MB, not worth a
+// copy per output) and is valid until that session resets its window or is
+// destroyed; null when the process made no recorded call.
+struct ProcessReport {
+    uint32_t pid = 0;
+    std::string command;
+    std::optional<int> exit_code;  // raw wait status: see report_detail::decode_exit
+    std::vector<std::string> libraries;
+    std::vector<CounterRow> counters;
+    std::vector<CommInfo> comms;
+    const ProcessTree* tree = nullptr;
+    uint64_t kernel_dropped_records = 0;
+    uint64_t counter_breakdown_lost = 0;  // calls counted without comm and dtype (kernel counter keys ran out)
+    std::vector<std::string> notes;
+    std::map<uint32_t, std::string> thread_names;  // tid -> name, where known
+};
+
+// The kernel's state for `pid`, joined: its counters (a coarse counter merged
+// into the fine row of the same symbol without comm and dtype, so each row is
+// unique), its communicators and what its counters lost.  Fills `r`'s
+// counters, comms and counter_breakdown_lost, and appends a note for calls
+// that could not be counted.
+void join_kernel_state(uint32_t pid, const CounterSnapshot& counters, const std::vector<CommEntry>& comms,
+                       ProcessReport& r);
+
+// Per collective kind, summed from the exact counters of collective-role
+// symbols (never from records, which may be dropped).
+struct CollSummary {
+    uint64_t calls = 0, bytes = 0, errors = 0;
+};
+std::map<std::string, CollSummary> coll_summary(const std::vector<CounterRow>& counters, const SymbolTable& syms);
+std::map<std::string, CollSummary> coll_summary(const ProcessReport& p, const SymbolTable& syms);
+// "nccl.all_reduce" -> calls / bytes (the same keys as coll_summary).
+std::map<std::string, uint64_t> comm_counts(const ProcessReport& p, const SymbolTable& syms);
+std::map<std::string, uint64_t> comm_bytes(const ProcessReport& p, const SymbolTable& syms);
+// Each logical collective once: sum of comm_counts minus the collectives the
+// model saw nested in another collective (c10d allreduce -> ncclAllReduce).
+uint64_t total_counts(const ProcessReport& p, const SymbolTable& syms);
+
+// The communicator at `ptr` (pointers are reused after a destroy: the most
+// recent wins), or nullptr.
+const CommInfo* find_comm(const ProcessReport& p, uint64_t ptr);
+
+}  // namespace commdbg
