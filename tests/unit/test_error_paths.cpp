@@ -1,0 +1,117 @@
+// SPDX-License-Identifier: Apache-2.0
+// Failures that must stay values: a full symbol table, an exception that
+// would cross a C callback, a guard told a pid will not be stopped after all.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "resume_guard.hpp"
+#include "result.hpp"
+#include "symbol_table.hpp"
+
+using namespace commdbg;
+
+namespace {
+
+SymbolInfo nccl_symbol(const std::string& name) {
+    SymbolInfo s;
+    s.name = name;
+    s.layer = "nccl";
+    s.role = CD_ROLE_COLLECTIVE;
+    return s;
+}
+
+// /proc/PID/stat state letter ('T': stopped), '?' when unreadable.
+char state_of(pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!std::getline(in, line)) return '?';
+    auto paren = line.rfind(')');
+    return paren == std::string::npos || paren + 2 >= line.size() ? '?' : line[paren + 2];
+}
+
+bool wait_for_state(pid_t pid, char want, int ms) {
+    for (int i = 0; i < ms / 10; ++i) {
+        if (state_of(pid) == want) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return state_of(pid) == want;
+}
+
+pid_t stopped_sleeper() {
+    pid_t p = fork();
+    if (p == 0) {
+        for (;;) pause();
+    }
+    kill(p, SIGSTOP);
+    return p;
+}
+
+}  // namespace
+
+TEST(SymbolTableFull, TryInternFailsWithAMessageInsteadOfThrowing) {
+    SymbolTable t(2);
+    ASSERT_TRUE(t.try_intern(nccl_symbol("ncclAllReduce")));
+    ASSERT_TRUE(t.try_intern(nccl_symbol("ncclBroadcast")));
+    auto third = t.try_intern(nccl_symbol("ncclSend"));
+    ASSERT_FALSE(third);
+    EXPECT_NE(third.error().find("symbol table full"), std::string::npos) << third.error();
+    EXPECT_EQ(t.size(), 2u);
+    // A symbol already there is found in a full table.
+    auto again = t.try_intern(nccl_symbol("ncclBroadcast"));
+    ASSERT_TRUE(again);
+    EXPECT_EQ(*again, 1u);
+}
+
+TEST(SymbolTableFull, InternThrowsTheFatalErrorForSetupCode) {
+    SymbolTable t(1);
+    (void)t.intern(nccl_symbol("ncclAllReduce"));
+    EXPECT_THROW((void)t.intern(nccl_symbol("ncclSend")), CommdbgError);
+}
+
+TEST(CallbackBoundary, AThrowFromInsideBecomesAMessage) {
+    SymbolTable t(1);
+    (void)t.intern(nccl_symbol("ncclAllReduce"));
+    // What a ring-buffer handler that attaches a new library reaches.
+    auto failed = run_without_throwing([&] { (void)t.intern(nccl_symbol("ncclSend")); });
+    ASSERT_TRUE(failed);
+    EXPECT_NE(failed->find("symbol table full"), std::string::npos) << *failed;
+    auto other = run_without_throwing([] { throw 42; });
+    ASSERT_TRUE(other);
+    EXPECT_FALSE(run_without_throwing([] {}));
+}
+
+TEST(ResumeGuardUnwatch, AnUnwatchedPidIsNotResumedWhenCommdbgDies) {
+    pid_t kept = stopped_sleeper(), dropped = stopped_sleeper();
+    ASSERT_TRUE(wait_for_state(kept, 'T', 2000));
+    ASSERT_TRUE(wait_for_state(dropped, 'T', 2000));
+    // A stand-in for commdbg that dies without a clean shutdown.
+    pid_t dying = fork();
+    if (dying == 0) {
+        ResumeGuard g;
+        if (!g.start()) _exit(1);
+        g.watch(kept);
+        g.watch(dropped);
+        g.unwatch(dropped);
+        _exit(0);  // no destructor: the guard sees the pipe close
+    }
+    int st = 0;
+    ASSERT_EQ(waitpid(dying, &st, 0), dying);
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    // The watched one is resumed: by then the guard has acted on both.
+    EXPECT_TRUE(wait_for_state(kept, 'S', 5000)) << "state " << state_of(kept);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a SIGCONT right after it would land by now
+    EXPECT_EQ(state_of(dropped), 'T');
+    for (pid_t p : {kept, dropped}) {
+        kill(p, SIGKILL);
+        waitpid(p, nullptr, 0);
+    }
+}
