@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -362,9 +364,21 @@ PyDiscovery fail(Status s, std::string why) {
     return d;
 }
 
+// Gone, a zombie, or past the start of do_exit (PF_EXITING in stat's flags):
+// its memory map may already be torn down, so nothing read is evidence.
 bool process_gone(int pid, const std::string& proc_root) {
     auto p = read_process(pid, proc_root);
-    return !p.ok() || p->state == 'Z' || p->state == 'X';
+    if (!p.ok() || p->state == 'Z' || p->state == 'X') return true;
+    std::ifstream in(proc_root + "/" + std::to_string(pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto close = stat.rfind(')');
+    if (close == std::string::npos) return true;
+    std::istringstream fields(stat.substr(close + 2));
+    std::string state, ppid, pgrp, session, tty, tpgid;
+    unsigned long flags = 0;
+    fields >> state >> ppid >> pgrp >> session >> tty >> tpgid >> flags;
+    constexpr unsigned long kPfExiting = 0x4;
+    return (flags & kPfExiting) != 0;
 }
 
 // An error that happened because the process went away says so.
@@ -639,7 +653,9 @@ void find_tls_slots(int pid, const std::vector<MapEntry>& maps, const std::strin
 
 }  // namespace
 
-PyDiscovery discover_python(int pid, const std::string& proc_root) {
+namespace {
+
+PyDiscovery discover(int pid, const std::string& proc_root) {
     if (process_gone(pid, proc_root))
         return fail(Status::error, "process " + std::to_string(pid) + " does not exist or has exited");
     auto maps = read_maps(pid, proc_root);
@@ -675,6 +691,17 @@ PyDiscovery discover_python(int pid, const std::string& proc_root) {
     if (l.key >= l.tls_keys)
         d.notes.push_back("autoTSSkey " + std::to_string(l.key) + " is past glibc's first key block: use the thread list");
     d.status = Status::supported;
+    return d;
+}
+
+}  // namespace
+
+PyDiscovery discover_python(int pid, const std::string& proc_root) {
+    PyDiscovery d = discover(pid, proc_root);
+    // A process dying mid-way unmaps libpython or fails a read: "not python"
+    // or "unsupported" would then be a wrong story.
+    if (!d.ok() && process_gone(pid, proc_root) && d.reason.find("exited") == std::string::npos)
+        return fail(Status::error, "process " + std::to_string(pid) + " exited during Python discovery");
     return d;
 }
 
