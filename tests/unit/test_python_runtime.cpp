@@ -178,6 +178,17 @@ TEST_P(PythonRuntimeOn, DiscoversKeyCodeOffsetsAndWalksToTheWaitingFunction) {
 INSTANTIATE_TEST_SUITE_P(Builds, PythonRuntimeOn, ::testing::ValuesIn(kInterpreters),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// pyenv's 3.9 is a real CPython outside 3.10-3.13: a note, not a layout.
+TEST(PythonRuntime, AnOlderCPythonIsUnsupportedWithItsVersion) {
+    const char* py = "/root/.pyenv/versions/3.9.18/bin/python3";
+    if (access(py, X_OK) != 0) GTEST_SKIP() << py << " is not installed here";
+    testproc::Background child({py, "-c", "import time; print('up', flush=True); time.sleep(30)"});
+    child.wait_for_line("up");
+    PyDiscovery d = discover_python(child.pid());
+    EXPECT_EQ(d.status, Status::unsupported);
+    EXPECT_EQ(d.reason, "CPython 3.9 is not supported (supported: 3.10, 3.11, 3.12, 3.13)");
+}
+
 TEST(PythonRuntime, ANonPythonProcessIsNotACPythonProcess) {
     testproc::Background sleeper({"/bin/sleep", "30"});
     usleep(100 * 1000);  // past exec
