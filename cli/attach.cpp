@@ -127,7 +127,7 @@ int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
                 (void)second->call({{"op", "detach"}, {"id", id}});  // best effort: the reply still comes here
             continue;
         }
-        if (r.error() == "interrupted") continue;
+        if (client.interrupted()) continue;
         return fail(r.error());
     }
 }
