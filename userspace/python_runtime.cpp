@@ -7,7 +7,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -664,6 +666,8 @@ PyDiscovery discover(int pid, const std::string& proc_root) {
     auto found = find_interpreter(pid, *maps, proc_root, elf_err);
     if (!found) {
         if (process_gone(pid, proc_root)) return read_failure(pid, proc_root, "");
+        // A libpython we could not read is not evidence of "no python".
+        if (!elf_err.empty()) return fail(Status::error, "cannot inspect the process's CPython: " + elf_err);
         return fail(Status::not_python, "not a CPython process");
     }
     TargetMemory mem(pid);
