@@ -27,7 +27,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
  * in `traced`; and stop a process mapping a libnccl file not yet probed. */
 const volatile __u32 count_all = 0;
 const volatile __u32 scope_cgroup = 0;
-/* Fine counter keys one process may hold (events.h, cd_proc_counts). */
+/* Fine counter keys one process may hold (events.h, cd_proc_counts): set by
+ * userspace before load (limits.hpp); this value is only a placeholder. */
 const volatile __u32 fine_keys_per_process = 8192;
 /* A record wakes the consumer only once the ring buffer holds this many
  * bytes: a wake-up per record cost more than the record (the consumer, just

@@ -148,8 +148,8 @@ std::optional<int> parse_args(int argc, char** argv, DaemonArgs& a) {
                  "Count collectives with entry probes only: each call traps once, not twice (about 40% less per call), "
                  "and commdbg_collective_errors_total stays 0; `commdbg attach` sessions still count errors");
     app.add_option("--max-sessions", a.max_sessions,
-                   "Tracing sessions (`commdbg attach`) run at once; each may hold ~0.3 GB at the default "
-                   "200000-record budget")
+                   "Tracing sessions (`commdbg attach`) run at once; each may hold ~0.3 GB at the default " +
+                       std::to_string(limits::kDefaultMaxRecords) + "-record budget")
         ->check(CLI::Range(size_t{1}, size_t{64}));
     try {
         app.parse(argc, argv);

@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <iostream>
 
-#include "comm_registry.hpp"
+#include "snapshot.hpp"
 #include "nccl.hpp"
 #include "node_files.hpp"
 #include "procfs.hpp"
@@ -229,16 +229,20 @@ nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, st
     for (const auto& [p, info] : procs_) {
         if (pid && p != *pid) continue;
         if (only_uid && info.uid != *only_uid) continue;
+        // The same snapshot the attach outputs read: counters joined with
+        // communicators, summed by kind with the same keys.
+        ProcessReport snap;
+        snap.pid = p;
+        join_kernel_state(p, counters_, counter_loss_, comms_, snap);
         nlohmann::json cc = nlohmann::json::object(), cb = nlohmann::json::object();
+        for (const auto& [key, sum] : coll_summary(snap, symbols_)) {
+            cc[key] = sum.calls;
+            cb[key] = sum.bytes;
+        }
         std::map<uint64_t, uint64_t> calls_by_comm;
-        for (const auto& c : counters_) {
-            if (c.key.tgid != p) continue;
-            const SymbolInfo* s = symbols_.find(c.key.sym);
-            if (!s || s->role != CD_ROLE_COLLECTIVE) continue;
-            std::string key = s->layer + "." + std::string(coll_name(s->coll));
-            cc[key] = cc.value(key, 0ull) + c.val.calls;
-            cb[key] = cb.value(key, 0ull) + c.val.bytes;
-            calls_by_comm[c.key.comm] += c.val.calls;
+        for (const CounterRow& c : snap.counters) {
+            const SymbolInfo* s = symbols_.find(c.sym);
+            if (s && s->role == CD_ROLE_COLLECTIVE) calls_by_comm[c.comm] += c.calls;
         }
         nlohmann::json env = nlohmann::json::object();
         for (const auto& [k, v] : info.env) env[k] = v;
@@ -252,7 +256,7 @@ nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, st
                          {"counter_breakdown_lost", lost.breakdown_lost},
                          {"counter_calls_lost", lost.uncounted}});
         if (!by_comm) continue;
-        for (const auto& ci : communicators_of(p, comms_, counters_)) {
+        for (const CommInfo& ci : snap.comms) {
             std::string id = ci.id ? hex(*ci.id) : "ptr:" + hex(ci.ptr);
             auto& entry = by[id];
             if (ci.nranks >= 0) entry["nranks"] = ci.nranks;

@@ -119,9 +119,16 @@ BpfSession::~BpfSession() {
     if (skel_) commdbg_bpf__destroy(skel_);
 }
 
-int BpfSession::on_ring_record(void* ctx, void* data, size_t size) {
+int BpfSession::on_ring_record(void* ctx, void* data, size_t size) noexcept {
+    // Called from libbpf's C frames: nothing may unwind through them.  The
+    // handlers count what they cannot handle themselves (TraceSession,
+    // NodeCounter); this is the last line, for a handler that does not.
     auto* self = static_cast<BpfSession*>(ctx);
-    if (self->handler_) self->handler_(std::span<const uint8_t>(static_cast<const uint8_t*>(data), size));
+    try {
+        if (self->handler_) self->handler_(std::span<const uint8_t>(static_cast<const uint8_t*>(data), size));
+    } catch (...) {
+        ++self->handler_failures_;
+    }
     return 0;
 }
 

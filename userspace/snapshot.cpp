@@ -21,7 +21,13 @@ std::string_view to_string(CommOrigin o) {
 
 void join_kernel_state(uint32_t pid, const CounterSnapshot& counters, const std::vector<CommEntry>& comms,
                        ProcessReport& r) {
-    for (const auto& c : counters.entries) {
+    join_kernel_state(pid, counters.entries, counters.loss, comms, r);
+}
+
+void join_kernel_state(uint32_t pid, const std::vector<CounterEntry>& counters,
+                       const std::map<uint32_t, CounterLoss>& losses, const std::vector<CommEntry>& comms,
+                       ProcessReport& r) {
+    for (const auto& c : counters) {
         if (c.key.tgid != pid) continue;
         auto same = std::find_if(r.counters.begin(), r.counters.end(), [&](const CounterRow& row) {
             return c.coarse && row.sym == c.key.sym && row.comm == c.key.comm && row.dtype == c.key.dtype;
@@ -34,14 +40,14 @@ void join_kernel_state(uint32_t pid, const CounterSnapshot& counters, const std:
             same->bytes += c.val.bytes, same->errors += c.val.errors;
         }
     }
-    if (auto loss = counters.loss.find(pid); loss != counters.loss.end()) {
+    if (auto loss = losses.find(pid); loss != losses.end()) {
         r.counter_breakdown_lost = loss->second.breakdown_lost;
         if (loss->second.uncounted)
             r.notes.push_back(std::to_string(loss->second.uncounted) + " calls of pid " + std::to_string(pid) +
                               " that are not collectives were not counted: the kernel's counter keys ran out "
                               "(collectives are still counted exactly)");
     }
-    r.comms = communicators_of(pid, comms, counters.entries);
+    r.comms = communicators_of(pid, comms, counters);
 }
 
 std::map<std::string, CollSummary> coll_summary(const std::vector<CounterRow>& counters, const SymbolTable& syms) {

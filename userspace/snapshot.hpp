@@ -73,6 +73,9 @@ struct ProcessReport {
 // that could not be counted.
 void join_kernel_state(uint32_t pid, const CounterSnapshot& counters, const std::vector<CommEntry>& comms,
                        ProcessReport& r);
+void join_kernel_state(uint32_t pid, const std::vector<CounterEntry>& counters,
+                       const std::map<uint32_t, CounterLoss>& loss, const std::vector<CommEntry>& comms,
+                       ProcessReport& r);
 
 // Per collective kind, summed from the exact counters of collective-role
 // symbols (never from records, which may be dropped).
