@@ -155,6 +155,28 @@ nlohmann::json workload_report(const std::string& out) {
     return nlohmann::json::parse(line.substr(0, line.find('\n')), nullptr, false);
 }
 
+std::vector<nlohmann::json> workload_lines(const std::string& out, const std::string& key) {
+    std::vector<nlohmann::json> v;
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);) {
+        if (line.empty() || line[0] != '{' || line.find("\"" + key + "\"") == std::string::npos) continue;
+        auto j = nlohmann::json::parse(line, nullptr, false);
+        if (!j.is_discarded()) v.push_back(std::move(j));
+    }
+    return v;
+}
+
+std::vector<nlohmann::json> processes_of(const nlohmann::json& dump) {
+    if (dump.contains("processes")) return dump["processes"].get<std::vector<nlohmann::json>>();
+    return {dump};
+}
+
+const nlohmann::json* process_by_pid(const std::vector<nlohmann::json>& ps, int pid) {
+    for (const auto& p : ps)
+        if (p["process"]["pid"].get<int>() == pid) return &p;
+    return nullptr;
+}
+
 int pid_of_ready(const std::string& line) {
     size_t at = line.find("ready pid=");
     return at == std::string::npos ? -1 : std::stoi(line.substr(at + 10));

@@ -71,6 +71,12 @@ std::vector<std::pair<int, char>> children_of(int ppid);
 std::string pattern_arg(const std::vector<std::pair<std::string, int>>& pattern);
 // nccl_workload's final line: {"pid":..,"calls":{..},"errors":..,"rounds":..}; null if none.
 nlohmann::json workload_report(const std::string& out);
+// The JSON lines of a workload's stdout that hold `key` (a torch workload's
+// plan and per-rank lines), in order; other lines are skipped.
+std::vector<nlohmann::json> workload_lines(const std::string& out, const std::string& key);
+// The per-process objects of a dump: {"processes": [...]} or the one object.
+std::vector<nlohmann::json> processes_of(const nlohmann::json& dump);
+const nlohmann::json* process_by_pid(const std::vector<nlohmann::json>& ps, int pid);
 // The pid in nccl_workload's "ready pid=N" line, or -1.
 int pid_of_ready(const std::string& line);
 // Creates `path` (the workload's --wait-file).

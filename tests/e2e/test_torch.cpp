@@ -41,31 +41,6 @@ std::string torch_python(std::string& why_not) {
         REQUIRE_OR_SKIP(!py.empty(), "no python3 imports torch with gloo (apt install python3-torch):" + why_); \
     } while (0)
 
-std::vector<nlohmann::json> processes_of(const nlohmann::json& j) {
-    if (j.contains("processes")) return j["processes"].get<std::vector<nlohmann::json>>();
-    return {j};
-}
-
-const nlohmann::json* process_by_pid(const std::vector<nlohmann::json>& ps, int pid) {
-    for (const auto& p : ps)
-        if (p["process"]["pid"].get<int>() == pid) return &p;
-    return nullptr;
-}
-
-// JSON lines of the workload's stdout that hold `key`.
-std::vector<nlohmann::json> workload_lines(const std::string& out, const std::string& key) {
-    std::vector<nlohmann::json> v;
-    std::istringstream in(out);
-    for (std::string line; std::getline(in, line);) {
-        if (line.empty() || line[0] != '{' || line.find("\"" + key + "\"") == std::string::npos) continue;
-        try {
-            v.push_back(nlohmann::json::parse(line));
-        } catch (...) {
-        }
-    }
-    return v;
-}
-
 void count_names(const nlohmann::json& records, std::map<std::string, int>& out) {
     for (const auto& r : records) {
         out[r["name"].get<std::string>()]++;

@@ -7,9 +7,12 @@
         port, a small nn.Linear model; per step exactly ALLREDUCE
         dist.all_reduce, ALLGATHER dist.all_gather and BROADCAST
         dist.broadcast calls (defaults 3 steps, 2 1 1).  Prints the plan as a
-        JSON line first, then one JSON line per rank with its pid and the
-        calls it made.  No other collective is issued between
-        init_process_group and destroy_process_group (no barrier).
+        JSON line first (with the interpreter's and torch's versions, so a
+        test sees where it ran: the host's torch 1.13 or torch 2.x in the
+        trixie root), then one JSON line per rank with its pid and the calls
+        it made.  No other collective is issued between init_process_group
+        and destroy_process_group (no barrier).  On torch 2.x a rank ends with
+        os._exit(0) right after destroy_process_group (see rank_main).
     torch_gloo_workload.py throw [N]
         One process: N (default 1000) torch.mm calls on mismatched shapes,
         each raising a C++ exception through at::_ops::mm::call, caught in
@@ -62,6 +65,13 @@ def rank_main(rank, world, port, steps, n_ar, n_ag, n_bc):
         opt.step()
     emit({"rank": rank, "pid": os.getpid(), "calls": calls})
     dist.destroy_process_group()
+    if int(torch.__version__.split(".")[0]) >= 2:
+        # Debian's torch 2.6 aborts in about one run of six while the
+        # interpreter finalizes a rank after destroy_process_group ("terminate
+        # called without an active exception", SIGABRT), untraced too; the
+        # work is done here.
+        sys.stdout.flush()
+        os._exit(0)
 
 
 def train(argv):
@@ -70,6 +80,7 @@ def train(argv):
     world = 2
     port = free_port()
     emit({"mode": "train", "pid": os.getpid(), "world": world, "steps": steps,
+          "python": "%d.%d" % sys.version_info[:2], "torch": torch.__version__,
           "per_step": {"all_reduce": n_ar, "all_gather": n_ag, "broadcast": n_bc}})
     import torch.multiprocessing as mp
 
