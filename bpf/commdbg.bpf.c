@@ -196,20 +196,29 @@ static __always_inline void count_ringbuf_drop(__u32 tgid)
 	}
 }
 
+/* The value of `key` in `map`, created from the zeroed template in the
+ * one-entry array `zero_map` when missing (values too large for the BPF
+ * stack).  BPF_NOEXIST: a racing creator on another CPU wins, and the lookup
+ * after it returns that one. */
+static __always_inline void *lookup_or_init(void *map, const void *key, void *zero_map)
+{
+	void *v = bpf_map_lookup_elem(map, key);
+	__u32 zero = 0;
+
+	if (v)
+		return v;
+	v = bpf_map_lookup_elem(zero_map, &zero);
+	if (!v)
+		return 0;
+	bpf_map_update_elem(map, key, v, BPF_NOEXIST);
+	return bpf_map_lookup_elem(map, key);
+}
+
 /* The process's own counters, created if missing (a process traced before
  * it was given them, or whose creation raced with another CPU). */
 static __always_inline struct cd_proc_counts *proc_counts_get(__u32 tgid)
 {
-	struct cd_proc_counts *pc = bpf_map_lookup_elem(&proc_counts, &tgid);
-	__u32 zero = 0;
-
-	if (pc)
-		return pc;
-	pc = bpf_map_lookup_elem(&proc_counts_zero, &zero);
-	if (!pc)
-		return 0;
-	bpf_map_update_elem(&proc_counts, &tgid, pc, BPF_NOEXIST);
-	return bpf_map_lookup_elem(&proc_counts, &tgid);
+	return lookup_or_init(&proc_counts, &tgid, &proc_counts_zero);
 }
 
 static __always_inline void add_count(struct cd_count_val *v, __u64 elements, __u64 bytes)
@@ -390,16 +399,7 @@ static __always_inline bool read_entry(struct pt_regs *ctx, struct entry *en)
 
 static __always_inline struct cd_thread *thread_get(__u32 tid)
 {
-	struct cd_thread *st = bpf_map_lookup_elem(&threads, &tid);
-	__u32 zero = 0;
-
-	if (st)
-		return st;
-	st = bpf_map_lookup_elem(&thread_zero, &zero);
-	if (!st)
-		return 0;
-	bpf_map_update_elem(&threads, &tid, st, BPF_NOEXIST);
-	return bpf_map_lookup_elem(&threads, &tid);
+	return lookup_or_init(&threads, &tid, &thread_zero);
 }
 
 /* Pops the frames that returned before an entry at `sp`; returns the depth

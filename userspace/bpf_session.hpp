@@ -113,8 +113,6 @@ public:
     bpf_program* exit_program() const;
     bpf_program* dl_program() const;
     size_t ringbuf_bytes() const { return ringbuf_bytes_; }
-    // Records whose handler threw (caught at the ring buffer's C callback).
-    uint64_t handler_failures() const { return handler_failures_; }
 
 private:
     BpfSession() = default;
@@ -125,7 +123,6 @@ private:
     std::vector<LinkPtr> tracepoints_;
     EventHandler handler_;
     size_t ringbuf_bytes_ = 0;
-    uint64_t handler_failures_ = 0;
 };
 
 // "ringbuf_full", "counter_map_full", ...: names of enum cd_drop_cause.
