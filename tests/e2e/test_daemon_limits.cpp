@@ -119,6 +119,17 @@ size_t count_of(const std::string& s, const std::string& needle) {
 // Finding 3: `commdbg attach PID` without -d (and with a long -d) through the daemon.
 // ======================================================================================
 
+// A window that is tracing a workload held at its --wait-file: lets the
+// workload make its calls, and checks that both end well and the dump counted
+// exactly kPattern.
+void release_and_check_window(Background& work, Background& dbg, const std::string& go, const std::string& json) {
+    touch(go);
+    ASSERT_EQ(work.wait(60).status, 0);
+    auto r = dbg.wait(60);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(comm_counts_of(read_json(json)), expected_map(kPattern, "nccl."));
+}
+
 // No -d means "until Ctrl-C or the process exits", with or without the daemon.
 TEST(DaemonLimits, AttachWithoutDurationRunsUntilTheProcessExits) {
     REQUIRE_BPF();
@@ -136,11 +147,7 @@ TEST(DaemonLimits, AttachWithoutDurationRunsUntilTheProcessExits) {
         FAIL() << "commdbg attach (no -d) never traced; status " << r.status << " stderr: " << r.err;
     }
     EXPECT_NE(tracing.find("in commdbgd"), std::string::npos) << tracing;
-    touch(tmp.path("go"));
-    ASSERT_EQ(work.wait(60).status, 0);
-    auto r = dbg.wait(60);
-    ASSERT_EQ(r.status, 0) << r.err;
-    EXPECT_EQ(comm_counts_of(read_json(tmp.path("out.json"))), expected_map(kPattern, "nccl."));
+    ASSERT_NO_FATAL_FAILURE(release_and_check_window(work, dbg, tmp.path("go"), tmp.path("out.json")));
 }
 
 // A window longer than a day is as valid through the daemon as without it.
@@ -159,11 +166,7 @@ TEST(DaemonLimits, AttachWithADurationOverADayIsAcceptedAsWithoutTheDaemon) {
         auto r = dbg.wait(5);
         FAIL() << "commdbg attach -d 100000 never traced; status " << r.status << " stderr: " << r.err;
     }
-    touch(tmp.path("go"));
-    ASSERT_EQ(work.wait(60).status, 0);
-    auto r = dbg.wait(60);
-    ASSERT_EQ(r.status, 0) << r.err;
-    EXPECT_EQ(comm_counts_of(read_json(tmp.path("out.json"))), expected_map(kPattern, "nccl."));
+    ASSERT_NO_FATAL_FAILURE(release_and_check_window(work, dbg, tmp.path("go"), tmp.path("out.json")));
 }
 
 // ======================================================================================
@@ -337,11 +340,7 @@ TEST(DaemonLimits, UnprivilegedSessionsAreHeldToThePerUserLimits) {
                                      tmp.path("own.json")}));
     std::string tracing = ok.wait_for_err_line("commdbg: tracing", 60);
     EXPECT_NE(tracing.find("at most 3600 s"), std::string::npos) << tracing;
-    touch(tmp.path("go"));
-    ASSERT_EQ(work.wait(60).status, 0);
-    auto r = ok.wait(60);
-    ASSERT_EQ(r.status, 0) << r.err;
-    EXPECT_EQ(comm_counts_of(read_json(tmp.path("own.json"))), expected_map(kPattern, "nccl."));
+    ASSERT_NO_FATAL_FAILURE(release_and_check_window(work, ok, tmp.path("go"), tmp.path("own.json")));
 }
 
 // The daemon reads a spec file as root: through it, another user could learn
