@@ -28,6 +28,15 @@ static __always_inline void cd_read_reg_args(struct pt_regs *ctx, __u64 *args)
 	args[5] = PT_REGS_PARM6(ctx);
 }
 
+/* The calling thread's thread pointer (glibc's struct pthread, pthread_self()):
+ * x86-64 keeps it in fs. */
+static __always_inline __u64 cd_thread_pointer(void)
+{
+	struct task_struct *t = bpf_get_current_task_btf();
+
+	return t->thread.fsbase;
+}
+
 /* sys_exit: which syscall returned, and the number of mmap. */
 #define CD_NR_MMAP 9
 #define CD_SYSCALL_NR(regs) BPF_CORE_READ(regs, orig_ax)

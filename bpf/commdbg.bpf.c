@@ -157,6 +157,46 @@ struct {
 	__type(value, struct cd_proc_counts);
 } proc_counts_zero SEC(".maps");
 
+/* tgid -> how to walk its Python frames (events.h), set by userspace for
+ * traced processes that run CPython. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct cd_py_cfg);
+} py_procs SEC(".maps");
+
+/* A record with context is built here and copied out with
+ * bpf_ringbuf_output, at its real size: a reservation has a constant size,
+ * and reserving the largest stack for every record would fill the buffer
+ * with empty frames.  Per thread (key: tid), not per CPU: uprobe programs can
+ * be preempted, the thread is the only writer.  The body goes right-aligned
+ * before the context so that body and tail are contiguous whatever its kind. */
+#define CTX_BODY sizeof(struct cd_call)
+#define CTX_WINDOW 128 /* bytes of a frame read at once: every field but 3.10's localsplus */
+
+struct ctx_buf {
+	__u8 body[CTX_BODY];
+	struct cd_context ctx;
+	struct cd_py_frame frames[CD_MAX_PY_FRAMES];
+	__u8 win[CTX_WINDOW];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct ctx_buf);
+} ctx_bufs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ctx_buf);
+} ctx_zero SEC(".maps");
+
 static __always_inline int in_scope(void)
 {
 	return !scope_cgroup || bpf_current_task_under_cgroup(&scope, 0) == 1;
@@ -563,6 +603,18 @@ static __always_inline __u64 call_wakeup(struct cd_thread *st)
  * state could not be kept, or whose thread exits first).  Records carry no
  * ncclUniqueId: communicators get theirs from the comms map, kept in the
  * kernel (a copy per record would be 128 bytes nobody reads). */
+static __always_inline void fill_enter(struct cd_call_enter *e, const struct entry *en, __u32 tail_len)
+{
+	fill_header(&e->h, CD_EV_CALL_ENTER, sizeof(*e) + tail_len, tail_len ? CD_TAIL_CONTEXT : CD_TAIL_NONE,
+		    tail_len, en->tgid, en->tid, en->ts);
+	e->cookie = en->cookie;
+	e->ip = en->ip;
+	e->sp = en->sp;
+	__builtin_memcpy(e->args, en->args, sizeof(e->args));
+	e->group_depth = en->group_depth;
+	e->frame_depth = en->frame_depth;
+}
+
 static __always_inline void emit_enter(const struct entry *en, __u64 wakeup)
 {
 	struct cd_call_enter *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
@@ -571,13 +623,7 @@ static __always_inline void emit_enter(const struct entry *en, __u64 wakeup)
 		count_ringbuf_drop(en->tgid);
 		return;
 	}
-	fill_header(&e->h, CD_EV_CALL_ENTER, sizeof(*e), CD_TAIL_NONE, 0, en->tgid, en->tid, en->ts);
-	e->cookie = en->cookie;
-	e->ip = en->ip;
-	e->sp = en->sp;
-	__builtin_memcpy(e->args, en->args, sizeof(e->args));
-	e->group_depth = en->group_depth;
-	e->frame_depth = en->frame_depth;
+	fill_enter(e, en, 0);
 	bpf_ringbuf_submit(e, wakeup);
 }
 
@@ -588,16 +634,11 @@ struct ret_info {
 	__u32 depth;
 };
 
-static __always_inline void emit_call(const struct cd_inflight *s, struct cd_thread *st, __u32 tid,
-				      const struct ret_info *r)
+static __always_inline void fill_call(struct cd_call *e, const struct cd_inflight *s, __u32 tid,
+				      const struct ret_info *r, __u32 tail_len)
 {
-	struct cd_call *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-
-	if (!e) {
-		count_ringbuf_drop(s->ckey.tgid);
-		return;
-	}
-	fill_header(&e->h, CD_EV_CALL, sizeof(*e), CD_TAIL_NONE, 0, s->ckey.tgid, tid, bpf_ktime_get_ns());
+	fill_header(&e->h, CD_EV_CALL, sizeof(*e) + tail_len, tail_len ? CD_TAIL_CONTEXT : CD_TAIL_NONE, tail_len,
+		    s->ckey.tgid, tid, bpf_ktime_get_ns());
 	e->cookie = s->cookie;
 	e->ip = s->ip;
 	e->sp = s->sp;
@@ -609,8 +650,234 @@ static __always_inline void emit_call(const struct cd_inflight *s, struct cd_thr
 	e->out_value = r->out;
 	e->depth = r->depth;
 	e->pad = 0;
-	bpf_ringbuf_submit(e, call_wakeup(st));
 }
+
+/* ---- framework context: labels and Python stacks ------------------------------ */
+
+static __always_inline __u64 read_u64(__u64 addr)
+{
+	__u64 v = 0;
+
+	if (bpf_probe_read_user(&v, sizeof(v), (void *)addr))
+		return 0;
+	return v;
+}
+
+static __always_inline __u64 win_u64(const struct ctx_buf *b, __u32 off)
+{
+	if (off > CTX_WINDOW - 8)
+		return 0;
+	return *(const __u64 *)(b->win + off);
+}
+
+/* The Python stack is walked only where the symbol asks for it and the
+ * process runs a CPython userspace found a layout for. */
+static __always_inline const struct cd_py_cfg *py_cfg_for(__u64 cookie, __u32 tgid)
+{
+	return CD_COOKIE_PY_STACK(cookie) ? bpf_map_lookup_elem(&py_procs, &tgid) : 0;
+}
+
+/* The thread's innermost Python frame, through its thread state in the
+ * interpreter's autoTSSkey slot: the GIL is usually released at a native
+ * probe, so "the thread holding the GIL" would be another thread. */
+static __always_inline __u32 py_top_frame(const struct cd_py_cfg *c, __u64 *frame)
+{
+	__u64 fs = cd_thread_pointer(), ts, f;
+
+	ts = read_u64(fs + c->tls_base + (__u64)c->tls_stride * c->key + c->tls_data);
+	if (!ts || read_u64(ts + c->ts_thread_id) != fs)
+		return CD_PY_NO_TSTATE; /* no Python on this thread, or another thread's state */
+	f = read_u64(ts + c->ts_frame);
+	if (f && c->ts_frame_inner != 0xffffffffu)
+		f = read_u64(f + c->ts_frame_inner);
+	*frame = f;
+	return CD_PY_OK;
+}
+
+struct walk {
+	struct ctx_buf *b;
+	const struct cd_py_cfg *cfg;
+	__u64 frame;
+	__u32 n;
+	__u32 status;
+	__u32 flags;
+	__u32 pad;
+};
+
+/* `self`: the frame's first local, a cell's contents when a closure
+ * captured it; its type is read now (the instance may die before userspace
+ * looks; types live long).  Userspace decides from the code object whether
+ * the slot is really a first argument. */
+static __always_inline void read_self(const struct cd_py_cfg *c, const struct ctx_buf *b, __u64 frame,
+				      struct cd_py_frame *f)
+{
+	__u64 self, type = 0;
+
+	if (c->frame_localsplus <= CTX_WINDOW - 8)
+		self = win_u64(b, c->frame_localsplus);
+	else
+		self = read_u64(frame + c->frame_localsplus);
+	if (self)
+		type = read_u64(self + c->ob_type);
+	if (type && type == c->cell_type) {
+		self = read_u64(self + c->cell_contents);
+		type = self ? read_u64(self + c->ob_type) : 0;
+	}
+	f->self = self;
+	f->self_type = type;
+}
+
+/* One frame per iteration (bpf_loop); C-stack trampolines are skipped. */
+static long walk_frame(__u64 i, void *data)
+{
+	struct walk *w = data;
+	struct ctx_buf *b = w->b;
+	const struct cd_py_cfg *c = w->cfg;
+	__u64 frame = w->frame, code;
+	struct cd_py_frame *f;
+	__u32 n = w->n, owner = c->frame_owner, instr = c->frame_instr;
+
+	if (!frame)
+		return 1;
+	if (n >= c->max_frames || n >= CD_MAX_PY_FRAMES) {
+		w->flags |= CD_CTX_TRUNCATED;
+		return 1;
+	}
+	/* One read per frame; a shorter one where a frame ends a mapping. */
+	if (bpf_probe_read_user(b->win, CTX_WINDOW, (void *)frame) &&
+	    bpf_probe_read_user(b->win, CTX_WINDOW / 2 + 16, (void *)frame)) {
+		w->status = CD_PY_FAULT;
+		return 1;
+	}
+	code = win_u64(b, c->frame_code);
+	w->frame = win_u64(b, c->frame_previous);
+	if (owner < CTX_WINDOW && b->win[owner] == c->frame_owner_cstack)
+		return 0;
+	if (!code || ((c->flags & CD_PYCFG_SKIP_NONE_CODE) && code == c->none_addr))
+		return 0;
+	f = &b->frames[n & (CD_MAX_PY_FRAMES - 1)];
+	f->code = code;
+	if (c->flags & CD_PYCFG_LASTI_INT)
+		f->instr = instr <= CTX_WINDOW - 4 ? *(const __s32 *)(b->win + instr) : 0;
+	else
+		f->instr = win_u64(b, instr);
+	read_self(c, b, frame, f);
+	w->n = n + 1;
+	return 0;
+}
+
+/* std::string const* (libstdc++: data at +0, length at +8) -> the label. */
+static __always_inline void read_label(struct ctx_buf *b, __u64 str)
+{
+	__u64 sv[2] = {};
+	__u32 len;
+
+	if (!str || bpf_probe_read_user(sv, sizeof(sv), (void *)str) || !sv[1])
+		return;
+	len = sv[1] > CD_LABEL_MAX ? CD_LABEL_MAX : (__u32)sv[1];
+	if (sv[1] > CD_LABEL_MAX)
+		b->ctx.flags |= CD_CTX_LABEL_CUT;
+	if (len > CD_LABEL_MAX)
+		return;
+	if (bpf_probe_read_user(b->ctx.label, len, (void *)sv[0]) == 0)
+		b->ctx.label_len = len;
+}
+
+/* The label and stack of a record into b; returns the tail's length. */
+static __always_inline __u32 fill_context(struct ctx_buf *b, __u64 cookie, const __u64 *args,
+					  const struct cd_py_cfg *cfg)
+{
+	struct walk w = {.b = b, .cfg = cfg, .status = CD_PY_OK};
+	__u32 n;
+
+	b->ctx.label_len = 0;
+	b->ctx.nframes = 0;
+	b->ctx.flags = 0;
+	b->ctx.py_status = CD_PY_NONE;
+	if (CD_COOKIE_TAIL(cookie) == CD_TAIL_LABEL)
+		read_label(b, slot_arg(args, CD_COOKIE_OUT(cookie)));
+	if (cfg) {
+		b->ctx.py_status = py_top_frame(cfg, &w.frame);
+		if (b->ctx.py_status == CD_PY_OK) {
+			bpf_loop(2 * CD_MAX_PY_FRAMES, walk_frame, &w, 0);
+			b->ctx.py_status = w.status;
+			b->ctx.flags |= w.flags;
+		}
+	}
+	n = w.n > CD_MAX_PY_FRAMES ? CD_MAX_PY_FRAMES : w.n;
+	b->ctx.nframes = n;
+	return sizeof(struct cd_context) + n * sizeof(struct cd_py_frame);
+}
+
+/* The per-thread buffer a record with context is built in; 0 when the
+ * record needs none. */
+static __always_inline struct ctx_buf *context_buf(__u64 cookie, __u32 tgid, __u32 tid,
+						   const struct cd_py_cfg **cfg)
+{
+	struct ctx_buf *b;
+
+	*cfg = py_cfg_for(cookie, tgid);
+	if (!*cfg && CD_COOKIE_TAIL(cookie) != CD_TAIL_LABEL)
+		return 0;
+	b = lookup_or_init(&ctx_bufs, &tid, &ctx_zero);
+	if (!b)
+		count_drop(CD_DROP_PY_CONTEXT); /* sent without it */
+	return b;
+}
+
+#define CTX_ENTER_OFF (CTX_BODY - sizeof(struct cd_call_enter))
+
+/* An entry record with its context; false when it has none to carry. */
+static __always_inline bool emit_enter_ctx(const struct entry *en, __u64 wakeup)
+{
+	const struct cd_py_cfg *cfg;
+	struct ctx_buf *b = context_buf(en->cookie, en->tgid, en->tid, &cfg);
+	__u32 tail;
+
+	if (!b)
+		return false;
+	tail = fill_context(b, en->cookie, en->args, cfg);
+	fill_enter((struct cd_call_enter *)(b->body + CTX_ENTER_OFF), en, tail);
+	if (bpf_ringbuf_output(&events, b->body + CTX_ENTER_OFF, sizeof(struct cd_call_enter) + tail, wakeup))
+		count_ringbuf_drop(en->tgid);
+	return true;
+}
+
+/* A call record with its context, built at the return: the Python stack
+ * of a thread inside a native call is the one it had at the entry. */
+static __always_inline bool emit_call_ctx(const struct cd_inflight *s, __u32 tid, const struct ret_info *r,
+					  __u64 wakeup)
+{
+	const struct cd_py_cfg *cfg;
+	struct ctx_buf *b = context_buf(s->cookie, s->ckey.tgid, tid, &cfg);
+	__u32 tail;
+
+	if (!b)
+		return false;
+	tail = fill_context(b, s->cookie, s->args, cfg);
+	fill_call((struct cd_call *)b->body, s, tid, r, tail);
+	if (bpf_ringbuf_output(&events, b->body, sizeof(struct cd_call) + tail, wakeup))
+		count_ringbuf_drop(s->ckey.tgid);
+	return true;
+}
+
+static __always_inline void emit_call(const struct cd_inflight *s, struct cd_thread *st, __u32 tid,
+				      const struct ret_info *r)
+{
+	__u64 wakeup = call_wakeup(st);
+	struct cd_call *e;
+
+	if (emit_call_ctx(s, tid, r, wakeup))
+		return;
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_ringbuf_drop(s->ckey.tgid);
+		return;
+	}
+	fill_call(e, s, tid, r, 0);
+	bpf_ringbuf_submit(e, wakeup);
+}
+
 
 /* The return of a call whose entry went out as its own record. */
 static __always_inline void emit_exit(const struct cd_inflight *s, __u32 tid, const struct ret_info *r)
@@ -637,6 +904,7 @@ int call_enter(struct pt_regs *ctx)
 	struct entry en = {};
 	struct cd_count_key key;
 	struct cd_thread *st = 0;
+	__u64 wakeup;
 	__u32 counted;
 	bool first;
 
@@ -656,7 +924,9 @@ int call_enter(struct pt_regs *ctx)
 		return 0;
 	if (!wants_records(&en))
 		return 0;
-	emit_enter(&en, call_wakeup(st));
+	wakeup = call_wakeup(st);
+	if (!emit_enter_ctx(&en, wakeup))
+		emit_enter(&en, wakeup);
 	return 0;
 }
 
@@ -877,6 +1147,7 @@ int BPF_PROG(on_exit, struct task_struct *p)
 	if (st && st->depth)
 		emit_open_calls(st, tid);
 	bpf_map_delete_elem(&threads, &tid);
+	bpf_map_delete_elem(&ctx_bufs, &tid);
 	if (!bpf_map_lookup_elem(&traced, &tgid))
 		return 0;
 	/* live drops to 0 when the last thread of the group exits */

@@ -43,6 +43,11 @@
  *  bit  57      a counted slot (count..out above) is a stack word
  *  bit  58      a slot of a record (any role, stream and buffers too) is a
  *               stack word: records read the stack only then
+ *  bit  59      records of this symbol carry the calling thread's Python
+ *               stack (CD_TAIL_CONTEXT), where its process has a cd_py_cfg
+ *  For tail source CD_TAIL_LABEL the out-pointer slot (bits 44..47) names
+ *  the argument holding a `std::string const*` (libstdc++: data pointer at
+ *  +0, length at +8): the label a record_function scope is opened with.
  */
 #define CD_SLOT_NONE 0xfu
 #define CD_COOKIE_SYM(c) ((__u32)((c)&0xfffffu))
@@ -58,6 +63,7 @@
 #define CD_COOKIE_RET(c) ((__u32)(((c) >> 56) & 0x1u))
 #define CD_COOKIE_STACK_COUNT(c) ((__u32)(((c) >> 57) & 0x1u))
 #define CD_COOKIE_STACK_RECORD(c) ((__u32)(((c) >> 58) & 0x1u))
+#define CD_COOKIE_PY_STACK(c) ((__u32)(((c) >> 59) & 0x1u))
 
 /* What a probed symbol is.  New roles (python frame, fsdp hook) append. */
 enum cd_role {
@@ -70,6 +76,16 @@ enum cd_role {
 	CD_ROLE_GROUP_START = 7,
 	CD_ROLE_GROUP_END = 8,
 	CD_ROLE_OTHER = 9, /* traced, not counted */
+	/* record_function scopes (specs/torch-scopes.json):
+	 * SCOPE_LABEL  torch >= 2: record_function_enter_new(name, args), the
+	 *              label in a CD_TAIL_LABEL; the SCOPE_BEGIN it makes follows
+	 * SCOPE_BEGIN  at::RecordFunction::RecordFunction(RecordScope): `this`
+	 *              in slot 0 (count slot), the scope in slot 1 (peer slot);
+	 *              scope 7 (USER_SCOPE) opens a scope record
+	 * SCOPE_END    at::RecordFunction::end(): `this` in slot 0 closes it */
+	CD_ROLE_SCOPE_LABEL = 10,
+	CD_ROLE_SCOPE_BEGIN = 11,
+	CD_ROLE_SCOPE_END = 12,
 };
 
 /* Collective kinds, shared by layers (nccl, c10d).  Index of comm_counts. */
@@ -94,7 +110,73 @@ enum cd_tail_kind {
 	CD_TAIL_NONE = 0,
 	CD_TAIL_UNIQUE_ID = 1, /* 128-byte ncclUniqueId read from sp+8 */
 	CD_TAIL_COMM_LIST = 2, /* up to CD_MAX_COMM_LIST comm pointers (InitAll) */
-	CD_TAIL_PY_STACK = 3,  /* reserved: CPython frames (code ptr, self ptr) */
+	CD_TAIL_PY_STACK = 3,  /* unused: stacks travel in CD_TAIL_CONTEXT */
+	CD_TAIL_LABEL = 4,     /* cookie: read a std::string label (see bit 59 above) */
+	CD_TAIL_CONTEXT = 5,   /* record: struct cd_context (label and/or Python frames) */
+};
+
+/* ---- framework context: labels and Python stacks ------------------------
+ * A record whose cookie asks for a label or a Python stack carries one
+ * struct cd_context after its body (header tail_kind CD_TAIL_CONTEXT):
+ * the fixed part, then `nframes` struct cd_py_frame, innermost first.
+ * tail_len = sizeof(struct cd_context) + nframes * sizeof(struct cd_py_frame).
+ */
+#define CD_LABEL_MAX 128
+#define CD_MAX_PY_FRAMES 128   /* compile-time bound; cd_py_cfg.max_frames the run-time one */
+#define CD_DEFAULT_PY_FRAMES 64
+
+enum cd_py_status {
+	CD_PY_NONE = 0,	     /* not walked: the record wants no stack, or no cd_py_cfg */
+	CD_PY_OK = 1,	     /* frames are the thread's stack (see CD_CTX_TRUNCATED) */
+	CD_PY_NO_TSTATE = 2, /* a thread without Python (gloo worker, NCCL proxy): no frames */
+	CD_PY_FAULT = 3,     /* a read failed mid-walk: the frames read so far, innermost first */
+};
+
+#define CD_CTX_TRUNCATED (1u << 0) /* the walk stopped at max_frames: more frames above */
+#define CD_CTX_LABEL_CUT (1u << 1) /* the label was longer than CD_LABEL_MAX - 1 bytes */
+
+struct cd_py_frame {
+	__u64 code;	 /* PyCodeObject* of the frame */
+	__u64 self;	 /* localsplus[0] (a cell's contents when it holds a cell); may be garbage */
+	__u64 self_type; /* ob_type of `self`, read in the kernel (instances may die before userspace looks); 0: unreadable */
+	__u64 instr;	 /* 3.11+: the frame's instruction pointer; 3.10: f_lasti */
+};
+
+struct cd_context {
+	__u16 label_len; /* bytes in label (no NUL); 0: none */
+	__u16 nframes;
+	__u16 py_status; /* enum cd_py_status */
+	__u16 flags;	 /* CD_CTX_* */
+	char label[CD_LABEL_MAX];
+	/* struct cd_py_frame frames[nframes] follow */
+};
+
+/* Per traced Python process (`py_procs` map, key: tgid): how to walk its
+ * frames, from userspace's discovery (python_runtime.hpp, PyLayout). */
+#define CD_PYCFG_SKIP_NONE_CODE (1u << 0) /* 3.13: skip frames whose code is &_Py_NoneStruct */
+#define CD_PYCFG_LASTI_INT (1u << 1)	  /* 3.10: frame_instr is an int f_lasti */
+
+struct cd_py_cfg {
+	__u64 cell_type;  /* &PyCell_Type: `self` captured by a closure */
+	__u64 none_addr;  /* &_Py_NoneStruct */
+	__u32 key;	  /* autoTSSkey's value */
+	__u32 tls_base;	  /* tstate = *(fsbase + tls_base + tls_stride * key + tls_data) */
+	__u32 tls_stride;
+	__u32 tls_data;
+	__u32 ts_frame;	      /* f = *(ts + ts_frame) */
+	__u32 ts_frame_inner; /* then f = *(f + ts_frame_inner) unless 0xffffffff */
+	__u32 ts_thread_id;   /* == fsbase, or the slot is not this thread's */
+	__u32 frame_code;
+	__u32 frame_previous;
+	__u32 frame_localsplus;
+	__u32 frame_owner;	  /* 0xffffffff: none (3.10, 3.11) */
+	__u32 frame_owner_cstack; /* owner value of C-stack frames: skipped */
+	__u32 frame_instr;
+	__u32 ob_type;
+	__u32 cell_contents;
+	__u32 max_frames; /* <= CD_MAX_PY_FRAMES */
+	__u32 flags;	  /* CD_PYCFG_* */
+	__u32 pad;
 };
 
 #define CD_UNIQUE_ID_BYTES 128
@@ -186,7 +268,8 @@ struct cd_proc {
 
 /* Largest record the kernel side emits (tails are for future kinds: the
  * unique id stays in the kernel's comms map, see commdbg.bpf.c). */
-#define CD_MAX_RECORD (sizeof(struct cd_call) + CD_UNIQUE_ID_BYTES)
+#define CD_MAX_RECORD                                                                                         \
+	(sizeof(struct cd_call) + sizeof(struct cd_context) + CD_MAX_PY_FRAMES * sizeof(struct cd_py_frame))
 
 /* ---- maps shared with userspace ---------------------------------------- */
 
@@ -276,7 +359,8 @@ enum cd_drop_cause {
 	CD_DROP_PROC_EVENT = 7,	    /* fork/exit event not emitted */
 	CD_DROP_COUNTER_SHARE = 8,  /* fine key refused: the process holds its share (counted coarsely) */
 	CD_DROP_UNCOUNTED = 9,	    /* call not counted: no fine key and no coarse slot */
-	CD_DROP_MAX = 10,
+	CD_DROP_PY_CONTEXT = 10,    /* record sent without its label / Python stack: no scratch buffer */
+	CD_DROP_MAX = 11,
 };
 
 #define CD_MAX_INFLIGHT 8
@@ -352,6 +436,9 @@ CD_STATIC_ASSERT(sizeof(struct cd_count_val) == 32, "cd_count_val");
 CD_STATIC_ASSERT(sizeof(struct cd_comm_key) == 16, "cd_comm_key");
 CD_STATIC_ASSERT(sizeof(struct cd_comm_val) == 48 + CD_UNIQUE_ID_BYTES, "cd_comm_val");
 CD_STATIC_ASSERT(sizeof(struct cd_inflight) == 8 * 5 + 8 * CD_NUM_ARGS + 24 + 24, "cd_inflight");
+CD_STATIC_ASSERT(sizeof(struct cd_py_frame) == 32, "cd_py_frame");
+CD_STATIC_ASSERT(sizeof(struct cd_context) == 8 + CD_LABEL_MAX, "cd_context");
+CD_STATIC_ASSERT(sizeof(struct cd_py_cfg) == 16 + 4 * 18, "cd_py_cfg");
 CD_STATIC_ASSERT(sizeof(struct cd_proc_counts) == 32 + CD_COARSE_SLOTS * 40, "cd_proc_counts");
 
 #endif /* COMMDBG_EVENTS_H */

@@ -34,6 +34,7 @@ const char* drop_cause_name(uint32_t cause) {
     case CD_DROP_PROC_EVENT: return "process_event_lost";
     case CD_DROP_COUNTER_SHARE: return "counter_keys_per_process";
     case CD_DROP_UNCOUNTED: return "call_not_counted";
+    case CD_DROP_PY_CONTEXT: return "py_context_lost";
     default: return "unknown";
     }
 }

@@ -44,6 +44,10 @@ bool tail_ok(const cd_header& h, size_t body) {
     case CD_TAIL_COMM_LIST:
         return h.tail_len % sizeof(uint64_t) == 0 &&
                h.tail_len <= CD_MAX_COMM_LIST * sizeof(uint64_t);
+    case CD_TAIL_CONTEXT:
+        return h.tail_len >= sizeof(cd_context) &&
+               (h.tail_len - sizeof(cd_context)) % sizeof(cd_py_frame) == 0 &&
+               (h.tail_len - sizeof(cd_context)) / sizeof(cd_py_frame) <= CD_MAX_PY_FRAMES;
     default: return true;
     }
 }
@@ -81,6 +85,22 @@ void unique_id_tail(const cd_header& h, std::span<const uint8_t> bytes, size_t b
     std::memcpy(out.unique_id.data(), bytes.data() + body, CD_UNIQUE_ID_BYTES);
 }
 
+// The label and Python stack (events.h, cd_context); false when the tail
+// contradicts itself (a frame count the length does not hold, a long label).
+bool context_tail(const cd_header& h, std::span<const uint8_t> bytes, size_t body, CallEnter& out) {
+    if (h.tail_kind != CD_TAIL_CONTEXT) return true;
+    cd_context c;
+    std::memcpy(&c, bytes.data() + body, sizeof(c));
+    size_t frames = (h.tail_len - sizeof(c)) / sizeof(cd_py_frame);
+    if (c.nframes != frames || c.label_len > CD_LABEL_MAX || c.py_status > CD_PY_FAULT) return false;
+    out.label.assign(c.label, c.label_len);
+    out.py_status = c.py_status;
+    out.ctx_flags = c.flags;
+    out.py_frames.resize(frames);
+    if (frames) std::memcpy(out.py_frames.data(), bytes.data() + body + sizeof(c), frames * sizeof(cd_py_frame));
+    return true;
+}
+
 }  // namespace
 
 const char* to_string(DecodeError e) {
@@ -111,6 +131,7 @@ DecodeResult decode(std::span<const uint8_t> bytes) {
         auto& out = std::get<CallEnter>(r.event.emplace(std::in_place_type<CallEnter>));
         entry_fields(h, e, h.ts_ns, out);
         unique_id_tail(h, bytes, body, out);
+        if (!context_tail(h, bytes, body, out)) return fail(DecodeError::BadTail);
         return r;
     }
     case CD_EV_CALL_EXIT: {
@@ -127,6 +148,7 @@ DecodeResult decode(std::span<const uint8_t> bytes) {
         auto& out = std::get<Call>(r.event.emplace(std::in_place_type<Call>));
         entry_fields(h, e, e.enter_ts_ns, out.enter);
         unique_id_tail(h, bytes, body, out.enter);
+        if (!context_tail(h, bytes, body, out.enter)) return fail(DecodeError::BadTail);
         exit_fields(h, e, out.exit);
         return r;
     }

@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "events.h"
 
@@ -29,6 +30,11 @@ struct CallEnter {
     uint32_t frame_depth = CD_DEPTH_UNKNOWN;  // kernel's open-frame count after popping
     bool has_unique_id = false;
     std::array<uint8_t, CD_UNIQUE_ID_BYTES> unique_id{};
+    // CD_TAIL_CONTEXT (events.h, cd_context): framework context.
+    std::string label;                   // a scope's label (SCOPE_LABEL); empty: none
+    uint16_t py_status = CD_PY_NONE;     // cd_py_status
+    uint16_t ctx_flags = 0;              // CD_CTX_*
+    std::vector<cd_py_frame> py_frames;  // the calling thread's Python stack, innermost first
 };
 
 struct CallExit {

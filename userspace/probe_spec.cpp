@@ -24,6 +24,8 @@ const std::map<std::string, cd_role> kRoles = {
     {"comm_split", CD_ROLE_COMM_SPLIT}, {"comm_end", CD_ROLE_COMM_END},
     {"group_start", CD_ROLE_GROUP_START}, {"group_end", CD_ROLE_GROUP_END},
     {"other", CD_ROLE_OTHER},
+    {"scope_label", CD_ROLE_SCOPE_LABEL}, {"scope_begin", CD_ROLE_SCOPE_BEGIN},
+    {"scope_end", CD_ROLE_SCOPE_END},
 };
 
 const std::map<std::string, cd_coll> kColls = {
@@ -36,6 +38,7 @@ const std::map<std::string, cd_coll> kColls = {
 
 const std::map<std::string, cd_tail_kind> kTails = {
     {"none", CD_TAIL_NONE}, {"unique_id", CD_TAIL_UNIQUE_ID}, {"comm_list", CD_TAIL_COMM_LIST},
+    {"label", CD_TAIL_LABEL},
 };
 
 // Argument names -> the slot they fill.  Communicator calls reuse the
@@ -50,9 +53,27 @@ uint8_t* slot_for(ArgSlots& s, const std::string& arg) {
         {"nranks", &ArgSlots::count},  {"rank", &ArgSlots::peer},
         {"key", &ArgSlots::count},     {"color", &ArgSlots::peer},
         {"parent", &ArgSlots::comm},
+        // record_function scopes (events.h, CD_ROLE_SCOPE_*)
+        {"this", &ArgSlots::count},    {"scope", &ArgSlots::peer},
+        {"label", &ArgSlots::out},
     };
     auto it = kSlots.find(arg);
     return it == kSlots.end() ? nullptr : &(s.*(it->second));
+}
+
+// The Python stack goes with the calls a user asks "who issued this" of:
+// collectives, communicator life cycle, c10d methods and scopes.  Ops are
+// many: only with --py-stack ops.
+bool default_py_stack(const SymbolInfo& s) {
+    switch (s.role) {
+    case CD_ROLE_COLLECTIVE:
+    case CD_ROLE_COMM_INIT:
+    case CD_ROLE_COMM_SPLIT:
+    case CD_ROLE_COMM_END:
+    case CD_ROLE_SCOPE_LABEL:
+    case CD_ROLE_SCOPE_BEGIN: return true;
+    default: return s.layer == "c10d";
+    }
 }
 
 template <typename Map>
@@ -135,6 +156,12 @@ SymbolRule parse_rule(const json& j, const std::string& where) {
             *dst = static_cast<uint8_t>(slot.get<int>());
         }
     }
+    if (r.info.tail == CD_TAIL_LABEL && r.info.slots.out == CD_SLOT_NONE)
+        throw SpecError{where + ": \"tail\": \"label\" needs \"args\": {\"label\": N} (the std::string argument)"};
+    if (j.contains("py_stack")) {
+        if (!j["py_stack"].is_boolean()) throw SpecError{where + ": field \"py_stack\" must be true or false"};
+        r.py_stack = j["py_stack"].get<bool>();
+    }
     std::string name_from = str_field(j, "name_from", where, false);
     if (name_from == "aten_op") r.name_from = NameFrom::AtenOp;
     else if (!name_from.empty() && name_from != "symbol")
@@ -203,6 +230,7 @@ Result<ProbeSpec> parse_probe_spec(std::string_view text, const std::string& sou
             SymbolRule r = parse_rule(j["symbols"][i], where + ": symbols[" + std::to_string(i) + "]");
             r.info.layer = s.layer;
             r.info.return_probe = s.return_probes;
+            r.info.py_stack = r.py_stack.value_or(default_py_stack(r.info));
             s.symbols.push_back(std::move(r));
         }
         return s;

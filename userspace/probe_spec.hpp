@@ -28,6 +28,7 @@ struct SymbolRule {
     std::string regex_text;
     SymbolInfo info;                   // role, collective, slots, tail (name/layer filled per symbol)
     NameFrom name_from = NameFrom::Plain;
+    std::optional<bool> py_stack;      // "py_stack" in the spec; unset: by role (default_py_stack)
 };
 
 struct ProbeSpec {

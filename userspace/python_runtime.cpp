@@ -419,7 +419,7 @@ std::optional<Found> find_interpreter(int pid, const std::vector<MapEntry>& maps
         return basename_of(f.path).rfind("libpython", 0) == 0;
     });
     static const std::set<std::string, std::less<>> wanted = {"_PyRuntime", "PyCode_Type", "_Py_NoneStruct",
-                                                              "Py_Version"};
+                                                              "PyCell_Type", "Py_Version"};
     for (const MappedFile& f : files) {
         Found c{f, {}, 0};
         if (std::string e = read_elf_data(f.open_path, wanted, c.elf); !e.empty()) {
@@ -680,6 +680,7 @@ PyDiscovery discover(int pid, const std::string& proc_root) {
     if (s.count("PyCode_Type") == 0 || s.count("_Py_NoneStruct") == 0)
         return fail(Status::unsupported, found->file.path + " lacks PyCode_Type or _Py_NoneStruct in its symbols");
     l.code_type_addr = found->bias + s.at("PyCode_Type"), l.none_addr = found->bias + s.at("_Py_NoneStruct");
+    if (auto it = s.find("PyCell_Type"); it != s.end()) l.cell_type_addr = found->bias + it->second;
     Status st;
     auto failed = [&](Status why, std::string e) {
         return why == Status::error ? read_failure(pid, proc_root, std::move(e)) : fail(why, std::move(e));

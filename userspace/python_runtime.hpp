@@ -23,6 +23,7 @@ struct PyLayout {
     uint64_t key_addr = 0;        // the autoTSSkey's pthread_key_t (an int)
     uint64_t code_type_addr = 0;  // &PyCode_Type: a frame's code object has this ob_type
     uint64_t none_addr = 0;       // &_Py_NoneStruct (3.13 frames with no code point here)
+    uint64_t cell_type_addr = 0;  // &PyCell_Type: a `self` captured by a closure is a cell; 0: not exported
     uint32_t version_hex = 0;     // PY_VERSION_HEX, e.g. 0x030B02F0
     uint32_t key = 0;             // autoTSSkey's value, read from the target
 

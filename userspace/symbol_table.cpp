@@ -27,6 +27,7 @@ uint64_t make_cookie(uint32_t sym_id, const SymbolInfo& s) {
                     on_stack(a.recvbuf);
     c |= static_cast<uint64_t>(counted ? 1 : 0) << 57;
     c |= static_cast<uint64_t>(recorded ? 1 : 0) << 58;
+    c |= static_cast<uint64_t>(s.py_stack ? 1 : 0) << 59;
     return c;
 }
 

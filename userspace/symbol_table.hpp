@@ -36,6 +36,7 @@ struct SymbolInfo {
     ArgSlots slots;
     cd_tail_kind tail = CD_TAIL_NONE;  // tail captured at entry
     bool return_probe = false;         // only for symbols that cannot throw
+    bool py_stack = false;             // records carry the Python stack (cookie bit 59)
 };
 
 uint64_t make_cookie(uint32_t sym_id, const SymbolInfo& s);

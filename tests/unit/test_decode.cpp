@@ -225,3 +225,68 @@ TEST(Decode, ErrorsHaveMessages) {
                    DecodeError::BadTail})
         EXPECT_GT(std::strlen(to_string(e)), 5u);
 }
+
+namespace {
+
+// An entry record with a context tail: `label`, then `frames` Python frames.
+std::vector<uint8_t> context_record(const std::string& label, size_t frames, uint16_t status = CD_PY_OK) {
+    cd_context c{};
+    size_t tail = sizeof(c) + frames * sizeof(cd_py_frame);
+    auto rec = enter_rec();
+    rec.h = header(CD_EV_CALL_ENTER, sizeof(rec) + tail, CD_TAIL_CONTEXT, static_cast<uint16_t>(tail));
+    c.label_len = static_cast<uint16_t>(label.size());
+    std::memcpy(c.label, label.data(), label.size());
+    c.nframes = static_cast<uint16_t>(frames);
+    c.py_status = status;
+    c.flags = CD_CTX_TRUNCATED;
+    auto b = bytes_of(rec, tail);
+    std::memcpy(b.data() + sizeof(rec), &c, sizeof(c));
+    for (size_t i = 0; i < frames; ++i) {
+        cd_py_frame f{0x1000 + i, 0x2000 + i, 0x3000 + i, 0x4000 + i};
+        std::memcpy(b.data() + sizeof(rec) + sizeof(c) + i * sizeof(f), &f, sizeof(f));
+    }
+    return b;
+}
+
+}  // namespace
+
+TEST(Decode, ContextTailCarriesLabelStatusAndFramesInnermostFirst) {
+    auto r = decode(context_record("Optimizer.step#SGD.step", 3));
+    ASSERT_TRUE(r.event) << to_string(r.error);
+    const auto& e = std::get<CallEnter>(*r.event);
+    EXPECT_EQ(e.label, "Optimizer.step#SGD.step");
+    EXPECT_EQ(e.py_status, CD_PY_OK);
+    EXPECT_EQ(e.ctx_flags, CD_CTX_TRUNCATED);
+    ASSERT_EQ(e.py_frames.size(), 3u);
+    EXPECT_EQ(e.py_frames[0].code, 0x1000u);
+    EXPECT_EQ(e.py_frames[2].self, 0x2002u);
+    EXPECT_EQ(e.py_frames[2].self_type, 0x3002u);
+    EXPECT_EQ(e.py_frames[1].instr, 0x4001u);
+    EXPECT_FALSE(e.has_unique_id);
+}
+
+TEST(Decode, AThreadWithoutPythonHasAStatusAndNoFrames) {
+    auto r = decode(context_record("", 0, CD_PY_NO_TSTATE));
+    ASSERT_TRUE(r.event);
+    const auto& e = std::get<CallEnter>(*r.event);
+    EXPECT_EQ(e.py_status, CD_PY_NO_TSTATE);
+    EXPECT_TRUE(e.py_frames.empty());
+    EXPECT_TRUE(e.label.empty());
+}
+
+TEST(Decode, AContextTailThatContradictsItselfIsBadTail) {
+    auto frames_differ = context_record("x", 2);
+    frames_differ[sizeof(cd_call_enter) + 2] = 3;  // nframes 3, length holds 2
+    EXPECT_EQ(decode(frames_differ).error, DecodeError::BadTail);
+    auto long_label = context_record("x", 1);
+    uint16_t too_long = CD_LABEL_MAX + 1;
+    std::memcpy(long_label.data() + sizeof(cd_call_enter), &too_long, sizeof(too_long));
+    EXPECT_EQ(decode(long_label).error, DecodeError::BadTail);
+    auto ragged = context_record("x", 1);
+    ragged.push_back(0);  // a partial frame
+    cd_header h;
+    std::memcpy(&h, ragged.data(), sizeof(h));
+    h.size += 1, h.tail_len += 1;
+    std::memcpy(ragged.data(), &h, sizeof(h));
+    EXPECT_EQ(decode(ragged).error, DecodeError::BadTail);
+}

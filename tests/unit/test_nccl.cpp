@@ -103,7 +103,14 @@ TEST(SymbolTable, CookiePacksEveryFieldWhereEventsHSaysSo) {
     // comm is slot 6, a stack word: counting and records both read the stack.
     EXPECT_EQ(CD_COOKIE_STACK_COUNT(c), 1u);
     EXPECT_EQ(CD_COOKIE_STACK_RECORD(c), 1u);
+    EXPECT_EQ(CD_COOKIE_PY_STACK(c), 0u);
     EXPECT_EQ(c >> 59, 0u);
+    s.py_stack = true;  // bit 59, and nothing above it
+    uint64_t with_stack = make_cookie(0xabcde, s);
+    EXPECT_EQ(CD_COOKIE_PY_STACK(with_stack), 1u);
+    EXPECT_EQ(with_stack >> 60, 0u);
+    EXPECT_EQ(with_stack & ~(uint64_t{1} << 59), c);
+    s.py_stack = false;
     s.return_probe = false;
     EXPECT_EQ(CD_COOKIE_RET(make_cookie(1, s)), 0u);
 }
