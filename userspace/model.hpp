@@ -18,21 +18,34 @@
 // ancestor (or becomes a root); in practice children of a dropped frame are
 // dropped themselves (the budget never frees up, and they are deeper), so
 // this only matters for frames left open across a window reset().
+//
+// Framework context (py_context.hpp): a record's Python stack is resolved
+// when it is ingested and interned per process (frames and whole stacks are
+// shared).  From the stacks the model keeps each thread's open context chain
+// -- record_function scopes and nn.Module calls, ordered by Python stack
+// depth -- and opens a Scope or Module record for each link, so what ran
+// inside nests under it.  Module calls have no probe of their own: a module
+// is opened when a record's stack first shows it and closed (end inferred)
+// when a later record's stack no longer does.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "events.hpp"
 #include "limits.hpp"
+#include "py_context.hpp"
 #include "symbol_table.hpp"
 
 namespace commdbg {
@@ -44,11 +57,16 @@ struct ModelLimits {
 
 // Collective: role COLLECTIVE and the communicator lifecycle (COMM_INIT /
 // SPLIT / END, with coll NONE: shown by name).  Op: OP and OTHER.
-// Module: ANNOTATION.
-enum class RecordKind : uint8_t { Collective, Op, Module };
-const char* to_string(RecordKind k);  // "Collective", "Op", "Module"
+// Module: an nn.Module call seen in the Python stacks (ctx set), or a record of
+// role ANNOTATION.  Scope: a record_function(USER_SCOPE) scope.
+enum class RecordKind : uint8_t { Collective, Op, Module, Scope };
+const char* to_string(RecordKind k);  // "Collective", "Op", "Module", "Scope"
 
 inline constexpr uint32_t kNoRecord = 0xffffffffu;
+inline constexpr uint32_t kNoStack = 0xffffffffu;  // Record::stack: no Python stack captured
+inline constexpr uint32_t kNoCtx = 0xffffffffu;    // Record::ctx: not a context record
+inline constexpr uint32_t kNoSym = 0xffffffffu;    // Record::sym of a module record: no probe
+inline constexpr uint64_t kUserScope = 7;          // at::RecordScope::USER_SCOPE
 
 // Which optional fields of a Record hold a value.
 enum RecordFlag : uint16_t {
@@ -66,6 +84,7 @@ enum RecordFlag : uint16_t {
     kHasRecvBuf = 1u << 11,  // recvbuf: receive buffer address
     kEndAtExit = 1u << 12,   // with kEndInferred: still open when the process exited, so
                              // end_ns is the exit -- a bound, not when the call returned
+    kBackward = 1u << 13,    // a module record: it ran on behalf of gradients (autograd)
 };
 
 // One retained call.  Compact on purpose (the budget is 200k per process):
@@ -87,6 +106,8 @@ struct Record {
     uint32_t parent = kNoRecord;
     uint32_t first_child = kNoRecord;
     uint32_t next_sibling = kNoRecord;
+    uint32_t stack = kNoStack;  // ProcessTree::py_stack(): the caller's Python stack
+    uint32_t ctx = kNoCtx;      // Scope: its label (text id); Module from frames: module_info id
     uint32_t dtype = 0;     // kHasDtype: raw ncclDataType_t
     uint32_t redop = 0;     // kHasRedop: raw ncclRedOp_t
     int32_t peer = 0;       // kHasPeer: root or peer rank (init: rank, split: color)
@@ -97,8 +118,8 @@ struct Record {
 
     bool has(uint16_t f) const { return (flags & f) != 0; }
 };
-// 110 bytes of fields, no padding beyond the tail: 112.
-static_assert(sizeof(Record) <= 112, "Record is the unit of the memory budget");
+// 118 bytes of fields, no padding beyond the tail: 120.
+static_assert(sizeof(Record) <= 120, "Record is the unit of the memory budget");
 
 // Host enqueue time of a return-probed call (NCCL is asynchronous: this is
 // the time to enqueue on the host, never GPU time).  nullopt when no CallExit.
@@ -149,6 +170,45 @@ public:
     // Heap bytes held by this tree (vector capacities, thread state).
     size_t memory_bytes() const;
 
+    // ---- framework context, interned per process ----
+    struct PyFrameRow {
+        uint32_t qualname = 0, file = 0;  // text ids
+        uint32_t line = 0;
+        bool known = false;
+        bool library = false;
+    };
+    struct PyStack {
+        uint32_t first = 0;  // into the stack frame list
+        uint16_t len = 0;
+        uint16_t status = CD_PY_NONE;  // cd_py_status
+        uint16_t flags = 0;            // CD_CTX_*
+    };
+    struct ModuleInfo {
+        uint32_t fqn = 0, module_class = 0;  // text ids
+    };
+    std::string_view text(uint32_t id) const { return *texts_[id]; }
+    const PyFrameRow& py_frame(uint32_t id) const { return frame_rows_[id]; }
+    const PyStack& py_stack(uint32_t id) const { return stacks_[id]; }
+    // The frame ids of a stack, innermost first.
+    std::span<const uint32_t> py_stack_frames(const PyStack& s) const {
+        return {stack_frames_.data() + s.first, s.len};
+    }
+    size_t py_stack_count() const { return stacks_.size(); }
+    size_t py_frame_count() const { return frame_rows_.size(); }
+    // A scope's label or a module record's dotted path ("<root>" for the
+    // root); "" for other records.
+    std::string_view context_name(const Record& r) const;
+    std::string_view module_class(const Record& r) const;  // "" unless a module record from frames
+
+    // Collectives under each module: every collective-role record counted
+    // under every module record enclosing it (transitively), the outermost
+    // collective of a nest only (c10d allreduce, not the NCCL call inside).
+    // Keyed by module path, then by coll_key.
+    struct ModuleCommCounts {
+        std::map<std::string, uint64_t> forward, backward;
+    };
+    std::map<std::string, ModuleCommCounts> module_comm_counts() const;
+
 private:
     friend class TraceModel;
 
@@ -164,14 +224,44 @@ private:
         uint64_t enter_ts;
         uint32_t rec;  // kNoRecord when dropped: its exit is still consumed
     };
+    // One link of a thread's open context chain, outermost first.
+    struct CtxLink {
+        uint64_t key;         // scope: the RecordFunction's `this`; module: the module object
+        uint32_t depth;       // Python stack depth, for ordering (see update_context)
+        uint32_t rec;         // kNoRecord: not retained
+        uint32_t last_child;  // for O(1) in-order append
+        bool scope;
+        bool backward;
+    };
     struct ThreadState {
         std::vector<Frame> stack;
         std::vector<PendingLeaf> pending;
+        std::vector<CtxLink> ctx;
+        std::string pending_label;  // the latest SCOPE_LABEL not yet taken by a scope
+        bool has_label = false;
         bool seen = false;  // emitted an event in this window
+    };
+    struct FrameKey {
+        uint32_t qualname, file, line;
+        bool known, library;
+        bool operator==(const FrameKey&) const = default;
+    };
+    struct FrameKeyHash {
+        size_t operator()(const FrameKey& k) const;
+    };
+    struct TextHash {
+        using is_transparent = void;
+        size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
     };
 
     ThreadState& thread(uint32_t tid);
     uint32_t append(Record r, ThreadState& th);
+    void end_link(const CtxLink& l, uint64_t ts, bool inferred);
+    uint32_t intern_text(std::string_view s);
+    uint32_t intern_frame(const PyFrameInfo& f);
+    uint32_t intern_stack(std::span<const PyFrameInfo* const> frames, uint16_t status, uint16_t flags);
+    uint32_t intern_module(std::string_view fqn, std::string_view cls);
+    bool nested_in_collective(const Record& r) const;
     void close_all(uint64_t ts);
     void reset_window();
 
@@ -190,12 +280,28 @@ private:
     uint64_t nested_collectives_ = 0;
     std::optional<uint32_t> parent_pid_;
     std::optional<int32_t> exit_code_;
+
+    // Interned context: cleared with the records (reset_window).
+    std::unordered_map<std::string, uint32_t, TextHash, std::equal_to<>> text_index_;
+    std::vector<const std::string*> texts_;  // keys of text_index_ (nodes: stable)
+    std::unordered_map<FrameKey, uint32_t, FrameKeyHash> frame_index_;
+    std::vector<PyFrameRow> frame_rows_;
+    std::unordered_multimap<uint64_t, uint32_t> stack_index_;  // content hash -> stack id
+    std::vector<PyStack> stacks_;
+    std::vector<uint32_t> stack_frames_;
+    std::map<std::pair<uint32_t, uint32_t>, uint32_t> module_index_;
+    std::vector<ModuleInfo> modules_;
+    uint64_t last_root_ = 0;  // the outermost module of the last forward stack: FQNs start there
 };
 
 class TraceModel {
 public:
     TraceModel(const SymbolTable& syms, ModelLimits limits);
     explicit TraceModel(const SymbolTable& syms) : TraceModel(syms, ModelLimits{}) {}
+
+    // Names Python frames and module paths; null: stacks are kept as
+    // "<unknown>" frames and no modules are seen.  Must outlive the model.
+    void set_resolver(PyContextResolver* r) { resolver_ = r; }
 
     void on_event(const Event& ev);
     // Window reset: records, counts and drops are cleared and exited processes
@@ -212,9 +318,38 @@ private:
     ProcessTree& proc(uint32_t tgid);
     void on_enter(const CallEnter& e);
     void on_exit(const CallExit& e);
+    void pop_returned(ProcessTree& p, ProcessTree::ThreadState& th, const CallEnter& e);
+    uint32_t add_call(ProcessTree& p, ProcessTree::ThreadState& th, const CallEnter& e, const SymbolInfo& info);
+    bool admit(ProcessTree& p, const ProcessTree::ThreadState& th);
+    void resolve_frames(const CallEnter& e);
+    void update_context(ProcessTree& p, ProcessTree::ThreadState& th, const CallEnter& e);
+    void want_modules(ProcessTree& p);
+    void open_module(ProcessTree& p, ProcessTree::ThreadState& th, const CallEnter& e, size_t want);
+    void on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const CallEnter& e, const SymbolInfo& info);
+    void begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const CallEnter& e, const SymbolInfo& info);
+    void end_scope(ProcessTree& p, ProcessTree::ThreadState& th, uint64_t self, uint64_t ts);
+
+    // A module the current record's stack shows, outermost first.
+    struct WantModule {
+        uint64_t module;
+        uint32_t depth;
+        bool backward;
+        const PyFrameInfo* frame;
+    };
+    // A link of the chain a record's stack asks for: an open scope (index
+    // into the thread's chain) or a module (index into want_).
+    struct Desired {
+        bool scope;
+        uint32_t idx;
+    };
 
     const SymbolTable& syms_;
     ModelLimits limits_;
+    PyContextResolver* resolver_ = nullptr;
+    // Scratch of on_enter, kept for its capacity.
+    std::vector<const PyFrameInfo*> frames_;  // the record's frames, resolved, innermost first
+    std::vector<WantModule> want_;
+    std::vector<Desired> desired_;
     std::unordered_map<uint32_t, std::unique_ptr<ProcessTree>> procs_;
     uint32_t last_tgid_ = 0;
     ProcessTree* last_proc_ = nullptr;
