@@ -118,6 +118,12 @@ void collective_fields(const Record& r, const ProcessReport& p, Fields& f) {
 
 std::vector<CallField> call_fields(const Record& r, const ProcessReport& p, const SymbolTable& syms) {
     Fields f;
+    if (r.kind == RecordKind::Module && r.ctx != kNoCtx && p.tree) {
+        f.json("module_fqn", FieldType::Text, 0, 0, std::string(p.tree->context_name(r)));
+        f.json("module_class", FieldType::Text, 0, 0, std::string(p.tree->module_class(r)));
+        f.json("event_type", FieldType::Text, 0, 0, r.has(kBackward) ? "backward" : "forward");
+        return std::move(f.out);
+    }
     if (r.kind != RecordKind::Collective) return {};
     cd_role role = record_role(r, syms);
     if (role == CD_ROLE_COMM_INIT || role == CD_ROLE_COMM_SPLIT || role == CD_ROLE_COMM_END)

@@ -53,7 +53,8 @@ struct CallField {
 };
 
 // The fields of a collective-kind record (collectives and the communicator
-// lifecycle), in JSON order; empty for other kinds.
+// lifecycle) or of a module record seen in Python stacks (module_fqn,
+// module_class, event_type), in JSON order; empty for other kinds.
 std::vector<CallField> call_fields(const Record& r, const ProcessReport& p, const SymbolTable& syms);
 
 // A field's value as JSON / table text.

@@ -21,6 +21,7 @@ const char* json_type(RecordKind k) {
     case RecordKind::Collective: return "collective";
     case RecordKind::Op: return "op";
     case RecordKind::Module: return "module";
+    case RecordKind::Scope: return "scope";
     }
     return "op";
 }
@@ -41,6 +42,10 @@ public:
         ordered_json bytes = ordered_json::object();
         for (const auto& [k, v] : comm_bytes(p_, syms_)) bytes[k] = v;
         j["comm_bytes"] = std::move(bytes);
+        if (p_.tree) {
+            if (auto by_module = module_counts_json(*p_.tree); !by_module.empty())
+                j["module_comm_counts"] = std::move(by_module);
+        }
         ordered_json counters = ordered_json::array();
         for (const CounterRow* c : sorted_counters(p_, syms_)) counters.push_back(counter_json(*c));
         j["counters"] = std::move(counters);
@@ -108,6 +113,18 @@ public:
     }
 
 private:
+    // Collectives per module path, forward and backward (an empty side is omitted).
+    static ordered_json module_counts_json(const ProcessTree& t) {
+        ordered_json out = ordered_json::object();
+        for (const auto& [fqn, c] : t.module_comm_counts()) {
+            ordered_json m = ordered_json::object();
+            if (!c.forward.empty()) m["forward"] = c.forward;
+            if (!c.backward.empty()) m["backward"] = c.backward;
+            out[fqn] = std::move(m);
+        }
+        return out;
+    }
+
     // One exact kernel counter row.
     ordered_json counter_json(const CounterRow& c) const {
         ordered_json o;
@@ -149,14 +166,15 @@ private:
         }
         ordered_json o;
         o["type"] = json_type(r.kind);
-        o["name"] = record_name(r, syms_);
-        o["layer"] = record_layer(r, syms_);
-        if (r.kind == RecordKind::Collective) collective_json(r, p_, syms_, o);
+        o["name"] = record_name(r, p_, syms_);
+        o["layer"] = record_layer(r, p_, syms_);
+        collective_json(r, p_, syms_, o);
         o["tid"] = r.tid;
         o["start_ns"] = r.start_ns;
         o["end_ns"] = r.end_ns ? ordered_json(r.end_ns) : ordered_json(nullptr);
         if (r.has(kEndInferred)) o["end_inferred"] = true;
         if (r.has(kEndAtExit)) o["end_at_exit"] = true;
+        py_stack_json(r, *p_.tree, o);
         ordered_json children = ordered_json::array();
         for (uint32_t c = r.first_child; c != kNoRecord; c = recs[c].next_sibling)
             append(c, children);

@@ -24,6 +24,7 @@ const char* kind_color(RecordKind k) {
     case RecordKind::Collective: return "\x1b[1;33m";
     case RecordKind::Op: return "\x1b[36m";
     case RecordKind::Module: return "\x1b[35m";
+    case RecordKind::Scope: return "\x1b[34m";
     }
     return "";
 }
@@ -149,9 +150,28 @@ private:
             emit(c, child_level);
     }
 
-    // The name, then the call's fields (call_fields.hpp) in table order.
+    // "scope NAME", "module PATH (Class) forward", or the name, then the
+    // call's fields (call_fields.hpp) in table order; from level 2, where in
+    // the Python code it was made.
     std::string detail(const Record& r) const {
-        std::string d(record_name(r, syms_));
+        std::string d = context_detail(r);
+        if (d.empty()) d = record_name(r, syms_);
+        fields_detail(r, d);
+        if (noise_ >= 2) {
+            if (std::string at = py_location(r, *p_.tree); !at.empty()) d += " at " + at;
+        }
+        return d;
+    }
+
+    std::string context_detail(const Record& r) const {
+        if (r.ctx == kNoCtx) return {};
+        std::string name(p_.tree->context_name(r));
+        if (r.kind == RecordKind::Scope) return "scope " + name;
+        std::string cls(p_.tree->module_class(r));
+        return "module " + name + (cls.empty() ? "" : " (" + cls + ")") + (r.has(kBackward) ? " backward" : " forward");
+    }
+
+    void fields_detail(const Record& r, std::string& d) const {
         auto fields = call_fields(r, p_, syms_);
         std::stable_sort(fields.begin(), fields.end(),
                          [](const CallField& a, const CallField& b) { return a.table_order < b.table_order; });
@@ -165,7 +185,6 @@ private:
             std::string kv = std::string(f.table_key) + "=" + value;
             d += " " + (f.show == TableShow::Warn && f.i != 0 ? paint(kWarn, kv) : kv);
         }
-        return d;
     }
 
     const ProcessReport& p_;

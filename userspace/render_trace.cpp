@@ -81,19 +81,20 @@ private:
         if (hi != kNone) end = std::min(end, hi);
         end = std::max(end, start);
 
-        json ev = {{"name", record_name(r, syms_)},
-                   {"cat", record_layer(r, syms_)},
+        json ev = {{"name", record_name(r, p_, syms_)},
+                   {"cat", record_layer(r, p_, syms_)},
                    {"ph", "X"},
                    {"ts", static_cast<double>(start) / 1000.0},
                    {"dur", static_cast<double>(end - start) / 1000.0},
                    {"pid", p_.pid},
                    {"tid", r.tid}};
         json args = json::object();
-        if (r.kind == RecordKind::Collective) collective_json(r, p_, syms_, args);
+        collective_json(r, p_, syms_, args);
         if (!end_known(r)) args["end_unknown"] = true;
         if (r.has(kEndInferred)) args["end_inferred"] = true;
         if (r.has(kEndAtExit)) args["end_at_exit"] = true;
         if (r.has(kReturnProbed)) args["duration_is"] = "host enqueue time, not GPU time";
+        py_stack_json(r, *p_.tree, args);
         ev["args"] = std::move(args);
         emit_(std::move(ev));
 

@@ -42,7 +42,8 @@ bool is_trivial_op(std::string_view name) {
 bool record_visible(const Record& r, const SymbolTable& syms, int noise_level) {
     switch (r.kind) {
     case RecordKind::Collective: return true;
-    case RecordKind::Module: return noise_level >= 2;
+    case RecordKind::Module:
+    case RecordKind::Scope: return noise_level >= 2;
     case RecordKind::Op:
         if (noise_level < 1) return false;
         if (noise_level >= 3) return true;
@@ -119,6 +120,48 @@ std::string_view record_name(const Record& r, const SymbolTable& syms) {
 std::string_view record_layer(const Record& r, const SymbolTable& syms) {
     const SymbolInfo* s = syms.find(r.sym);
     return s ? std::string_view(s->layer) : std::string_view("?");
+}
+
+std::string_view record_name(const Record& r, const ProcessReport& p, const SymbolTable& syms) {
+    if (r.ctx != kNoCtx && p.tree) return p.tree->context_name(r);
+    return record_name(r, syms);
+}
+
+std::string_view record_layer(const Record& r, const ProcessReport& p, const SymbolTable& syms) {
+    if (r.kind == RecordKind::Module && r.ctx != kNoCtx) return "python";
+    return record_layer(r, syms);
+}
+
+template <typename Json>
+void py_stack_json(const Record& r, const ProcessTree& t, Json& o) {
+    if (r.stack == kNoStack) return;
+    const ProcessTree::PyStack& s = t.py_stack(r.stack);
+    Json frames = Json::array();
+    for (uint32_t id : t.py_stack_frames(s)) {
+        const ProcessTree::PyFrameRow& f = t.py_frame(id);
+        Json fj = Json::object();
+        fj["qualname"] = std::string(t.text(f.qualname));
+        fj["file"] = std::string(t.text(f.file));
+        fj["line"] = f.line;
+        frames.push_back(std::move(fj));
+    }
+    o["py_stack"] = std::move(frames);
+    if (s.flags & CD_CTX_TRUNCATED) o["py_stack_truncated"] = true;
+    if (s.status == CD_PY_FAULT) o["py_stack_partial"] = true;
+}
+
+template void py_stack_json(const Record&, const ProcessTree&, nlohmann::ordered_json&);
+template void py_stack_json(const Record&, const ProcessTree&, nlohmann::json&);
+
+std::string py_location(const Record& r, const ProcessTree& t) {
+    if (r.stack == kNoStack) return {};
+    for (uint32_t id : t.py_stack_frames(t.py_stack(r.stack))) {
+        const ProcessTree::PyFrameRow& f = t.py_frame(id);
+        if (f.library) continue;
+        if (t.text(f.file).empty()) return std::string(t.text(f.qualname));  // "<unknown>": freed or unreadable
+        return std::string(t.text(f.file)) + ":" + std::to_string(f.line) + " " + std::string(t.text(f.qualname));
+    }
+    return {};
 }
 
 cd_role record_role(const Record& r, const SymbolTable& syms) {

@@ -22,7 +22,8 @@ namespace commdbg {
 // Noise levels (CommDebugMode's idea, our layers):
 //   0 collectives (and communicator lifecycle) only
 //   1 + framework ops (default)
-//   2 + module annotations
+//   2 + module annotations, record_function scopes, nn.Module calls and
+//       where in the Python code each record was made
 //   3 + trivial ops (views, detach, copies, allocations: see is_trivial_op)
 // A hidden record's visible children move up to its level.
 inline constexpr int kDefaultNoiseLevel = 1;
@@ -76,6 +77,18 @@ struct Elements {
 std::optional<Elements> record_elements(const Record& r, int32_t nranks);
 std::string_view record_name(const Record& r, const SymbolTable& syms);
 std::string_view record_layer(const Record& r, const SymbolTable& syms);
+// The same, for context records too: a scope's label, a module's path (layer
+// "python"); the tree holds their names.
+std::string_view record_name(const Record& r, const ProcessReport& p, const SymbolTable& syms);
+std::string_view record_layer(const Record& r, const ProcessReport& p, const SymbolTable& syms);
+// The record's Python stack as "py_stack" (innermost first, [] for a thread
+// without Python), with "py_stack_truncated" / "py_stack_partial" when so;
+// nothing when the record captured none.  Instantiated for both json types.
+template <typename Json>
+void py_stack_json(const Record& r, const ProcessTree& t, Json& o);
+// "FILE:LINE QUALNAME" of the innermost frame of the record's stack that is
+// not the runtime's or torch's own; "" when none.
+std::string py_location(const Record& r, const ProcessTree& t);
 cd_role record_role(const Record& r, const SymbolTable& syms);  // CD_ROLE_OTHER if unknown
 // ncclCommInitAll: its "nranks" slot is the device count (shown as ndev).
 bool is_init_all(const Record& r, const SymbolTable& syms);
@@ -83,8 +96,9 @@ bool is_init_all(const Record& r, const SymbolTable& syms);
 std::vector<const ProcessReport*> by_pid(const std::vector<ProcessReport>& ps);
 // The counters in output order: stable by (symbol name, comm, dtype).
 std::vector<const CounterRow*> sorted_counters(const ProcessReport& p, const SymbolTable& syms);
-// The collective fields of a record ("collective", "group_size", "comm", ...),
-// shared by the JSON dump and the trace's args; instantiated for both json types.
+// The fields of a record (call_fields: "collective", "group_size", "comm", ...;
+// a module's "module_fqn", ...), shared by the JSON dump and the trace's args;
+// instantiated for both json types.
 template <typename Json>
 void collective_json(const Record& r, const ProcessReport& p, const SymbolTable& syms, Json& o);
 }  // namespace report_detail

@@ -86,6 +86,10 @@ uint64_t total_counts(const ProcessReport& p, const SymbolTable& syms) {
     return sum > nested ? sum - nested : 0;
 }
 
+std::map<std::string, ProcessTree::ModuleCommCounts> module_comm_counts(const ProcessReport& p) {
+    return p.tree ? p.tree->module_comm_counts() : std::map<std::string, ProcessTree::ModuleCommCounts>{};
+}
+
 const CommInfo* find_comm(const ProcessReport& p, uint64_t ptr) {
     for (auto it = p.comms.rbegin(); it != p.comms.rend(); ++it)
         if (it->ptr == ptr) return &*it;

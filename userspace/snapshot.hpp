@@ -91,6 +91,10 @@ std::map<std::string, uint64_t> comm_bytes(const ProcessReport& p, const SymbolT
 // model saw nested in another collective (c10d allreduce -> ncclAllReduce).
 uint64_t total_counts(const ProcessReport& p, const SymbolTable& syms);
 
+// Collectives per module path (ProcessTree::module_comm_counts); empty when
+// the process has no records.
+std::map<std::string, ProcessTree::ModuleCommCounts> module_comm_counts(const ProcessReport& p);
+
 // The communicator at `ptr` (pointers are reused after a destroy: the most
 // recent wins), or nullptr.
 const CommInfo* find_comm(const ProcessReport& p, uint64_t ptr);
