@@ -33,7 +33,8 @@ std::string daemon_error_for_user(int pid, std::string error) {
     static const std::pair<const char*, const char*> kOptionOf[] = {
         {"field \"duration_s\"", "--duration"},    {"field \"noise_level\"", "--noise-level"},
         {"field \"max_records\"", "--max-records"}, {"field \"max_depth\"", "--max-depth"},
-        {"field \"ringbuf_kb\"", "--ringbuf-kb"},   {"field \"probes\"", "--probes"}};
+        {"field \"ringbuf_kb\"", "--ringbuf-kb"},   {"field \"probes\"", "--probes"},
+        {"field \"py_stack\"", "--py-stack"},     {"field \"py_depth\"", "--py-depth"}};
     for (const auto& [field, option] : kOptionOf)
         if (error.rfind(field, 0) == 0) error.replace(0, std::string(field).size(), option);
     return error;
@@ -48,7 +49,9 @@ nlohmann::json attach_request(const AttachOptions& o) {
                           {"max_depth", o.trace.max_depth},
                           {"counts_only", o.trace.counts_only},
                           {"follow", !o.no_follow},
-                          {"ringbuf_kb", o.trace.ringbuf_kb}};
+                          {"ringbuf_kb", o.trace.ringbuf_kb},
+                          {"py_stack", o.trace.py_stack},
+                          {"py_depth", o.trace.py_depth}};
     // Only what this client writes: the rest would be rendered and sent for nothing.
     nlohmann::json outputs = nlohmann::json::array();
     if (!o.trace.json_file.empty()) outputs.push_back("json");

@@ -57,6 +57,15 @@ void add_trace_options(CLI::App* app, TraceCliOptions& o) {
                     "Probe specs to use: built-in names (see `commdbg probes list`) or JSON files; default: all built-ins")
         ->delimiter(',');
     app->add_flag("--counts-only", o.counts_only, "Exact counters only, no per-call records (lowest overhead)");
+    app->add_option("--py-stack", o.py_stack,
+                    "Python stacks in records: off, default (collectives, c10d calls, record_function scopes) "
+                    "or ops (also every ATen op)")
+        ->check(CLI::IsMember({"off", "default", "ops"}));
+    app->add_option("--py-depth", o.py_depth,
+                    "Python frames captured per record, innermost first (default " +
+                        std::to_string(CD_DEFAULT_PY_FRAMES) + ", at most " + std::to_string(CD_MAX_PY_FRAMES) +
+                        "); deeper stacks are marked truncated")
+        ->check(integer_in(1, CD_MAX_PY_FRAMES));
 }
 
 SessionOptions session_options(const TraceCliOptions& o) {
@@ -66,6 +75,8 @@ SessionOptions session_options(const TraceCliOptions& o) {
     s.limits.max_depth = o.max_depth;
     s.probes = o.probes;
     s.records = !o.counts_only;
+    s.py_stack = parse_py_stack_mode(o.py_stack).value_or(PyStackMode::Default);
+    s.py_depth = o.py_depth;
     return s;
 }
 

@@ -26,6 +26,8 @@ struct TraceCliOptions {
     size_t ringbuf_kb = limits::kDefaultRingbufKb;
     std::vector<std::string> probes;
     bool counts_only = false;
+    std::string py_stack = "default";
+    uint32_t py_depth = CD_DEFAULT_PY_FRAMES;
     // Which outputs the user named (`--json ""` is named, and an error).
     CLI::Option* json_opt = nullptr;
     CLI::Option* table_opt = nullptr;

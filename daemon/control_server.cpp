@@ -268,6 +268,8 @@ SessionOptions session_options(const Request& req) {
     so.probes = req.probes;
     so.records = !req.counts_only;
     so.ringbuf_bytes = req.ringbuf_kb * 1024;
+    so.py_stack = req.py_stack;
+    so.py_depth = req.py_depth;
     return so;
 }
 

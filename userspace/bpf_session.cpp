@@ -162,6 +162,14 @@ void BpfSession::untrace_process(uint32_t tgid) {
     bpf_map__delete_elem(skel_->maps.traced, &tgid, sizeof(tgid), 0);
 }
 
+Result<bool> BpfSession::set_python(uint32_t tgid, const cd_py_cfg& cfg) {
+    if (bpf_map__update_elem(skel_->maps.py_procs, &tgid, sizeof(tgid), &cfg, sizeof(cfg), BPF_ANY))
+        return Result<bool>::fail(bpf_error_message("commdbg: enabling Python stacks for pid " + std::to_string(tgid), errno));
+    return true;
+}
+
+void BpfSession::clear_python(uint32_t tgid) { bpf_map__delete_elem(skel_->maps.py_procs, &tgid, sizeof(tgid), 0); }
+
 bool BpfSession::is_traced(uint32_t tgid) const {
     uint32_t flags = 0;
     return bpf_map__lookup_elem(skel_->maps.traced, &tgid, sizeof(tgid), &flags, sizeof(flags), 0) == 0;

@@ -78,6 +78,10 @@ public:
     Result<bool> trace_process(uint32_t tgid, uint32_t flags);
     void untrace_process(uint32_t tgid);
     bool is_traced(uint32_t tgid) const;
+    // How the kernel walks `tgid`'s Python frames (records of py_stack
+    // symbols then carry its stack); cleared when it exits.
+    Result<bool> set_python(uint32_t tgid, const cd_py_cfg& cfg);
+    void clear_python(uint32_t tgid);
 
     void set_event_handler(EventHandler h) { handler_ = std::move(h); }
     // Delivers ready records to the handler; returns how many, or -errno.

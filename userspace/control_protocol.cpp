@@ -126,7 +126,7 @@ const OpFields kOpFields[] = {
     {"status", {}},
     {"counts", {"pid", "by_comm"}},
     {"attach", {"pid", "duration_s", "noise_level", "max_records", "max_depth", "probes",
-                "counts_only", "ringbuf_kb", "outputs", "follow"}},
+                "counts_only", "ringbuf_kb", "outputs", "follow", "py_stack", "py_depth"}},
     {"sessions", {}},
     {"detach", {"id"}},
 };
@@ -155,6 +155,16 @@ std::optional<std::string> fill_field(Request& r, const std::string& key, const 
         auto n = get_uint(v, 1, hi);
         if (!n) return field_error(op, key, ("must be an integer from 1 to " + std::to_string(hi)).c_str());
         (records ? r.max_records : r.max_depth) = static_cast<size_t>(*n);
+    } else if (key == "py_stack") {
+        const char* what = "must be \"off\", \"default\" or \"ops\"";
+        if (!v.is_string()) return field_error(op, key, what);
+        auto mode = parse_py_stack_mode(v.get<std::string>());
+        if (!mode) return field_error(op, key, what);
+        r.py_stack = *mode;
+    } else if (key == "py_depth") {
+        auto n = get_uint(v, 1, CD_MAX_PY_FRAMES);
+        if (!n) return field_error(op, key, ("must be an integer from 1 to " + std::to_string(CD_MAX_PY_FRAMES)).c_str());
+        r.py_depth = static_cast<uint32_t>(*n);
     } else if (key == "ringbuf_kb") {
         auto n = get_uint(v, limits::kMinRingbufKb, limits::kMaxRingbufKb);
         if (!n)

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "limits.hpp"
+#include "py_config.hpp"
 #include "result.hpp"
 
 namespace commdbg {
@@ -60,6 +61,8 @@ struct Request {
     bool counts_only = false;
     bool follow = true;  // trace the children the target forks (false: note each fork)
     size_t ringbuf_kb = limits::kDefaultRingbufKb;  // the session's kernel ring buffer
+    PyStackMode py_stack = PyStackMode::Default;
+    uint32_t py_depth = CD_DEFAULT_PY_FRAMES;       // 1..CD_MAX_PY_FRAMES
     // What the reply carries besides the plain table ("outputs": names from
     // "json", "trace", "table_color"; absent: all of them).
     bool want_json = true, want_trace = true, want_table_color = true;

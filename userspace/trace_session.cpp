@@ -23,6 +23,21 @@ std::string describe_pid(int pid) {
     return "pid " + std::to_string(pid) + " (" + cmd + ")";
 }
 
+namespace {
+
+// --py-stack off: no symbol walks; ops: ops walk too (the specs' defaults
+// leave them out, they are many).
+void apply_py_stack_mode(std::vector<ProbeSpec>& specs, PyStackMode mode) {
+    for (ProbeSpec& s : specs)
+        for (SymbolRule& r : s.symbols) {
+            if (mode == PyStackMode::Off) r.info.py_stack = false;
+            if (mode == PyStackMode::Ops && r.info.role == CD_ROLE_OP && !r.py_stack.has_value())
+                r.info.py_stack = true;
+        }
+}
+
+}  // namespace
+
 Result<std::unique_ptr<TraceSession>> TraceSession::create(const SessionOptions& opts) {
     using R = Result<std::unique_ptr<TraceSession>>;
     std::vector<std::string> spec_errors;
@@ -32,6 +47,7 @@ Result<std::unique_ptr<TraceSession>> TraceSession::create(const SessionOptions&
         for (const auto& e : spec_errors) msg += "\n  " + e;
         return R::fail(msg);
     }
+    apply_py_stack_mode(specs, opts.py_stack);
     auto guard = std::make_unique<ResumeGuard>();
     auto bpf = BpfSession::open(BpfOptions{opts.ringbuf_bytes});
     if (!bpf) return R::fail(bpf.error());
@@ -49,6 +65,7 @@ TraceSession::TraceSession(std::unique_ptr<ResumeGuard> guard, std::unique_ptr<B
       model_(symbols_, opts.limits),
       opts_(opts) {
     bpf_->set_event_handler([this](std::span<const uint8_t> b) { on_record(b); });
+    if (opts_.py_stack != PyStackMode::Off && opts_.records) model_.set_resolver(&resolver_);
 }
 
 TraceSession::~TraceSession() {
@@ -133,7 +150,37 @@ Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
     bpf_->set_armed(true);
     p.libraries.insert(scan_result->libraries.begin(), scan_result->libraries.end());
     for (auto& n : scan_result->notes) messages_.push_back(std::move(n));
+    setup_python(p);
     return true;
+}
+
+// Python stacks need the interpreter initialised (its thread-state key set):
+// tried at attach and at each loader change (an import loads a C extension
+// soon after start), a bounded number of times.
+void TraceSession::setup_python(TracedProcess& p) {
+    static constexpr uint32_t kMaxTries = 16;
+    if (opts_.py_stack == PyStackMode::Off || !opts_.records || p.python_ready || p.python_tries >= kMaxTries) return;
+    ++p.python_tries;
+    PyDiscovery d = discover_python(static_cast<int>(p.pid));
+    if (d.status == PyDiscovery::Status::not_python) return;
+    if (!d.ok()) {
+        // Not initialised yet (a `run` that starts the interpreter): later.
+        if (p.python_tries == kMaxTries || d.status == PyDiscovery::Status::unsupported)
+            p.notes.push_back("no Python stacks for pid " + std::to_string(p.pid) + ": " + d.reason);
+        if (d.status == PyDiscovery::Status::unsupported) p.python_tries = kMaxTries;
+        return;
+    }
+    auto cfg = py_walk_config(d.layout, opts_.py_depth);
+    if (cfg) {
+        if (auto set = bpf_->set_python(p.pid, *cfg); !set) cfg = Result<cd_py_cfg>::fail(set.error());
+    }
+    if (!cfg) {
+        p.notes.push_back("no Python stacks for pid " + std::to_string(p.pid) + ": " + cfg.error());
+        p.python_tries = kMaxTries;
+        return;
+    }
+    resolver_.adopt(p.pid, d);
+    p.python_ready = true;
 }
 
 void TraceSession::scan(uint32_t pid) {
@@ -145,6 +192,7 @@ void TraceSession::scan(uint32_t pid) {
         p.command = info->cmdline.empty() ? info->comm : info->cmdline;
     p.libraries.insert(r->libraries.begin(), r->libraries.end());
     for (auto& n : r->notes) messages_.push_back(std::move(n));
+    setup_python(p);
 }
 
 void TraceSession::on_record(std::span<const uint8_t> bytes) noexcept {
@@ -196,6 +244,7 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
             it->second.exited = true;
             it->second.exit_code = x->exit_code;
         }
+        bpf_->clear_python(x->tgid);
     } else if (const CallEnter* e = entry_of(ev)) {
         // A thread's name is read while it runs: at the report it may be gone.
         auto it = procs_.find(e->tgid);

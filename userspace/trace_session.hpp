@@ -15,6 +15,8 @@
 #include "bpf_session.hpp"
 #include "model.hpp"
 #include "probe_attach.hpp"
+#include "py_config.hpp"
+#include "py_objects.hpp"
 #include "report.hpp"
 #include "result.hpp"
 #include "resume_guard.hpp"
@@ -27,6 +29,8 @@ struct SessionOptions {
     ModelLimits limits;
     std::vector<std::string> probes;  // spec names or files; empty: every built-in
     bool records = true;              // ring-buffer records (off: counters only)
+    PyStackMode py_stack = PyStackMode::Default;  // where records carry the Python stack
+    uint32_t py_depth = CD_DEFAULT_PY_FRAMES;     // frames walked per record, innermost first
 };
 
 struct TracedProcess {
@@ -43,6 +47,10 @@ struct TracedProcess {
     // Traced with CD_TRACE_DL_STOP: the kernel may have stopped it for us,
     // so it gets a SIGCONT when the session ends.  No other process does.
     bool may_be_stopped = false;
+    // Python stacks: the kernel walks its frames (python_ready), or
+    // discovery was tried this many times without success.
+    bool python_ready = false;
+    uint32_t python_tries = 0;
 };
 
 class TraceSession {
@@ -85,6 +93,7 @@ private:
     uint32_t trace_flags(bool follow, bool dl_stop);
     void scan(uint32_t pid);
     TracedProcess& track(uint32_t pid);
+    void setup_python(TracedProcess& p);
 
     std::unique_ptr<ResumeGuard> guard_;  // forked before the BPF object exists
     std::unique_ptr<BpfSession> bpf_;
@@ -92,6 +101,7 @@ private:
     ProbeAttacher attacher_;
     TraceModel model_;
     SessionOptions opts_;
+    LivePyResolver resolver_;  // names the frames of records as they arrive
     std::map<uint32_t, TracedProcess> procs_;
     std::vector<std::string> messages_;
     uint64_t decode_errors_ = 0;
