@@ -519,7 +519,7 @@ void TraceModel::want_modules(ProcessTree& p) {
         if (frames_[i]->kind == PyFrameKind::BackwardEntry) entry = i;
     for (size_t i = n; i-- > 0;) {
         const PyFrameInfo& f = *frames_[i];
-        bool backward = i < entry;
+        bool backward = entry < n && i < entry;
         if (f.module == 0 || (!backward && f.kind != PyFrameKind::ModuleCall)) continue;
         if (!want_.empty() && want_.back().module == f.module && want_.back().backward == backward) continue;
         want_.push_back({f.module, static_cast<uint32_t>(n - i), backward, &f});
