@@ -1,0 +1,648 @@
+// SPDX-License-Identifier: Apache-2.0
+// Framework context in the record model (issue 11): record_function scopes
+// and nn.Module calls built from synthetic event streams with a fake
+// PyContextResolver, and how the outputs show them.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "model.hpp"
+#include "report.hpp"
+#include "snapshot.hpp"
+
+using namespace commdbg;
+using nlohmann::ordered_json;
+
+namespace {
+
+constexpr uint32_t kPid = 5151;
+constexpr uint32_t kTid = 5151;
+
+// Code objects of the synthetic program.
+enum Code : uint64_t {
+    kMain = 0x1000,
+    kStep,
+    kWrapped,    // Module._wrapped_call_impl
+    kCallImpl,   // Module._call_impl
+    kModelFwd,
+    kEncoderFwd,
+    kBlockFwd,
+    kRfEnter,    // record_function.__enter__ (torch 1.13 label "phase13")
+    kOpsCall,    // OpOverloadPacket.__call__
+    kAllReduce,  // torch.distributed.all_reduce
+    kEngineRun,  // _engine_run_backward
+    kHook,       // Block.grad_hook (a method of the block)
+    kFreed,      // never registered: a freed code object
+};
+
+// Module objects.
+constexpr uint64_t kModel = 0xa000, kEncoder = 0xa100, kBlock = 0xa200;
+
+class FakeResolver : public PyContextResolver {
+public:
+    FakeResolver() {
+        code(kMain, "main", "/src/train.py", 10);
+        code(kStep, "train_step", "/src/train.py", 20);
+        code(kWrapped, "Module._wrapped_call_impl", "/torch/nn/modules/module.py", 1736, PyFrameKind::ModuleCall, true);
+        code(kCallImpl, "Module._call_impl", "/torch/nn/modules/module.py", 1747, PyFrameKind::ModuleCall, true);
+        code(kModelFwd, "Model.forward", "/src/model.py", 5);
+        code(kEncoderFwd, "Encoder.forward", "/src/model.py", 15);
+        code(kBlockFwd, "Block.forward", "/src/model.py", 30);
+        code(kRfEnter, "record_function.__enter__", "/torch/autograd/profiler.py", 750,
+             PyFrameKind::RecordFunctionEnter, true).label = "phase13";
+        code(kOpsCall, "OpOverloadPacket.__call__", "/torch/_ops.py", 1000, PyFrameKind::Plain, true);
+        code(kAllReduce, "all_reduce", "/torch/distributed/distributed_c10d.py", 2500, PyFrameKind::Plain, true);
+        code(kEngineRun, "_engine_run_backward", "/torch/autograd/graph.py", 825, PyFrameKind::BackwardEntry, true);
+        code(kHook, "Block.grad_hook", "/src/model.py", 50);
+        modules_ = {{kModel, "Model"}, {kEncoder, "Encoder"}, {kBlock, "Block"}};
+        paths_ = {{{kModel, kEncoder}, "encoder"}, {{kModel, kBlock}, "encoder.blocks.1"}};
+    }
+
+    const PyFrameInfo& frame(uint32_t, const cd_py_frame& f) override {
+        ++frame_calls;
+        auto [it, added] = cache_.try_emplace({f.code, f.self});
+        if (!added) return it->second;
+        PyFrameInfo& out = it->second;
+        if (auto c = codes_.find(f.code); c != codes_.end()) out = c->second;
+        if (auto m = modules_.find(f.self); m != modules_.end() && out.known)
+            out.module = f.self, out.module_class = m->second;
+        return out;
+    }
+    std::optional<std::string> module_path(uint32_t, uint64_t root, uint64_t module) override {
+        if (root == module) return std::string();
+        auto it = paths_.find({root, module});
+        if (it == paths_.end()) return std::nullopt;
+        return it->second;
+    }
+    void forget(uint32_t pid) override { forgotten.push_back(pid); }
+
+    size_t frame_calls = 0;
+    std::vector<uint32_t> forgotten;
+
+private:
+    PyFrameInfo& code(uint64_t code, const char* qualname, const char* file, uint32_t line,
+                      PyFrameKind kind = PyFrameKind::Plain, bool library = false) {
+        PyFrameInfo& f = codes_[code];
+        f.qualname = qualname, f.file = file, f.line = line, f.known = true, f.kind = kind, f.library = library;
+        return f;
+    }
+    std::map<uint64_t, PyFrameInfo> codes_;
+    std::map<uint64_t, std::string> modules_;
+    std::map<std::pair<uint64_t, uint64_t>, std::string> paths_;
+    std::map<std::pair<uint64_t, uint64_t>, PyFrameInfo> cache_;
+};
+
+// A frame: its code and its first local.
+cd_py_frame F(uint64_t code, uint64_t self = 0) { return {code, self, 0, 0}; }
+
+// Python stacks, written outermost first as one reads a traceback.
+using Stack = std::vector<cd_py_frame>;
+Stack operator+(Stack a, const Stack& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+}
+Stack module_call(uint64_t m, Code fwd) { return {F(kWrapped, m), F(kCallImpl, m), F(fwd, m)}; }
+const Stack kTop = {F(kMain), F(kStep)};
+const Stack kInModel = kTop + module_call(kModel, kModelFwd);
+const Stack kInEncoder = kInModel + module_call(kEncoder, kEncoderFwd);
+const Stack kInBlock = kInEncoder + module_call(kBlock, kBlockFwd);
+const Stack kBackwardHook = kTop + Stack{F(kEngineRun), F(kHook, kBlock)};
+
+SymbolInfo sym(const char* name, const char* layer, cd_role role, ArgSlots slots = {}, cd_coll coll = CD_COLL_NONE,
+               bool ret = false) {
+    SymbolInfo s;
+    s.name = name, s.layer = layer, s.role = role, s.slots = slots, s.coll = coll, s.return_probe = ret;
+    s.py_stack = true;
+    return s;
+}
+
+struct Ctx {
+    SymbolTable t;
+    uint32_t label = t.intern(sym("torch::autograd::profiler::record_function_enter_new", "torch", CD_ROLE_SCOPE_LABEL));
+    uint32_t begin = t.intern(sym("at::RecordFunction::RecordFunction", "torch", CD_ROLE_SCOPE_BEGIN,
+                                  [] {
+                                      ArgSlots s;
+                                      s.count = 0, s.peer = 1;
+                                      return s;
+                                  }()));
+    uint32_t end = t.intern(sym("at::RecordFunction::end", "torch", CD_ROLE_SCOPE_END, [] {
+        ArgSlots s;
+        s.count = 0;
+        return s;
+    }()));
+    uint32_t c10d = t.intern(sym("c10d::ProcessGroupNCCL::allreduce", "c10d", CD_ROLE_COLLECTIVE, {}, CD_COLL_ALL_REDUCE));
+    uint32_t nccl = t.intern(sym("ncclAllReduce", "nccl", CD_ROLE_COLLECTIVE, {2, 3, 5, 4}, CD_COLL_ALL_REDUCE, true));
+    uint32_t mm = t.intern(sym("aten::mm", "aten", CD_ROLE_OP));
+    uint32_t add = t.intern(sym("aten::add.Tensor", "aten", CD_ROLE_OP));
+
+    FakeResolver res;
+    TraceModel model;
+    uint64_t now = 1'000'000;
+
+    explicit Ctx(ModelLimits limits = {}, bool with_resolver = true) : model(t, limits) {
+        if (with_resolver) model.set_resolver(&res);
+    }
+
+    // An entry at the next timestamp; `stack` outermost first.
+    CallEnter enter(uint32_t s, uint64_t sp, const std::optional<Stack>& stack = std::nullopt,
+                    std::array<uint64_t, CD_NUM_ARGS> args = {}, uint32_t tid = kTid) {
+        CallEnter e;
+        e.tgid = kPid;
+        e.tid = tid;
+        e.ts_ns = now += 1000;
+        e.sp = sp;
+        e.cookie = make_cookie(s, *t.find(s));
+        e.args = args;
+        if (stack) {
+            e.py_status = CD_PY_OK;
+            e.py_frames.assign(stack->rbegin(), stack->rend());
+        }
+        model.on_event(e);
+        return e;
+    }
+    void exit(const CallEnter& e) {
+        CallExit x;
+        x.tgid = e.tgid, x.tid = e.tid, x.ts_ns = now += 1000, x.cookie = e.cookie, x.enter_ts_ns = e.ts_ns;
+        model.on_event(x);
+    }
+    CallEnter scope_label(const std::string& l, const Stack& stack, uint64_t sp = 0x7000) {
+        CallEnter e;
+        e.tgid = kPid, e.tid = kTid, e.ts_ns = now += 1000, e.sp = sp;
+        e.cookie = make_cookie(label, *t.find(label));
+        e.label = l;
+        e.py_status = CD_PY_OK;
+        e.py_frames.assign(stack.rbegin(), stack.rend());
+        model.on_event(e);
+        return e;
+    }
+    CallEnter scope_begin(uint64_t self, const std::optional<Stack>& stack, uint64_t scope = kUserScope,
+                          uint64_t sp = 0x7000) {
+        return enter(begin, sp, stack, {self, scope, 0, 0, 0, 0, 0, 0});
+    }
+    CallEnter scope_end(uint64_t self, uint64_t sp = 0x7000) { return enter(end, sp, std::nullopt, {self}); }
+    // c10d allreduce -> ncclAllReduce, from `stack`.
+    void collective(const Stack& stack, uint64_t sp = 0x7000) {
+        enter(c10d, sp, stack);
+        exit(enter(nccl, sp - 0x100, stack, {0x10, 0x20, 64, 7, 0, 0xc0, 0, 0}));
+    }
+
+    const ProcessTree& tree() const { return *model.process(kPid); }
+    const std::vector<Record>& recs() const { return tree().records(); }
+    std::string_view name(const Record& r) const {
+        std::string_view n = tree().context_name(r);
+        return n.empty() ? std::string_view(t.find(r.sym)->name) : n;
+    }
+    // The records of a kind, in entry order.
+    std::vector<const Record*> of(RecordKind k) const {
+        std::vector<const Record*> out;
+        for (const Record& r : recs())
+            if (r.kind == k) out.push_back(&r);
+        return out;
+    }
+    const Record* find(std::string_view n) const {
+        for (const Record& r : recs())
+            if (name(r) == n) return &r;
+        return nullptr;
+    }
+    std::string_view parent_name(const Record& r) const {
+        return r.parent == kNoRecord ? std::string_view("<none>") : name(recs()[r.parent]);
+    }
+    ProcessReport report() const {
+        ProcessReport r;
+        r.pid = kPid;
+        r.tree = model.process(kPid);
+        return r;
+    }
+};
+
+// ---- scopes ------------------------------------------------------------------
+
+TEST(ContextModel, Torch2ScopeTakesTheLabelThatPrecedesItsBeginAndEndsAtItsEnd) {
+    Ctx c;
+    const Stack at = kTop + Stack{F(kRfEnter), F(kOpsCall)};
+    c.scope_label("my_phase", at);
+    auto b = c.scope_begin(0x55, at);
+    c.enter(c.mm, 0x7000);
+    auto e = c.scope_end(0x55);
+
+    auto scopes = c.of(RecordKind::Scope);
+    ASSERT_EQ(scopes.size(), 1u);
+    const Record& s = *scopes[0];
+    EXPECT_EQ(c.name(s), "my_phase");  // not the __enter__ frame's "phase13"
+    EXPECT_EQ(s.start_ns, b.ts_ns);
+    EXPECT_EQ(s.end_ns, e.ts_ns);
+    EXPECT_FALSE(s.has(kEndInferred));
+    EXPECT_EQ(c.parent_name(*c.find("aten::mm")), "my_phase");
+    // The markers are counted calls, not records of their own.
+    EXPECT_EQ(c.recs().size(), 2u);
+    EXPECT_EQ(c.tree().calls(c.label), 1u);
+    EXPECT_EQ(c.tree().calls(c.begin), 1u);
+    EXPECT_EQ(c.tree().calls(c.end), 1u);
+
+    // The label is taken once: the next scope has none of its own.
+    c.scope_begin(0x56, kTop);
+    EXPECT_EQ(c.name(*c.of(RecordKind::Scope).back()), "<unnamed>");
+}
+
+TEST(ContextModel, Torch113ScopeIsNamedByTheRecordFunctionEnterFrameOfItsBegin) {
+    Ctx c;
+    c.scope_begin(0x55, kTop + Stack{F(kRfEnter), F(kOpsCall)});
+    auto scopes = c.of(RecordKind::Scope);
+    ASSERT_EQ(scopes.size(), 1u);
+    EXPECT_EQ(c.name(*scopes[0]), "phase13");
+}
+
+TEST(ContextModel, NestedScopesNestWhatRanInsideThem) {
+    Ctx c;
+    c.scope_label("outer", kTop);
+    c.scope_begin(0x1, kTop);
+    c.scope_label("inner", kTop);
+    c.scope_begin(0x2, kTop);
+    c.enter(c.mm, 0x7000);
+    auto inner_end = c.scope_end(0x2);
+    c.enter(c.add, 0x7000);
+    auto outer_end = c.scope_end(0x1);
+
+    EXPECT_EQ(c.parent_name(*c.find("inner")), "outer");
+    EXPECT_EQ(c.parent_name(*c.find("aten::mm")), "inner");
+    EXPECT_EQ(c.parent_name(*c.find("aten::add.Tensor")), "outer");
+    EXPECT_EQ(c.find("inner")->end_ns, inner_end.ts_ns);
+    EXPECT_EQ(c.find("outer")->end_ns, outer_end.ts_ns);
+    EXPECT_FALSE(c.find("inner")->has(kEndInferred));
+}
+
+TEST(ContextModel, AnEndClosesTheScopesThatLeakedInsideIt) {
+    Ctx c;
+    c.scope_label("outer", kTop);
+    c.scope_begin(0x1, kTop);
+    c.scope_label("leaked", kTop);
+    c.scope_begin(0x2, kTop);  // its end never comes (an exception)
+    auto e = c.scope_end(0x1);
+    c.enter(c.mm, 0x7000);
+
+    const Record& leaked = *c.find("leaked");
+    EXPECT_EQ(leaked.end_ns, e.ts_ns);
+    EXPECT_TRUE(leaked.has(kEndInferred));
+    EXPECT_FALSE(c.find("outer")->has(kEndInferred));
+    EXPECT_EQ(c.parent_name(*c.find("aten::mm")), "<none>");  // both closed
+}
+
+TEST(ContextModel, UnknownEndsAndScopesOtherThanUserScopeAreIgnored) {
+    Ctx c;
+    c.scope_begin(0x77, kTop, /*scope=*/0);  // a dispatcher RecordFunction (profiler on)
+    c.scope_label("mine", kTop);
+    // RecordScope is a uint8_t: garbage above the low byte is no other scope.
+    c.scope_begin(0x55, kTop, 0xdeadbeef00000000 | kUserScope);
+    c.scope_end(0x77);
+    c.scope_end(0x99);
+    c.enter(c.mm, 0x7000);
+
+    auto scopes = c.of(RecordKind::Scope);
+    ASSERT_EQ(scopes.size(), 1u);
+    EXPECT_EQ(c.name(*scopes[0]), "mine");
+    EXPECT_EQ(scopes[0]->end_ns, 0u);  // still open
+    EXPECT_EQ(c.parent_name(*c.find("aten::mm")), "mine");
+}
+
+TEST(ContextModel, ScopeMarkersStayOnTheNativeStackAsPlaceholders) {
+    Ctx c;
+    // The kernel counts the begin as an open frame: depths after it include it.
+    auto at = [&](uint32_t s, uint32_t depth, std::array<uint64_t, CD_NUM_ARGS> args = {}) {
+        CallEnter e;
+        e.tgid = kPid, e.tid = kTid, e.ts_ns = c.now += 1000, e.sp = 0x7000 - depth * 0x100;
+        e.cookie = make_cookie(s, *c.t.find(s));
+        e.frame_depth = depth;
+        e.args = args;
+        c.model.on_event(e);
+    };
+    at(c.c10d, 0);
+    at(c.begin, 1, {0x5, 0});  // scope 0: no scope record
+    at(c.mm, 2);
+    at(c.add, 2);  // mm returned; c10d and the begin's frame are still open
+    EXPECT_EQ(c.parent_name(*c.find("aten::add.Tensor")), "c10d::ProcessGroupNCCL::allreduce");
+    EXPECT_NE(c.find("aten::mm")->end_ns, 0u);
+    EXPECT_EQ(c.find("c10d::ProcessGroupNCCL::allreduce")->end_ns, 0u);
+}
+
+// ---- modules ---------------------------------------------------------------
+
+TEST(ContextModel, ModuleChainOpensWithTheStacksAndClosesWhenTheyLeaveIt) {
+    Ctx c;
+    c.collective(kInBlock);
+    auto second = c.enter(c.c10d, 0x7000, kInEncoder);  // the block returned
+    c.enter(c.mm, 0x6f00);                              // no stack, inside it: the chain stays
+    auto top = c.enter(c.add, 0x7000, kTop);            // the model returned
+
+    auto mods = c.of(RecordKind::Module);
+    ASSERT_EQ(mods.size(), 3u);
+    EXPECT_EQ(c.name(*mods[0]), "<root>");
+    EXPECT_EQ(c.tree().module_class(*mods[0]), "Model");
+    EXPECT_EQ(c.name(*mods[1]), "encoder");
+    EXPECT_EQ(c.name(*mods[2]), "encoder.blocks.1");
+    EXPECT_EQ(c.tree().module_class(*mods[2]), "Block");
+    EXPECT_EQ(c.parent_name(*mods[1]), "<root>");
+    EXPECT_EQ(c.parent_name(*mods[2]), "encoder");
+    EXPECT_EQ(mods[2]->end_ns, second.ts_ns);
+    EXPECT_TRUE(mods[2]->has(kEndInferred));
+    EXPECT_EQ(mods[1]->end_ns, top.ts_ns);
+    EXPECT_EQ(mods[0]->end_ns, top.ts_ns);
+
+    const auto& recs = c.recs();
+    std::vector<std::string_view> under_encoder;
+    for (const Record& r : recs)
+        if (r.kind != RecordKind::Module && c.parent_name(r) == "encoder") under_encoder.push_back(c.name(r));
+    EXPECT_EQ(under_encoder, (std::vector<std::string_view>{"c10d::ProcessGroupNCCL::allreduce"}));
+    // mm: under the c10d call it ran in (newer than the encoder's record).
+    EXPECT_EQ(c.parent_name(*c.find("aten::mm")), "c10d::ProcessGroupNCCL::allreduce");
+    EXPECT_EQ(c.parent_name(*c.find("aten::add.Tensor")), "<none>");
+    for (const Record* m : mods) EXPECT_FALSE(m->has(kBackward));
+}
+
+TEST(ContextModel, ModulesInsideTheAutogradEntryRunBackwardNamedFromTheLastForwardRoot) {
+    Ctx c;
+    c.collective(kBackwardHook);  // before any forward: no root to name it from
+    c.collective(kInBlock);
+    c.collective(kBackwardHook);
+
+    auto mods = c.of(RecordKind::Module);
+    ASSERT_EQ(mods.size(), 5u);
+    EXPECT_EQ(c.name(*mods[0]), "<unknown>");
+    EXPECT_TRUE(mods[0]->has(kBackward));
+    const Record& bwd = *mods[4];
+    EXPECT_EQ(c.name(bwd), "encoder.blocks.1");
+    EXPECT_EQ(c.tree().module_class(bwd), "Block");
+    EXPECT_TRUE(bwd.has(kBackward));
+    EXPECT_EQ(c.parent_name(bwd), "<none>");  // the forward chain closed
+    EXPECT_FALSE(mods[3]->has(kBackward));
+}
+
+TEST(ContextModel, ModuleCommCountsCountTheOutermostCollectiveUnderEveryEnclosingModule) {
+    Ctx c;
+    c.collective(kInBlock);
+    c.collective(kInBlock + Stack{F(kAllReduce)});  // the same module call, one frame deeper
+    c.collective(kInEncoder);
+    c.collective(kBackwardHook);
+    c.collective(kTop);  // outside every module
+
+    auto counts = c.tree().module_comm_counts();
+    using Side = std::map<std::string, uint64_t>;
+    ASSERT_EQ(counts.size(), 3u);
+    EXPECT_EQ(counts["<root>"].forward, (Side{{"c10d.all_reduce", 3}}));
+    EXPECT_TRUE(counts["<root>"].backward.empty());
+    EXPECT_EQ(counts["encoder"].forward, (Side{{"c10d.all_reduce", 3}}));
+    EXPECT_EQ(counts["encoder.blocks.1"].forward, (Side{{"c10d.all_reduce", 2}}));
+    EXPECT_EQ(counts["encoder.blocks.1"].backward, (Side{{"c10d.all_reduce", 1}}));
+    EXPECT_EQ(module_comm_counts(c.report()).size(), 3u);
+    // The blocks' one module call holds both of its collectives.
+    EXPECT_EQ(c.of(RecordKind::Module).size(), 4u);
+}
+
+TEST(ContextModel, TruncatedStacksLeaveTheChainAlone) {
+    Ctx c;
+    c.enter(c.c10d, 0x7000, kInBlock);
+    CallEnter e;
+    e.tgid = kPid, e.tid = kTid, e.ts_ns = c.now += 1000, e.sp = 0x7000;
+    e.cookie = make_cookie(c.c10d, *c.t.find(c.c10d));
+    e.py_status = CD_PY_OK;
+    e.ctx_flags = CD_CTX_TRUNCATED;
+    e.py_frames = {F(kBlockFwd, kBlock)};  // innermost only: no module call frames
+    c.model.on_event(e);
+    for (const Record* m : c.of(RecordKind::Module)) EXPECT_EQ(m->end_ns, 0u) << c.name(*m);
+    EXPECT_EQ(c.parent_name(c.recs().back()), "encoder.blocks.1");
+}
+
+TEST(ContextModel, IdenticalStacksShareOneInternedStack) {
+    Ctx c;
+    c.enter(c.c10d, 0x7000, kInBlock);
+    c.enter(c.c10d, 0x7000, kInBlock);
+    c.enter(c.c10d, 0x7000, kInBlock + Stack{F(kAllReduce)});
+    std::vector<uint32_t> stacks;
+    for (const Record& r : c.recs())
+        if (r.kind == RecordKind::Collective) stacks.push_back(r.stack);
+    ASSERT_EQ(stacks.size(), 3u);
+    EXPECT_EQ(stacks[0], stacks[1]);
+    EXPECT_NE(stacks[0], stacks[2]);
+    EXPECT_EQ(c.tree().py_stack_count(), 2u);
+    // Frames are interned by content: the three module calls share their
+    // _wrapped_call_impl and _call_impl rows (7 distinct), plus all_reduce.
+    EXPECT_EQ(c.tree().py_frame_count(), 8u);
+    EXPECT_EQ(c.res.frame_calls, 11u + 11u + 12u);  // every frame resolved at ingest
+}
+
+TEST(ContextModel, ScopeAndModuleRecordsObeyTheBudget) {
+    Ctx c(ModelLimits{2, 64});
+    c.enter(c.c10d, 0x7000, kInBlock);  // root and encoder fit; the block and the call do not
+    c.scope_label("late", kInBlock);
+    c.scope_begin(0x9, kInBlock);
+    c.scope_end(0x9);
+    c.enter(c.mm, 0x7000);
+
+    EXPECT_EQ(c.recs().size(), 2u);
+    EXPECT_EQ(c.tree().dropped(DropCause::Budget), 4u);  // block, c10d, scope, mm
+    EXPECT_EQ(c.of(RecordKind::Module).size(), 2u);
+    EXPECT_EQ(c.of(RecordKind::Scope).size(), 0u);
+}
+
+TEST(ContextModel, ScopeAndModuleRecordsObeyTheDepthLimit) {
+    Ctx c(ModelLimits{1000, 2});
+    c.enter(c.c10d, 0x7000, kInBlock);
+    c.scope_begin(0x9, kInEncoder + Stack{F(kRfEnter)});
+    EXPECT_EQ(c.of(RecordKind::Module).size(), 2u);  // root (depth 0), encoder (1)
+    EXPECT_EQ(c.tree().dropped(DropCause::Depth), 3u);  // block, c10d, the scope
+    EXPECT_EQ(c.tree().dropped(DropCause::Budget), 0u);
+}
+
+TEST(ContextModel, AFreedCodeObjectResolvesAsUnknownAndNoResolverNamesNothing) {
+    Ctx c;
+    c.enter(c.c10d, 0x7000, kTop + Stack{F(kFreed, kBlock)});
+    const Record& r = c.recs().back();
+    auto frames = c.tree().py_stack_frames(c.tree().py_stack(r.stack));
+    ASSERT_EQ(frames.size(), 3u);
+    const auto& inner = c.tree().py_frame(frames[0]);
+    EXPECT_EQ(c.tree().text(inner.qualname), "<unknown>");
+    EXPECT_FALSE(inner.known);
+    EXPECT_EQ(report_detail::py_location(r, c.tree()), "<unknown>");
+
+    Ctx bare({}, /*with_resolver=*/false);
+    bare.enter(bare.c10d, 0x7000, kInBlock);
+    EXPECT_TRUE(bare.of(RecordKind::Module).empty());
+    const Record& b = bare.recs().back();
+    ASSERT_NE(b.stack, kNoStack);
+    EXPECT_EQ(bare.tree().py_stack(b.stack).len, kInBlock.size());
+}
+
+TEST(ContextModel, ProcessExitEndsOpenContextAndForgetsTheProcess) {
+    Ctx c;
+    c.enter(c.c10d, 0x7000, kInBlock);
+    c.scope_begin(0x9, kInBlock, kUserScope, 0x6f00);  // inside the c10d call
+    ProcExit x;
+    x.tgid = kPid, x.ts_ns = c.now += 1000;
+    c.model.on_event(x);
+    for (const Record& r : c.recs()) {
+        EXPECT_EQ(r.end_ns, x.ts_ns) << c.name(r);
+        EXPECT_TRUE(r.has(kEndAtExit)) << c.name(r);
+    }
+    EXPECT_EQ(c.res.forgotten, std::vector<uint32_t>{kPid});
+}
+
+TEST(ContextModel, AWindowResetDropsTheInternedStacksWithTheRecords) {
+    Ctx c;
+    c.enter(c.c10d, 0x7000, kInBlock);
+    size_t full = c.tree().memory_bytes();
+    c.model.reset();
+    EXPECT_EQ(c.tree().py_stack_count(), 0u);
+    EXPECT_EQ(c.tree().py_frame_count(), 0u);
+    EXPECT_LT(c.tree().memory_bytes(), full);
+    // The module calls still open are placeholders: the new window's records are roots.
+    c.enter(c.c10d, 0x7000, kInBlock);
+    ASSERT_EQ(c.recs().size(), 1u);
+    EXPECT_EQ(c.recs()[0].parent, kNoRecord);
+    EXPECT_EQ(c.tree().py_stack_count(), 1u);
+}
+
+// ---- outputs ------------------------------------------------------------------
+
+// One step: a scope around a forward whose block all-reduces, then a thread
+// without Python, a freed frame and a stack the kernel cut.
+struct Rendered : Ctx {
+    Rendered() {
+        scope_label("my_phase", kInModel);
+        scope_begin(0x55, kInModel);
+        collective(kInBlock);
+        scope_end(0x55);
+        CallEnter e;
+        e.tgid = kPid, e.tid = kTid + 1, e.ts_ns = now += 1000, e.sp = 0x9000;
+        e.cookie = make_cookie(nccl, *t.find(nccl));
+        e.py_status = CD_PY_NO_TSTATE;
+        model.on_event(e);
+        e.tid = kTid + 2, e.ts_ns = now += 1000, e.py_status = CD_PY_FAULT;
+        e.py_frames = {F(kFreed)};
+        model.on_event(e);
+        e.tid = kTid + 3, e.ts_ns = now += 1000, e.py_status = CD_PY_OK, e.ctx_flags = CD_CTX_TRUNCATED;
+        e.py_frames = {F(kAllReduce), F(kBlockFwd)};
+        model.on_event(e);
+    }
+};
+
+const ordered_json* find_json(const ordered_json& recs, std::string_view name) {
+    for (const auto& r : recs) {
+        if (r["name"] == name) return &r;
+        if (const auto* c = find_json(r["children"], name)) return c;
+    }
+    return nullptr;
+}
+
+TEST(ContextRender, JsonShowsScopesModulesStacksAndModuleCommCounts) {
+    Rendered c;
+    auto j = to_json(c.report(), c.t, 2);
+    ASSERT_TRUE(j.contains("module_comm_counts"));
+    EXPECT_EQ(j["module_comm_counts"].dump(),
+              R"({"<root>":{"forward":{"c10d.all_reduce":1}},"encoder":{"forward":{"c10d.all_reduce":1}},)"
+              R"("encoder.blocks.1":{"forward":{"c10d.all_reduce":1}}})");
+
+    const auto& recs = j["records"];
+    const auto* scope = find_json(recs, "my_phase");
+    ASSERT_NE(scope, nullptr);
+    EXPECT_EQ((*scope)["type"], "scope");
+    EXPECT_EQ((*scope)["children"].size(), 1u);
+    const auto* blk = find_json(recs, "encoder.blocks.1");
+    ASSERT_NE(blk, nullptr);
+    EXPECT_EQ((*blk)["type"], "module");
+    EXPECT_EQ((*blk)["module_fqn"], "encoder.blocks.1");
+    EXPECT_EQ((*blk)["module_class"], "Block");
+    EXPECT_EQ((*blk)["event_type"], "forward");
+    EXPECT_EQ((*blk)["layer"], "python");
+    EXPECT_FALSE(blk->contains("py_stack"));
+    const auto* root = find_json(recs, "<root>");
+    ASSERT_NE(root, nullptr);
+    // The scope opened inside the model's forward, the encoder inside the scope.
+    EXPECT_EQ((*root)["children"][0]["name"], "my_phase");
+    EXPECT_EQ((*scope)["children"][0]["name"], "encoder");
+
+    const auto* c10d = find_json(recs, "c10d::ProcessGroupNCCL::allreduce");
+    ASSERT_NE(c10d, nullptr);
+    const auto& st = (*c10d)["py_stack"];
+    ASSERT_EQ(st.size(), kInBlock.size());
+    EXPECT_EQ(st[0].dump(), R"({"qualname":"Block.forward","file":"/src/model.py","line":30})");
+    EXPECT_EQ(st.back()["qualname"], "main");
+    EXPECT_FALSE(c10d->contains("py_stack_truncated"));
+
+    // The other threads' NCCL calls: no Python, a fault, a cut stack.
+    std::map<uint32_t, ordered_json> by_tid;
+    for (const auto& r : recs) by_tid[r["tid"].get<uint32_t>()] = r;
+    EXPECT_EQ(by_tid[kTid + 1]["py_stack"].dump(), "[]");
+    EXPECT_FALSE(by_tid[kTid + 1].contains("py_stack_partial"));
+    EXPECT_EQ(by_tid[kTid + 2]["py_stack"].dump(), R"([{"qualname":"<unknown>","file":"","line":0}])");
+    EXPECT_EQ(by_tid[kTid + 2]["py_stack_partial"], true);
+    EXPECT_EQ(by_tid[kTid + 3]["py_stack_truncated"], true);
+    EXPECT_EQ(by_tid[kTid + 3]["py_stack"].size(), 2u);
+}
+
+TEST(ContextRender, JsonOmitsContextKeysWithoutContext) {
+    Ctx c;
+    c.enter(c.c10d, 0x7000);  // no stack
+    auto j = to_json(c.report(), c.t, 2);
+    EXPECT_FALSE(j.contains("module_comm_counts"));
+    EXPECT_FALSE(j["records"][0].contains("py_stack"));
+    EXPECT_FALSE(j["records"][0].contains("module_fqn"));
+}
+
+TEST(ContextRender, JsonHidesScopeAndModuleRecordsBelowNoiseTwoButKeepsTheirCounts) {
+    Rendered c;
+    auto j = to_json(c.report(), c.t, 1);
+    EXPECT_EQ(find_json(j["records"], "my_phase"), nullptr);
+    EXPECT_EQ(find_json(j["records"], "encoder"), nullptr);
+    EXPECT_NE(find_json(j["records"], "c10d::ProcessGroupNCCL::allreduce"), nullptr);
+    EXPECT_TRUE(j.contains("module_comm_counts"));
+}
+
+TEST(ContextRender, TableShowsScopeAndModuleRowsAndWhereFromNoiseTwo) {
+    Rendered c;
+    std::string table = render_table(c.report(), c.t, 2, false);
+    auto has = [&](const std::string& line) { return table.find(line + "\n") != std::string::npos; };
+    EXPECT_TRUE(has("Module      module <root> (Model) forward")) << table;
+    EXPECT_TRUE(has("Scope         scope my_phase at /src/model.py:5 Model.forward")) << table;
+    EXPECT_TRUE(has("Module          module encoder (Encoder) forward")) << table;
+    EXPECT_TRUE(has("Module            module encoder.blocks.1 (Block) forward")) << table;
+    EXPECT_TRUE(has("Collective          c10d::ProcessGroupNCCL::allreduce at /src/model.py:30 Block.forward"))
+        << table;
+    EXPECT_TRUE(has("Collective            ncclAllReduce count=64 float32 sum comm=0xc0 ret=0 enqueue=1.0us (host) "
+                    "at /src/model.py:30 Block.forward"))
+        << table;
+    EXPECT_TRUE(has("thread 5153\nCollective  ncclAllReduce count=0 int8 sum comm=0x0 at <unknown>")) << table;
+    EXPECT_TRUE(has("thread 5152\nCollective  ncclAllReduce count=0 int8 sum comm=0x0")) << table;  // no Python
+
+    std::string quiet = render_table(c.report(), c.t, 1, false);
+    EXPECT_EQ(quiet.find("scope my_phase"), std::string::npos);
+    EXPECT_EQ(quiet.find("module "), std::string::npos);
+    EXPECT_EQ(quiet.find(" at /src"), std::string::npos);
+}
+
+TEST(ContextRender, TraceHasScopeAndModuleSlicesWithTheStackInArgs) {
+    Rendered c;
+    auto trace = chrome_trace({c.report()}, c.t);
+    std::map<std::string, nlohmann::json> slices;
+    for (const auto& ev : trace["traceEvents"])
+        if (ev["ph"] == "X" && ev["tid"] == kTid) slices[ev["name"].get<std::string>()] = ev;
+    ASSERT_TRUE(slices.count("my_phase"));
+    EXPECT_EQ(slices["my_phase"]["cat"], "torch");
+    ASSERT_TRUE(slices.count("encoder.blocks.1"));
+    const auto& blk = slices["encoder.blocks.1"];
+    EXPECT_EQ(blk["cat"], "python");
+    EXPECT_EQ(blk["args"]["module_class"], "Block");
+    EXPECT_EQ(blk["args"]["event_type"], "forward");
+    const auto& c10d = slices["c10d::ProcessGroupNCCL::allreduce"];
+    EXPECT_EQ(c10d["args"]["py_stack"][0]["qualname"], "Block.forward");
+    // Nested on their thread: the block's slice holds the collective's.
+    double b0 = blk["ts"], b1 = b0 + blk["dur"].get<double>();
+    double c0 = c10d["ts"], c1 = c0 + c10d["dur"].get<double>();
+    EXPECT_LE(b0, c0);
+    EXPECT_GE(b1, c1);
+    double s0 = slices["my_phase"]["ts"];
+    EXPECT_LE(s0, b0);
+}
+
+}  // namespace
