@@ -13,7 +13,7 @@ the call as torch's bindings do, and calls ncclAllReduce with a NULL comm
         (the qualnames the innermost frames must have; co_name on 3.10,
         which has no co_qualname), then "ready pid=N".  Waits until the
         wait file exists (or, without one, for a line on stdin), then makes
-        exactly one ncclAllReduce per site and prints per site
+        exactly one call per site and prints per site
             {"call": NAME, "tid": TID, "stack": [{"qualname", "file",
              "line", "first"}, ...]}
         the whole stack as the interpreter itself sees it at the call,
@@ -21,8 +21,8 @@ the call as torch's bindings do, and calls ncclAllReduce with a NULL comm
         co_firstlineno).  Sites: nested functions, a method, a closure
         capturing self, a generator, a second Python thread, a recursion
         --depth deep (default 200) and a native thread without Python
-        (pthread_create straight into ncclAllReduce: its "stack" is [] and
-        its tid is unknown here: "tid": 0).  Ends with
+        (pthread_create straight into ncclCommDestroy(NULL) instead: its
+        "stack" is [] and its tid is unknown here: "tid": 0).  Ends with
             {"pid": PID, "calls": N, "python": "3.X", "tids": [...]}
         and exits 0; 1 when a site's innermost frames are not the ones
         announced (the workload checks itself before a test trusts it).
@@ -121,12 +121,13 @@ def recurse(n):
 
 def no_python_thread():
     # A thread that never runs Python: pthread_create starts it right in
-    # ncclAllReduce (the stub dereferences none of its arguments).
+    # ncclCommDestroy(NULL) (its one argument is pthread's: the stub frees
+    # NULL), a probed call whose records carry a stack.
     libc = ctypes.CDLL(None)
     libc.pthread_create.argtypes = [ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, ctypes.c_void_p,
                                     ctypes.c_void_p]
     libc.pthread_join.argtypes = [ctypes.c_ulong, ctypes.c_void_p]
-    start = ctypes.cast(LIB.ncclAllReduce, ctypes.c_void_p).value
+    start = ctypes.cast(LIB.ncclCommDestroy, ctypes.c_void_p).value
     t = ctypes.c_ulong()
     if libc.pthread_create(ctypes.byref(t), None, start, None) != 0:
         sys.exit("pthread_create failed")
