@@ -1,0 +1,634 @@
+// SPDX-License-Identifier: Apache-2.0
+// LivePyResolver on real interpreters this test spawns (reading a child of
+// the same uid needs no privilege): a script builds a module hierarchy (a
+// torch-free stand-in for torch.nn.Module, or real torch), instances and
+// classes, prints what it knows of them from inside (id()s, qualnames,
+// lines) and blocks inside nested module calls.  The resolver must name the
+// same things from outside, walking the stack as the kernel does.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "py_objects.hpp"
+#include "test_proc.hpp"
+
+using namespace commdbg;
+using nlohmann::json;
+
+namespace {
+
+// The probe target.  MODE "fake": torch.nn.modules.module and friends are
+// stand-ins made with types.ModuleType (their files named like torch's);
+// "torch": the real torch.nn.Module, record_function and backward entry.
+const char* const kScript = R"py(
+import ctypes, gc, json, os, signal, sys, time, types
+
+MODE = sys.argv[1]
+FAKE_ROOT = "/fake/site"
+
+def fake_module(name, src="", file="<none>"):
+    m = types.ModuleType(name)
+    sys.modules[name] = m
+    exec(compile(src, file, "exec"), m.__dict__)
+    return m
+
+FAKE_MODULE = '''
+class Module:
+    def __init__(self):
+        object.__setattr__(self, "training", True)
+        object.__setattr__(self, "_modules", {})
+
+    def __setattr__(self, name, value):
+        if isinstance(value, Module):
+            self._modules[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name):
+        modules = object.__getattribute__(self, "_modules")
+        if name in modules:
+            return modules[name]
+        raise AttributeError(name)
+
+    def _call_impl(self, *args):
+        return self.forward(*args)
+
+    __call__ = _call_impl
+
+
+class Sequential(Module):
+    def __init__(self, *mods):
+        super().__init__()
+        for i, m in enumerate(mods):
+            self._modules[str(i)] = m
+'''
+
+FAKE_PROFILER = '''
+class record_function:
+    def __init__(self, name):
+        self.name = name
+        self.handle = None
+
+    def __enter__(self):
+        self.handle = 1
+        return self
+
+    def __exit__(self, *exc):
+        return False
+'''
+
+FAKE_GRAPH = '''
+def _engine_run_backward(t, *args):
+    return t
+'''
+
+if MODE == "fake":
+    for n in ("torch", "torch.nn", "torch.nn.modules", "torch.autograd"):
+        fake_module(n)
+    mm = fake_module("torch.nn.modules.module", FAKE_MODULE, FAKE_ROOT + "/torch/nn/modules/module.py")
+    Module, Sequential = mm.Module, mm.Sequential
+    record_function = fake_module("torch.autograd.profiler", FAKE_PROFILER,
+                                  FAKE_ROOT + "/torch/autograd/profiler.py").record_function
+    backward_entry = fake_module("torch.autograd.graph", FAKE_GRAPH,
+                                 FAKE_ROOT + "/torch/autograd/graph.py")._engine_run_backward
+else:
+    try:
+        import torch, torch.nn, torch.autograd, torch.autograd.profiler
+    except Exception as e:
+        print("PYOBJ_SKIP torch does not import: %r" % (e,), flush=True)
+        time.sleep(3600)
+    Module, Sequential = torch.nn.Module, torch.nn.Sequential
+    record_function = torch.autograd.profiler.record_function
+    try:
+        import torch.autograd.graph
+        backward_entry = torch.autograd.graph._engine_run_backward
+    except (ImportError, AttributeError):
+        backward_entry = torch.autograd.backward  # torch 1.x calls the engine there
+
+# A class named Module that is not torch's.
+Impostor = fake_module("notorch.nn", "class Module:\n    pass\n", "/srv/notorch/nn.py").Module
+
+
+class Mixer(Module):
+    def forward(self, x):
+        return blocked(x)
+
+
+class Block(Module):
+    def __init__(self):
+        super().__init__()
+        self.mixer = Mixer()
+
+    def forward(self, x):
+        return self.mixer(x)
+
+
+class Encoder(Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = Sequential(Block(), Block())
+
+
+class Model(Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = Encoder()
+        self.head = Mixer()
+
+    def forward(self, x):
+        return self.encoder.blocks._modules["1"](x)
+
+
+class Outer:
+    class Inner(Module):
+        pass
+
+
+class Plain:
+    def __init__(self):
+        self.alpha = 12345678
+        self.name = "plain-name"
+        self.latin = "caf\u00e9"
+        self.greek = "\u03b1\u03b2\u03b3"
+        self.emoji = "\U0001f642x"
+        self.long = "x" * 600
+
+
+class Many:
+    def __init__(self):
+        for i in range(40):  # past the shared keys' 30: a combined dict
+            setattr(self, "a%d" % i, i * 1000003)
+        self.name = "many-name"
+
+
+class Slotted:
+    __slots__ = ("name",)
+
+    def __init__(self):
+        self.name = "slotted"
+
+
+def make_doomed(name, body="    return a\n"):
+    ns = {}
+    exec(compile("def %s(a):\n%s" % (name, body), "/srv/doomed.py", "exec"), ns)
+    return ns[name]
+
+
+model = Model()
+plain, mat, many, slotted = Plain(), Plain(), Many(), Slotted()
+vars(mat)  # materialized: the dict, no longer the values array
+mat.extra = "after-vars"
+rf = record_function("my-scope")
+inner = Outer.Inner()
+impostor = Impostor()
+doomed = make_doomed("doomed_fn")
+doomed_code = id(doomed.__code__)
+# Past pymalloc's 512 bytes: malloc's, whose free list overwrites the object's first words.
+doomed_big = make_doomed("doomed_big", "    a = a + 1\n" * 200 + "    return a\n")
+kept = []
+
+
+def qualname(code):
+    return getattr(code, "co_qualname", code.co_name)
+
+
+def on_usr1(sig, frame):
+    global doomed, doomed_big
+    doomed = None
+    gc.collect()
+    for i in range(300):  # code objects of the same size: likely to reuse the freed one
+        ns = {}
+        exec(compile("def other_%d(a):\n    return a\n" % i, "/srv/other.py", "exec"), ns)
+        kept.append(ns["other_%d" % i])
+    reused = [qualname(f.__code__) for f in kept if id(f.__code__) == doomed_code]
+    doomed_big = None  # last: nothing of its size is allocated after it
+    gc.collect()
+    print("PYFREED " + json.dumps({"reused_by": reused[0] if reused else None}), flush=True)
+
+
+signal.signal(signal.SIGUSR1, on_usr1)
+
+
+def truth_frames(f):
+    out = []
+    while f is not None:
+        c = f.f_code
+        first = f.f_locals.get(c.co_varnames[0]) if c.co_argcount >= 1 else None
+        is_mod = isinstance(first, Module)
+        out.append({"code": id(c), "qual": qualname(c), "file": c.co_filename, "line": f.f_lineno,
+                    "module": id(first) if is_mod else 0, "cls": type(first).__qualname__ if is_mod else ""})
+        f = f.f_back
+    return out
+
+
+def code_facts(fn):
+    c = fn.__code__
+    return {"code": id(c), "qual": qualname(c), "file": c.co_filename, "first": c.co_firstlineno}
+
+
+def report():
+    api = ctypes.pythonapi
+    api.PyThreadState_Get.restype = ctypes.c_void_p
+    mods = model.encoder.blocks._modules
+    out = {
+        "pid": os.getpid(), "tstate": api.PyThreadState_Get(), "frames": truth_frames(sys._getframe(1)),
+        "model": id(model), "encoder": id(model.encoder), "block0": id(mods["0"]), "block1": id(mods["1"]),
+        "mixer1": id(mods["1"].mixer), "head": id(model.head), "inner": id(inner),
+        "types": {n: id(t) for n, t in [("Mixer", Mixer), ("Module", Module), ("Sequential", Sequential),
+                                        ("Plain", Plain), ("Impostor", Impostor), ("int", int),
+                                        ("Inner", Outer.Inner), ("rf", type(rf))]},
+        "plain": id(plain), "mat": id(mat), "many": id(many), "slotted": id(slotted),
+        "alpha": id(plain.alpha), "a39": id(many.a39), "modules": id(model._modules),
+        "rf": id(rf), "rf_type": id(type(rf)), "rf_enter": code_facts(type(rf).__enter__),
+        "backward": code_facts(backward_entry), "plain_init": code_facts(Plain.__init__),
+        "doomed": code_facts(doomed), "doomed_big": code_facts(doomed_big),
+    }
+    print("PYOBJ " + json.dumps(out), flush=True)
+
+
+def blocked(x):
+    report(); time.sleep(3600)
+
+
+model(7)
+)py";
+
+struct Interpreter {
+    const char* name;
+    const char* pyenv = nullptr;  // `pyenv prefix` of this version, or
+    const char* path = nullptr;   // a fixed path
+    const char* mode = "fake";
+    bool trixie = false;  // in the trixie root, through tests/trixie_run.sh
+};
+
+const Interpreter kInterpreters[] = {
+    {"debian_3_11", nullptr, "/usr/bin/python3.11"},
+    {"debian_3_11_torch_1_13", nullptr, "/usr/bin/python3.11", "torch"},
+    {"pyenv_3_10", "3.10"},
+    {"pyenv_3_11", "3.11"},
+    {"pyenv_3_12", "3.12"},
+    {"pyenv_3_13", "3.13"},
+    {"trixie_3_13", nullptr, "python3", "fake", true},
+    {"trixie_3_13_torch_2_6", nullptr, "python3", "torch", true},
+};
+
+const char* const kTrixieRoot = "/var/cache/commdbg/trixie-root";
+const std::string kInRoot = "/commdbg-pyobj";
+
+// An interpreter's path, or why it is not here (the test skips naming it).
+std::string find_python(const Interpreter& py, std::string& path) {
+    if (py.trixie) {
+        if (!std::filesystem::exists(std::string(kTrixieRoot) + "/.commdbg-trixie-root"))
+            return std::string("no trixie root at ") + kTrixieRoot + " (make trixie-root)";
+        if (geteuid() != 0) return "running python in the trixie root needs root";
+        path = py.path;
+        return {};
+    }
+    if (py.path != nullptr) {
+        path = py.path;
+        return access(path.c_str(), X_OK) == 0 ? "" : path + " is not installed here";
+    }
+    const char* home = std::getenv("HOME");
+    for (std::string pyenv : {std::string("pyenv"), std::string(home ? home : "/root") + "/.pyenv/bin/pyenv"}) {
+        auto r = testproc::run({pyenv, "prefix", py.pyenv}, {}, 30);
+        if (r.status != 0) continue;
+        path = r.out.substr(0, r.out.find('\n')) + "/bin/python3";
+        if (access(path.c_str(), X_OK) == 0) return {};
+    }
+    return std::string("no pyenv CPython ") + py.pyenv + " here (pyenv prefix " + py.pyenv + ")";
+}
+
+class ScriptDir {
+public:
+    ScriptDir() {
+        char tmpl[] = "/tmp/commdbg-pyobj-XXXXXX";
+        dir_ = mkdtemp(tmpl);
+        std::ofstream(dir_ + "/objects.py") << kScript;
+    }
+    ~ScriptDir() { std::filesystem::remove_all(dir_); }
+    const std::string& dir() const { return dir_; }
+
+private:
+    std::string dir_;
+};
+
+template <typename T>
+T peek(int pid, uint64_t addr) {
+    T v{};
+    iovec local{&v, sizeof v}, remote{reinterpret_cast<void*>(addr), sizeof v};
+    if (process_vm_readv(pid, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(sizeof v)) return T{};
+    return v;
+}
+
+std::string type_name(int pid, const PyLayout& l, uint64_t type) {
+    uint64_t name = peek<uint64_t>(pid, type + l.tp_name);
+    std::string s;
+    for (char c; s.size() < 64 && (c = peek<char>(pid, name + s.size())) != '\0';) s.push_back(c);
+    return s;
+}
+
+// The thread's frames as the kernel's walker captures them (events.h,
+// cd_py_frame): C-stack frames and 3.13's None frames skipped, `self` only
+// for code with arguments (a cell's contents where a closure captured it),
+// its type read at capture time.
+std::vector<cd_py_frame> walk(int pid, const PyLayout& l, uint64_t tstate) {
+    std::vector<cd_py_frame> out;
+    uint64_t f = peek<uint64_t>(pid, tstate + l.ts_frame);
+    if (l.ts_frame_inner != kPyNoOffset && f != 0) f = peek<uint64_t>(pid, f + l.ts_frame_inner);
+    for (int i = 0; i < 64 && f != 0; ++i, f = peek<uint64_t>(pid, f + l.frame_previous)) {
+        if (l.frame_owner_cstack != kPyNoOffset && peek<uint8_t>(pid, f + l.frame_owner) == l.frame_owner_cstack)
+            continue;
+        cd_py_frame p{};
+        p.code = peek<uint64_t>(pid, f + l.frame_code);
+        if (l.skip_none_code && p.code == l.none_addr) continue;
+        if (peek<int32_t>(pid, p.code + l.code_argcount) >= 1) {
+            p.self = peek<uint64_t>(pid, f + l.frame_localsplus);
+            p.self_type = p.self ? peek<uint64_t>(pid, p.self + l.ob_type) : 0;
+            if (p.self_type != 0 && type_name(pid, l, p.self_type) == "cell") {  // self captured by a closure
+                p.self = peek<uint64_t>(pid, p.self + l.cell_contents);
+                p.self_type = p.self ? peek<uint64_t>(pid, p.self + l.ob_type) : 0;
+            }
+        }
+        p.instr = l.minor == 10 ? static_cast<uint64_t>(static_cast<int64_t>(peek<int32_t>(pid, f + l.frame_instr)))
+                                : peek<uint64_t>(pid, f + l.frame_instr);
+        out.push_back(p);
+    }
+    return out;
+}
+
+uint64_t u(const json& j) { return j.get<uint64_t>(); }
+
+// A frame as the kernel hands it, for a code object at no instruction in particular.
+cd_py_frame at_start(const PyLayout& l, uint64_t code, uint64_t self = 0, uint64_t self_type = 0) {
+    return cd_py_frame{code, self, self_type, l.minor == 10 ? ~0ull : 0};  // 3.10: f_lasti -1
+}
+
+// One script per interpreter, shared by its tests (torch takes seconds to
+// import); each test gets a fresh resolver, so no cache carries over.
+struct Child {
+    ScriptDir dir;
+    std::unique_ptr<testproc::Background> proc;
+    std::string skip;  // why the tests skip, or empty
+    std::string line;  // the PYOBJ line
+};
+
+std::shared_ptr<Child> start(const Interpreter& py) {
+    auto c = std::make_shared<Child>();
+    std::string path;
+    if (c->skip = find_python(py, path); !c->skip.empty()) return c;
+    std::vector<std::string> argv = {path, c->dir.dir() + "/objects.py", py.mode};
+    if (py.trixie)
+        argv = {std::string(SOURCE_DIR) + "/tests/trixie_run.sh", "--bind", c->dir.dir() + ":" + kInRoot, kTrixieRoot,
+                path, kInRoot + "/objects.py", py.mode};
+    c->proc = std::make_unique<testproc::Background>(argv);
+    c->line = c->proc->wait_for_line("PYOBJ", 90);
+    if (c->line.empty()) {
+        auto r = c->proc->wait(5);
+        c->line = "no PYOBJ line; status " + std::to_string(r.status) + ", stderr: " + r.err.substr(0, 3000);
+    }
+    if (c->line.find("PYOBJ_SKIP") != std::string::npos) c->skip = c->line;
+    return c;
+}
+
+class PyObjectsOn : public ::testing::TestWithParam<Interpreter> {
+protected:
+    static std::map<std::string, std::shared_ptr<Child>>& children() {
+        static std::map<std::string, std::shared_ptr<Child>> m;
+        return m;
+    }
+    static void TearDownTestSuite() { children().clear(); }
+
+    void SetUp() override {
+        const Interpreter& py = GetParam();
+        auto& c = children()[py.name];
+        if (!c) c = start(py);
+        child_ = c;
+        if (!c->skip.empty()) GTEST_SKIP() << c->skip;
+        ASSERT_NE(c->line.find("PYOBJ {"), std::string::npos) << "the script did not start: " << c->line;
+        self_ = json::parse(c->line.substr(c->line.find('{')));
+        pid_ = self_["pid"].get<uint32_t>();
+        ASSERT_EQ(static_cast<int>(pid_), c->proc->pid());
+        ASSERT_TRUE(res_.discovery(pid_).ok()) << res_.discovery(pid_).reason;
+        ASSERT_EQ(res_.object_layout_error(pid_), "");
+    }
+    const PyLayout& layout() { return res_.discovery(pid_).layout; }
+    std::string str_attr(const char* obj, const char* name) {
+        return res_.str(pid_, res_.attr(pid_, u(self_[obj]), name)).value_or("<none>");
+    }
+
+    std::shared_ptr<Child> child_;
+    json self_;
+    uint32_t pid_ = 0;
+    LivePyResolver res_;
+};
+
+TEST_P(PyObjectsOn, NamesEveryFrameOfTheLiveStackWithLinesModulesAndKinds) {
+    const auto& truth = self_["frames"];
+    std::vector<uint64_t> walked, told;
+    for (const auto& t : truth) told.push_back(u(t["code"]));
+    std::vector<cd_py_frame> frames;
+    // The line comes from report(), just before blocked() sleeps: wait for that.
+    for (int i = 0; i < 200 && walked != told; ++i, usleep(20 * 1000)) {
+        frames = walk(static_cast<int>(pid_), layout(), u(self_["tstate"]));
+        walked.clear();
+        for (const auto& f : frames) walked.push_back(f.code);
+    }
+    ASSERT_EQ(walked, told) << "the kernel-style walk and the script disagree on the stack";
+    int module_calls = 0;
+    for (size_t i = 0; i < frames.size(); ++i) {
+        const auto& t = truth[i];
+        SCOPED_TRACE("frame " + std::to_string(i) + ": " + t.dump());
+        const PyFrameInfo& info = res_.frame(pid_, frames[i]);
+        EXPECT_TRUE(info.known);
+        EXPECT_EQ(info.qualname, t["qual"].get<std::string>());
+        EXPECT_EQ(info.file, t["file"].get<std::string>());
+        EXPECT_EQ(info.line, t["line"].get<uint32_t>()) << "the current line, from co_linetable";
+        EXPECT_EQ(info.module, u(t["module"]));
+        EXPECT_EQ(info.module_class, t["cls"].get<std::string>());
+        const std::string q = info.qualname.substr(info.qualname.rfind('.') + 1);
+        const bool call = (q == "_call_impl" || q == "_wrapped_call_impl") &&
+                          info.file.ends_with("torch/nn/modules/module.py");
+        EXPECT_EQ(info.kind, call ? PyFrameKind::ModuleCall : PyFrameKind::Plain);
+        module_calls += call;
+        EXPECT_EQ(info.library, info.file.find("/torch/") != std::string::npos);
+        EXPECT_EQ(&res_.frame(pid_, frames[i]), &info) << "the same frame resolves to the same entry";
+    }
+    EXPECT_GE(module_calls, 3) << "Model, Block and Mixer are each called through Module";
+    // Innermost first: blocked(), then Mixer.forward on the mixer of block 1.
+    EXPECT_EQ(res_.frame(pid_, frames[0]).qualname, "blocked");
+    EXPECT_EQ(res_.frame(pid_, frames[1]).module, u(self_["mixer1"]));
+    EXPECT_EQ(res_.frame(pid_, frames[1]).module_class, "Mixer");
+    EXPECT_EQ(res_.module_path(pid_, u(self_["model"]), res_.frame(pid_, frames[1]).module), "encoder.blocks.1.mixer");
+}
+
+TEST_P(PyObjectsOn, ModulePathsFollowTheModulesDicts) {
+    const uint64_t root = u(self_["model"]);
+    EXPECT_EQ(res_.module_path(pid_, root, root), "");
+    EXPECT_EQ(res_.module_path(pid_, root, u(self_["encoder"])), "encoder");
+    EXPECT_EQ(res_.module_path(pid_, root, u(self_["block0"])), "encoder.blocks.0");
+    EXPECT_EQ(res_.module_path(pid_, root, u(self_["block1"])), "encoder.blocks.1");
+    EXPECT_EQ(res_.module_path(pid_, root, u(self_["mixer1"])), "encoder.blocks.1.mixer");
+    EXPECT_EQ(res_.module_path(pid_, root, u(self_["head"])), "head");
+    EXPECT_EQ(res_.module_path(pid_, root, u(self_["inner"])), std::nullopt) << "a module outside the tree";
+    EXPECT_EQ(res_.module_path(pid_, u(self_["encoder"]), u(self_["mixer1"])), "blocks.1.mixer");
+    EXPECT_EQ(res_.module_path(pid_, root, u(self_["mixer1"])), "encoder.blocks.1.mixer") << "cached";
+}
+
+TEST_P(PyObjectsOn, TypesHaveTheirNamesAndKnowWhetherTheyAreModules) {
+    const auto& t = self_["types"];
+    struct Want {
+        const char* key;
+        const char* name;
+        bool heap, module;
+    };
+    for (const Want& w : {Want{"Mixer", "Mixer", true, true}, Want{"Module", "Module", true, true},
+                          Want{"Sequential", "Sequential", true, true}, Want{"Inner", "Outer.Inner", true, true},
+                          Want{"Plain", "Plain", true, false}, Want{"Impostor", "Module", true, false},
+                          Want{"int", "int", false, false}, Want{"rf", "record_function", true, false}}) {
+        SCOPED_TRACE(w.key);
+        auto facts = res_.type(pid_, u(t[w.key]));
+        ASSERT_TRUE(facts.has_value());
+        EXPECT_EQ(facts->name, w.name);
+        EXPECT_EQ(facts->heap, w.heap);
+        EXPECT_EQ(facts->is_module, w.module);
+    }
+    EXPECT_EQ(res_.type(pid_, u(self_["plain"])), std::nullopt) << "an instance is not a type";
+}
+
+TEST_P(PyObjectsOn, InstanceAttributesFromValuesDictsAndCombinedDicts) {
+    EXPECT_EQ(res_.attr(pid_, u(self_["plain"]), "alpha"), u(self_["alpha"]));
+    EXPECT_EQ(str_attr("plain", "name"), "plain-name");
+    EXPECT_EQ(str_attr("plain", "latin"), "caf\u00e9") << "compact UCS1";
+    EXPECT_EQ(str_attr("plain", "greek"), "\u03b1\u03b2\u03b3") << "compact UCS2";
+    EXPECT_EQ(str_attr("plain", "emoji"), "\U0001f642x") << "compact UCS4";
+    EXPECT_EQ(str_attr("plain", "long"), std::string(kPyMaxString, 'x')) << "bounded";
+    EXPECT_EQ(str_attr("mat", "name"), "plain-name") << "after vars(): the materialized dict";
+    EXPECT_EQ(str_attr("mat", "extra"), "after-vars");
+    EXPECT_EQ(str_attr("many", "name"), "many-name") << "more attributes than shared keys hold";
+    EXPECT_EQ(res_.attr(pid_, u(self_["many"]), "a39"), u(self_["a39"]));
+    EXPECT_EQ(res_.attr(pid_, u(self_["plain"]), "missing"), 0u);
+    EXPECT_EQ(res_.attr(pid_, u(self_["slotted"]), "name"), 0u) << "a slot is not in an instance dict";
+    EXPECT_EQ(res_.attr(pid_, u(self_["model"]), "_modules"), u(self_["modules"]));
+    EXPECT_EQ(str_attr("rf", "name"), "my-scope");
+    EXPECT_EQ(res_.attr(pid_, 0x10, "name"), 0u) << "a garbage pointer";
+}
+
+TEST_P(PyObjectsOn, RecordFunctionBackwardAndPlainFramesAreClassified) {
+    const PyLayout& l = layout();
+    const auto& enter = self_["rf_enter"];
+    const PyFrameInfo& rf = res_.frame(pid_, at_start(l, u(enter["code"]), u(self_["rf"]), u(self_["rf_type"])));
+    EXPECT_TRUE(rf.known);
+    EXPECT_EQ(rf.kind, PyFrameKind::RecordFunctionEnter);
+    EXPECT_EQ(rf.label, "my-scope");
+    EXPECT_EQ(rf.qualname, l.minor == 10 ? "__enter__" : "record_function.__enter__");
+    EXPECT_EQ(rf.line, enter["first"].get<uint32_t>()) << "no instruction: the first line";
+    EXPECT_TRUE(rf.library);
+    EXPECT_EQ(rf.module, 0u);
+
+    const PyFrameInfo& bw = res_.frame(pid_, at_start(l, u(self_["backward"]["code"])));
+    EXPECT_EQ(bw.kind, PyFrameKind::BackwardEntry) << bw.qualname << " in " << bw.file;
+
+    const auto& init = self_["plain_init"];
+    const PyFrameInfo& pi = res_.frame(pid_, at_start(l, u(init["code"]), u(self_["plain"]), u(self_["types"]["Plain"])));
+    EXPECT_EQ(pi.kind, PyFrameKind::Plain);
+    EXPECT_EQ(pi.qualname, init["qual"].get<std::string>());
+    EXPECT_EQ(pi.line, init["first"].get<uint32_t>());
+    EXPECT_EQ(pi.module, 0u) << "Plain is not a module";
+    EXPECT_FALSE(pi.library);
+}
+
+TEST_P(PyObjectsOn, AnythingButALiveCodeObjectIsUnknown) {
+    const PyLayout& l = layout();
+    for (uint64_t bad : {uint64_t{0}, uint64_t{0x1000}, u(self_["plain"]), u(self_["types"]["Plain"]),
+                         uint64_t{0x7fffdead0000}}) {
+        const PyFrameInfo& f = res_.frame(pid_, at_start(l, bad));
+        EXPECT_FALSE(f.known) << std::hex << bad;
+        EXPECT_EQ(f.qualname, "<unknown>");
+    }
+}
+
+TEST_P(PyObjectsOn, AFreedCodeObjectIsNotNamedAfterItsOldSelf) {
+    const PyLayout& l = layout();
+    const cd_py_frame doomed = at_start(l, u(self_["doomed"]["code"]));
+    const cd_py_frame big = at_start(l, u(self_["doomed_big"]["code"]));
+    ASSERT_EQ(res_.frame(pid_, doomed).qualname, "doomed_fn");
+    ASSERT_EQ(res_.frame(pid_, big).qualname, "doomed_big");
+    ASSERT_EQ(kill(static_cast<int>(pid_), SIGUSR1), 0);
+    auto line = child_->proc->wait_for_line("PYFREED", 60);
+    ASSERT_NE(line.find("PYFREED {"), std::string::npos) << line;
+    auto freed = json::parse(line.substr(line.find('{')));
+    const PyFrameInfo& after = res_.frame(pid_, doomed);
+    EXPECT_NE(after.qualname, "doomed_fn");
+    if (freed["reused_by"].is_string()) {
+        EXPECT_TRUE(after.known);
+        EXPECT_EQ(after.qualname, freed["reused_by"].get<std::string>()) << "the code object there now";
+    } else if (!after.known) {
+        EXPECT_EQ(after.qualname, "<unknown>");
+    }
+    RecordProperty("reused_by", freed["reused_by"].dump());
+    const PyFrameInfo& big_after = res_.frame(pid_, big);
+    EXPECT_FALSE(big_after.known) << big_after.qualname;
+    EXPECT_EQ(big_after.qualname, "<unknown>");
+}
+
+TEST_P(PyObjectsOn, ForgetDropsTheProcessAndALaterUseDiscoversItAgain) {
+    const cd_py_frame init = at_start(layout(), u(self_["plain_init"]["code"]));
+    EXPECT_TRUE(res_.frame(pid_, init).known);
+    res_.forget(pid_);
+    EXPECT_TRUE(res_.frame(pid_, init).known);
+}
+
+INSTANTIATE_TEST_SUITE_P(Builds, PyObjectsOn, ::testing::ValuesIn(kInterpreters),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(PyObjects, ANonPythonProcessResolvesNothing) {
+    testproc::Background sleeper({"/bin/sleep", "30"});
+    usleep(100 * 1000);
+    LivePyResolver res;
+    const uint32_t pid = static_cast<uint32_t>(sleeper.pid());
+    EXPECT_FALSE(res.frame(pid, cd_py_frame{0x400000, 0, 0, 0}).known);
+    EXPECT_EQ(res.module_path(pid, 1, 2), std::nullopt);
+    EXPECT_EQ(res.module_path(pid, 1, 1), "");
+    EXPECT_EQ(res.discovery(pid).status, PyDiscovery::Status::not_python);
+}
+
+// ---- line tables, on bytes these versions emit ----------------------------
+
+TEST(PyLineTable, Format310PairsOfBytecodeAndLineDeltas) {
+    // (6 bytes, +1) (0 bytes, +2: no range) (4 bytes, -128: no line) (8 bytes, -1)
+    const std::string t = {6, 1, 0, 2, 4, static_cast<char>(-128), 8, static_cast<char>(-1)};
+    EXPECT_EQ(py_line_of(10, t, 10, -2), 10u) << "before the first instruction";
+    EXPECT_EQ(py_line_of(10, t, 10, 0), 11u);
+    EXPECT_EQ(py_line_of(10, t, 10, 4), 11u);
+    EXPECT_EQ(py_line_of(10, t, 10, 6), 10u) << "no line: the first line";
+    EXPECT_EQ(py_line_of(10, t, 10, 10), 12u);
+    EXPECT_EQ(py_line_of(10, t, 10, 100), 10u) << "past the table";
+}
+
+TEST(PyLineTable, Format311ShortOneLineNoColumnAndLongEntries) {
+    // 0xf0: code 14 (long), 1 unit, line delta +2 (varint 4), end-line 0, columns 1, 5
+    // 0xd9: code 11 (one line, +1), 2 units, two column bytes
+    // 0x80: code 0 (short, same line), 1 unit, one column byte
+    // 0xe8: code 13 (no columns), 1 unit, line delta -1 (varint 3)
+    // 0xf8: code 15 (none), 1 unit
+    const std::string t = {static_cast<char>(0xf0), 4, 0, 1, 5, static_cast<char>(0xd9), 0, 4,
+                           static_cast<char>(0x80), 2, static_cast<char>(0xe8), 3, static_cast<char>(0xf8)};
+    EXPECT_EQ(py_line_of(11, t, 20, 0), 22u);
+    EXPECT_EQ(py_line_of(11, t, 20, 2), 23u);
+    EXPECT_EQ(py_line_of(11, t, 20, 4), 23u);
+    EXPECT_EQ(py_line_of(11, t, 20, 6), 23u);
+    EXPECT_EQ(py_line_of(11, t, 20, 8), 22u);
+    EXPECT_EQ(py_line_of(12, t, 20, 10), 20u) << "no location: the first line";
+}
+
+}  // namespace

@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+// The live PyContextResolver: names the frames the kernel captured by reading
+// the target's own objects (code objects, types, instance dicts) with
+// process_vm_readv, per CPython version (3.10-3.13, x86-64, GIL builds).
+// Every read is bounded and checked; a pointer that no longer holds what it
+// held (a freed code object, a reused address) resolves to "<unknown>" or to
+// what it holds now, re-validated, never to stale or garbage text.
+// Not thread-safe: one caller (the record model's thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "py_context.hpp"
+#include "python_runtime.hpp"
+
+namespace commdbg {
+
+// Characters of a str read from a target (co_qualname, co_filename, labels,
+// dict keys); longer strings are cut there.
+inline constexpr size_t kPyMaxString = 512;
+
+// What the model needs to know of a type.
+struct PyTypeFacts {
+    std::string name;        // ht_qualname for heap types ("Encoder.Block"), else tp_name ("int")
+    bool heap = false;       // a class (Py_TPFLAGS_HEAPTYPE), not a static C type
+    bool is_module = false;  // its MRO holds torch.nn.modules.module.Module
+};
+
+class LivePyResolver final : public PyContextResolver {
+public:
+    // `proc_root` as for discover_python (tests point it elsewhere).
+    explicit LivePyResolver(std::string proc_root = "/proc");
+    ~LivePyResolver() override;
+    LivePyResolver(const LivePyResolver&) = delete;
+    LivePyResolver& operator=(const LivePyResolver&) = delete;
+
+    const PyFrameInfo& frame(uint32_t pid, const cd_py_frame& f) override;
+    std::optional<std::string> module_path(uint32_t pid, uint64_t root, uint64_t module) override;
+    void forget(uint32_t pid) override;
+
+    // Hands over a discovery already made (the session discovers each
+    // process once for the kernel's walker); otherwise the first use of a
+    // pid runs discover_python.  Either way, a failure is kept, not retried.
+    void adopt(uint32_t pid, const PyDiscovery& d);
+    const PyDiscovery& discovery(uint32_t pid);
+    // Empty when types and instance attributes can be read; otherwise why
+    // not (the frames still get their code objects' names).
+    std::string object_layout_error(uint32_t pid);
+
+    // The reads frame() and module_path() are made of.
+    std::optional<PyTypeFacts> type(uint32_t pid, uint64_t type_ptr);
+    // An instance attribute's object (the instance's dict or inline values,
+    // not the class's): 0 when there is none or it cannot be read.
+    uint64_t attr(uint32_t pid, uint64_t obj, std::string_view name);
+    // A str object's text as UTF-8, at most kPyMaxString characters.
+    std::optional<std::string> str(uint32_t pid, uint64_t obj);
+
+private:
+    class Process;
+    Process& process(uint32_t pid);
+    std::string proc_root_;
+    std::unordered_map<uint32_t, std::unique_ptr<Process>> procs_;
+};
+
+// The line of the instruction at byte `offset` of a code object's bytecode,
+// from its co_linetable (the 3.10 format when minor == 10, else 3.11+'s):
+// firstlineno when offset < 0 or the table gives no line for it.
+uint32_t py_line_of(int minor, std::string_view linetable, uint32_t firstlineno, int64_t offset);
+
+}  // namespace commdbg
