@@ -22,7 +22,9 @@ the call as torch's bindings do, and calls ncclAllReduce with a NULL comm
         capturing self, a generator, a second Python thread, a recursion
         --depth deep (default 200) and a native thread without Python
         (pthread_create straight into ncclCommDestroy(NULL) instead: its
-        "stack" is [] and its tid is unknown here: "tid": 0).  Ends with
+        "stack" is [] and its tid is unknown here: "tid": 0), and last a
+        call right after dlopen of a library not mapped before (libanl).
+        Ends with
             {"pid": PID, "calls": N, "python": "3.X", "tids": [...]}
         and exits 0; 1 when a site's innermost frames are not the ones
         announced (the workload checks itself before a test trusts it).
@@ -119,6 +121,17 @@ def recurse(n):
     probed("recursion", sys._getframe()) or LIB.ncclAllReduce(None, None, 1, 7, 0, None, None)
 
 
+def after_dlopen():
+    probed("after_dlopen", sys._getframe()) or LIB.ncclAllReduce(None, None, 1, 7, 0, None, None)
+
+
+def load_then_call():
+    # A library mapped after the attach (torch loads some lazily): the
+    # tracer sees the loader change and must keep resolving frames.
+    ctypes.CDLL("libanl.so.1")
+    after_dlopen()
+
+
 def no_python_thread():
     # A thread that never runs Python: pthread_create starts it right in
     # ncclCommDestroy(NULL) (its one argument is pthread's: the stub frees
@@ -161,6 +174,7 @@ def sites(depth):
         ("thread", second_thread, ["thread_body", q("Thread.run")]),
         ("recursion", lambda: recurse(depth), ["recurse"] * depth),
         ("no_python", no_python_thread, []),
+        ("after_dlopen", load_then_call, ["after_dlopen", "load_then_call"]),
     ]
 
 
