@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -115,6 +116,10 @@ constexpr size_t kMaxDictEntries = 16384;  // a dict larger than this is read in
 constexpr size_t kMaxTupleItems = 64;      // MRO depth, names read
 constexpr size_t kMaxLinetable = 64 * 1024;
 constexpr size_t kMaxModules = 10000, kMaxModuleDepth = 32;
+constexpr int kMaxTreeBuilds = 16;
+// Distinct resolved frames kept per process (references stay valid until
+// forget): record_function labels such as "step 1234" would grow it forever.
+constexpr size_t kMaxFrames = 100000;
 
 // PyMemberDef tables: name -> offset.
 std::map<std::string, int64_t> members_of(const Remote& mem, uint64_t type) {
@@ -340,7 +345,12 @@ private:
     std::unordered_map<uint64_t, Code> codes_;
     std::unordered_map<uint64_t, Type> types_;
     std::map<FrameKey, PyFrameInfo> frames_;  // node-stable: frame() hands out references
-    std::unordered_map<uint64_t, std::unordered_map<uint64_t, std::string>> trees_;
+    struct Tree {
+        std::unordered_map<uint64_t, std::string> paths;  // module -> dotted path from the root
+        std::chrono::steady_clock::time_point built;
+        int builds = 0;
+    };
+    std::unordered_map<uint64_t, Tree> trees_;
     std::map<std::pair<uint64_t, uint64_t>, std::optional<std::string>> paths_;
     // Key strings seen during one tree walk (the same interned keys in every module).
     std::unordered_map<uint64_t, std::optional<std::string>>* memo_ = nullptr;
@@ -702,9 +712,11 @@ const PyFrameInfo& LivePyResolver::Process::frame(const cd_py_frame& f) {
     const uint64_t module = mod ? f.self : 0;
     std::string label;
     if (kind == PyFrameKind::RecordFunctionEnter) {
-        if (d_.layout.minor == 10 && st_name != "record_function") kind = PyFrameKind::Plain;
+        if ((d_.layout.minor == 10 && st_name != "record_function") || c->first_local != "self") kind = PyFrameKind::Plain;
         else label = frame_label(f);
     }
+    // Past the bound only labels are dropped: the rest is bounded by the program's code and modules.
+    if (frames_.size() >= kMaxFrames) label.clear();
     auto [it, fresh] = frames_.try_emplace(FrameKey{c->serial, line, kind, module, module != 0 ? st_serial : 0, label});
     if (fresh) {
         PyFrameInfo& info = it->second;
@@ -741,17 +753,24 @@ void LivePyResolver::Process::build_tree(uint64_t root, std::unordered_map<uint6
     memo_ = nullptr;
 }
 
-// The tree below `root` is walked once; a module not found in it is looked
-// for once more (it may have been added since), then the answer is kept.
+// The tree below `root` is walked once; a module not in it may have been
+// added since, so a miss walks it again, but at most once a second and
+// kMaxTreeBuilds times (a model that makes modules in forward() misses
+// often, and a large tree takes a while), then the answer is kept.
 std::optional<std::string> LivePyResolver::Process::module_path(uint64_t root, uint64_t module) {
     if (root == module) return std::string();
     if (!d_.ok() || !layout_error_.empty()) return std::nullopt;
     const auto key = std::make_pair(root, module);
     if (auto it = paths_.find(key); it != paths_.end()) return it->second;
-    auto [tree, fresh] = trees_.try_emplace(root);
-    if (fresh || tree->second.count(module) == 0) build_tree(root, tree->second);
+    Tree& tree = trees_[root];
+    const auto now = std::chrono::steady_clock::now();
+    if (tree.builds == 0 || (tree.paths.count(module) == 0 && tree.builds < kMaxTreeBuilds &&
+                             now - tree.built >= std::chrono::seconds(1))) {
+        build_tree(root, tree.paths);
+        tree.built = now, ++tree.builds;
+    }
     std::optional<std::string> path;
-    if (auto it = tree->second.find(module); it != tree->second.end()) path = it->second;
+    if (auto it = tree.paths.find(module); it != tree.paths.end()) path = it->second;
     paths_.emplace(key, path);
     return path;
 }

@@ -46,6 +46,7 @@ public:
     // Hands over a discovery already made (the session discovers each
     // process once for the kernel's walker); otherwise the first use of a
     // pid runs discover_python.  Either way, a failure is kept, not retried.
+    // adopt() drops what was cached for pid, as forget() does.
     void adopt(uint32_t pid, const PyDiscovery& d);
     const PyDiscovery& discovery(uint32_t pid);
     // Empty when types and instance attributes can be read; otherwise why

@@ -252,6 +252,7 @@ def report():
         "rf": id(rf), "rf_type": id(type(rf)), "rf_enter": code_facts(type(rf).__enter__),
         "backward": code_facts(backward_entry), "plain_init": code_facts(Plain.__init__),
         "doomed": code_facts(doomed), "doomed_big": code_facts(doomed_big),
+        "stdlib": code_facts(json.dumps), "frozen": code_facts(sys.modules["_frozen_importlib"]._find_and_load),
     }
     print("PYOBJ " + json.dumps(out), flush=True)
 
@@ -545,6 +546,45 @@ TEST_P(PyObjectsOn, RecordFunctionBackwardAndPlainFramesAreClassified) {
     EXPECT_EQ(pi.line, init["first"].get<uint32_t>());
     EXPECT_EQ(pi.module, 0u) << "Plain is not a module";
     EXPECT_FALSE(pi.library);
+}
+
+TEST_P(PyObjectsOn, StdlibAndFrozenFilesAreLibraryFiles) {
+    for (const char* key : {"stdlib", "frozen"}) {
+        const auto& c = self_[key];
+        const PyFrameInfo& f = res_.frame(pid_, at_start(layout(), u(c["code"])));
+        EXPECT_EQ(f.qualname, c["qual"].get<std::string>());
+        EXPECT_EQ(f.file, c["file"].get<std::string>());
+        EXPECT_TRUE(f.library) << f.file;
+    }
+    EXPECT_EQ(res_.frame(pid_, at_start(layout(), u(self_["frozen"]["code"]))).file.rfind("<frozen ", 0), 0u);
+}
+
+// Pointers into and around live objects, as a garbage `self` or a stale
+// code pointer would be: no crash, and the real objects resolve as before.
+TEST_P(PyObjectsOn, PointersIntoAndAroundObjectsNeverCrashOrPoisonTheCaches) {
+    const PyLayout& l = layout();
+    std::vector<uint64_t> bases;
+    for (const char* k : {"plain", "model", "many", "rf", "modules"}) bases.push_back(u(self_[k]));
+    for (const auto& [k, v] : self_["types"].items()) bases.push_back(u(v));
+    for (const char* k : {"plain_init", "rf_enter", "backward"}) bases.push_back(u(self_[k]["code"]));
+    size_t known = 0;
+    for (uint64_t b : bases) {
+        for (int64_t off = -256; off < 1024; off += 8) {
+            const uint64_t p = b + static_cast<uint64_t>(off);
+            known += res_.frame(pid_, cd_py_frame{p, p, p, p}).known;
+            res_.frame(pid_, cd_py_frame{u(self_["plain_init"]["code"]), p, p + 8, 0});
+            res_.attr(pid_, p, "name");
+            res_.type(pid_, p);
+            res_.str(pid_, p);
+            res_.module_path(pid_, u(self_["model"]), p);
+        }
+    }
+    RecordProperty("known_at_odd_addresses", static_cast<int>(known));
+    const PyFrameInfo& init = res_.frame(pid_, at_start(l, u(self_["plain_init"]["code"])));
+    EXPECT_EQ(init.qualname, self_["plain_init"]["qual"].get<std::string>());
+    EXPECT_EQ(str_attr("plain", "name"), "plain-name");
+    EXPECT_EQ(res_.module_path(pid_, u(self_["model"]), u(self_["mixer1"])), "encoder.blocks.1.mixer");
+    EXPECT_TRUE(res_.type(pid_, u(self_["types"]["Mixer"]))->is_module);
 }
 
 TEST_P(PyObjectsOn, AnythingButALiveCodeObjectIsUnknown) {
