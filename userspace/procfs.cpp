@@ -143,25 +143,32 @@ std::vector<MappedFile> mapped_files(const std::vector<MapEntry>& maps, int pid,
         f.path = e.path;
         f.deleted = e.deleted;
         struct stat st {};
-        if (e.deleted) {
-            // The path may now name a newer file (a reinstalled library), whose
-            // offsets differ; map_files still reaches the mapped inode (needs root).
-            char range[64];
-            std::snprintf(range, sizeof range, "/map_files/%llx-%llx", static_cast<unsigned long long>(e.start),
-                          static_cast<unsigned long long>(e.end));
-            f.open_path = pid_dir(proc_root, pid) + range;
-            if (::stat(f.open_path.c_str(), &st) != 0) {
-                st.st_dev = makedev(e.dev_major, e.dev_minor);
-                st.st_ino = e.inode;
+        char range[64];
+        std::snprintf(range, sizeof range, "/map_files/%llx-%llx", static_cast<unsigned long long>(e.start),
+                      static_cast<unsigned long long>(e.end));
+        // Through /proc/PID/root first, so a containerised process's files
+        // resolve in its own mount namespace; then the path as we see it;
+        // then map_files (needs root), which reaches the mapped inode
+        // whatever its name: a library unlinked since (a reinstall, whose
+        // path names a newer file with other offsets), or one mounted where
+        // neither name leads (a bind mount in the job's private namespace
+        // under a chroot, which maps show from our root).  The first whose
+        // inode is the mapping's wins.
+        std::vector<std::string> candidates;
+        if (!e.deleted) candidates = {root + e.path, e.path};
+        candidates.push_back(pid_dir(proc_root, pid) + range);
+        f.open_path.clear();
+        for (const std::string& c : candidates) {
+            struct stat cst {};
+            if (::stat(c.c_str(), &cst) != 0) continue;
+            if (f.open_path.empty()) f.open_path = c, st = cst;  // the first that exists, failing a match
+            if (cst.st_ino == e.inode) {
+                f.open_path = c, st = cst;
+                break;
             }
-        } else if (std::string via_root = root + e.path; ::stat(via_root.c_str(), &st) == 0) {
-            // Through /proc/PID/root so a containerised process's files resolve
-            // in its own mount namespace.
-            f.open_path = via_root;
-        } else if (::stat(e.path.c_str(), &st) == 0) {
-            f.open_path = e.path;
-        } else {
-            f.open_path = e.path;
+        }
+        if (f.open_path.empty()) {
+            f.open_path = e.deleted ? candidates.back() : e.path;
             st.st_dev = makedev(e.dev_major, e.dev_minor);
             st.st_ino = e.inode;
         }
