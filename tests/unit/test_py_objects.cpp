@@ -283,6 +283,13 @@ const Interpreter kInterpreters[] = {
     {"trixie_3_13_torch_2_6", nullptr, "python3", "torch", true},
 };
 
+// What does not depend on torch (freed objects, garbage pointers, library
+// files) runs once per interpreter, without torch's seconds of import.
+const Interpreter kFakeInterpreters[] = {
+    {"debian_3_11", nullptr, "/usr/bin/python3.11"}, {"pyenv_3_10", "3.10"}, {"pyenv_3_11", "3.11"},
+    {"pyenv_3_12", "3.12"}, {"pyenv_3_13", "3.13"}, {"trixie_3_13", nullptr, "python3", "fake", true},
+};
+
 const char* const kTrixieRoot = "/var/cache/commdbg/trixie-root";
 const std::string kInRoot = "/commdbg-pyobj";
 
@@ -433,6 +440,8 @@ protected:
     LivePyResolver res_;
 };
 
+class PyObjectsFakeOn : public PyObjectsOn {};
+
 TEST_P(PyObjectsOn, NamesEveryFrameOfTheLiveStackWithLinesModulesAndKinds) {
     const auto& truth = self_["frames"];
     std::vector<uint64_t> walked, told;
@@ -548,7 +557,7 @@ TEST_P(PyObjectsOn, RecordFunctionBackwardAndPlainFramesAreClassified) {
     EXPECT_FALSE(pi.library);
 }
 
-TEST_P(PyObjectsOn, StdlibAndFrozenFilesAreLibraryFiles) {
+TEST_P(PyObjectsFakeOn, StdlibAndFrozenFilesAreLibraryFiles) {
     for (const char* key : {"stdlib", "frozen"}) {
         const auto& c = self_[key];
         const PyFrameInfo& f = res_.frame(pid_, at_start(layout(), u(c["code"])));
@@ -561,7 +570,7 @@ TEST_P(PyObjectsOn, StdlibAndFrozenFilesAreLibraryFiles) {
 
 // Pointers into and around live objects, as a garbage `self` or a stale
 // code pointer would be: no crash, and the real objects resolve as before.
-TEST_P(PyObjectsOn, PointersIntoAndAroundObjectsNeverCrashOrPoisonTheCaches) {
+TEST_P(PyObjectsFakeOn, PointersIntoAndAroundObjectsNeverCrashOrPoisonTheCaches) {
     const PyLayout& l = layout();
     std::vector<uint64_t> bases;
     for (const char* k : {"plain", "model", "many", "rf", "modules"}) bases.push_back(u(self_[k]));
@@ -587,7 +596,7 @@ TEST_P(PyObjectsOn, PointersIntoAndAroundObjectsNeverCrashOrPoisonTheCaches) {
     EXPECT_TRUE(res_.type(pid_, u(self_["types"]["Mixer"]))->is_module);
 }
 
-TEST_P(PyObjectsOn, AnythingButALiveCodeObjectIsUnknown) {
+TEST_P(PyObjectsFakeOn, AnythingButALiveCodeObjectIsUnknown) {
     const PyLayout& l = layout();
     for (uint64_t bad : {uint64_t{0}, uint64_t{0x1000}, u(self_["plain"]), u(self_["types"]["Plain"]),
                          uint64_t{0x7fffdead0000}}) {
@@ -597,7 +606,7 @@ TEST_P(PyObjectsOn, AnythingButALiveCodeObjectIsUnknown) {
     }
 }
 
-TEST_P(PyObjectsOn, AFreedCodeObjectIsNotNamedAfterItsOldSelf) {
+TEST_P(PyObjectsFakeOn, AFreedCodeObjectIsNotNamedAfterItsOldSelf) {
     const PyLayout& l = layout();
     const cd_py_frame doomed = at_start(l, u(self_["doomed"]["code"]));
     const cd_py_frame big = at_start(l, u(self_["doomed_big"]["code"]));
@@ -621,7 +630,7 @@ TEST_P(PyObjectsOn, AFreedCodeObjectIsNotNamedAfterItsOldSelf) {
     EXPECT_EQ(big_after.qualname, "<unknown>");
 }
 
-TEST_P(PyObjectsOn, ForgetDropsTheProcessAndALaterUseDiscoversItAgain) {
+TEST_P(PyObjectsFakeOn, ForgetDropsTheProcessAndALaterUseDiscoversItAgain) {
     const cd_py_frame init = at_start(layout(), u(self_["plain_init"]["code"]));
     EXPECT_TRUE(res_.frame(pid_, init).known);
     res_.forget(pid_);
@@ -629,6 +638,8 @@ TEST_P(PyObjectsOn, ForgetDropsTheProcessAndALaterUseDiscoversItAgain) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Builds, PyObjectsOn, ::testing::ValuesIn(kInterpreters),
+                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Builds, PyObjectsFakeOn, ::testing::ValuesIn(kFakeInterpreters),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(PyObjects, ANonPythonProcessResolvesNothing) {
