@@ -166,6 +166,13 @@ struct {
 	__type(value, struct cd_py_cfg);
 } py_procs SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct cd_scope_key);
+	__type(value, __u64);
+} open_scopes SEC(".maps");
+
 /* A record with context is built here and copied out with
  * bpf_ringbuf_output, at its real size: a reservation has a constant size,
  * and reserving the largest stack for every record would fill the buffer
@@ -898,6 +905,20 @@ static __always_inline void emit_exit(const struct cd_inflight *s, __u32 tid, co
 	bpf_ringbuf_submit(e, record_wakeup());
 }
 
+/* USER_SCOPE RecordFunctions (events.h, cd_scope_key): open from the begin
+ * to the first end.  The scope is a uint8_t: the register's low byte. */
+#define CD_USER_SCOPE 7
+
+static __always_inline void track_scope(const struct entry *en)
+{
+	struct cd_scope_key k = {.tgid = en->tgid, .self = slot_arg(en->args, CD_COOKIE_COUNT(en->cookie))};
+
+	if (en->role == CD_ROLE_SCOPE_BEGIN && (slot_arg(en->args, CD_COOKIE_PEER(en->cookie)) & 0xff) == CD_USER_SCOPE)
+		bpf_map_update_elem(&open_scopes, &k, &en->ts, BPF_ANY);
+	else if (en->role == CD_ROLE_SCOPE_END)
+		bpf_map_delete_elem(&open_scopes, &k);
+}
+
 SEC("uprobe.multi")
 int call_enter(struct pt_regs *ctx)
 {
@@ -924,6 +945,7 @@ int call_enter(struct pt_regs *ctx)
 		return 0;
 	if (!wants_records(&en))
 		return 0;
+	track_scope(&en);
 	wakeup = call_wakeup(st);
 	if (!emit_enter_ctx(&en, wakeup))
 		emit_enter(&en, wakeup);

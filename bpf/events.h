@@ -151,6 +151,16 @@ struct cd_context {
 	/* struct cd_py_frame frames[nframes] follow */
 };
 
+/* record_function scopes open in the kernel's view (`open_scopes`, an LRU
+ * map): a USER_SCOPE RecordFunction from its begin to its first end.  While
+ * its key is there the Python record_function object lives, so a label read
+ * from it in userspace is its own (torch 1.13 keeps the label in Python). */
+struct cd_scope_key {
+	__u32 tgid;
+	__u32 pad;
+	__u64 self; /* the RecordFunction's `this` */
+};
+
 /* Per traced Python process (`py_procs` map, key: tgid): how to walk its
  * frames, from userspace's discovery (python_runtime.hpp, PyLayout). */
 #define CD_PYCFG_SKIP_NONE_CODE (1u << 0) /* 3.13: skip frames whose code is &_Py_NoneStruct */
@@ -437,6 +447,7 @@ CD_STATIC_ASSERT(sizeof(struct cd_comm_key) == 16, "cd_comm_key");
 CD_STATIC_ASSERT(sizeof(struct cd_comm_val) == 48 + CD_UNIQUE_ID_BYTES, "cd_comm_val");
 CD_STATIC_ASSERT(sizeof(struct cd_inflight) == 8 * 5 + 8 * CD_NUM_ARGS + 24 + 24, "cd_inflight");
 CD_STATIC_ASSERT(sizeof(struct cd_py_frame) == 32, "cd_py_frame");
+CD_STATIC_ASSERT(sizeof(struct cd_scope_key) == 16, "cd_scope_key");
 CD_STATIC_ASSERT(sizeof(struct cd_context) == 8 + CD_LABEL_MAX, "cd_context");
 CD_STATIC_ASSERT(sizeof(struct cd_py_cfg) == 16 + 4 * 18, "cd_py_cfg");
 CD_STATIC_ASSERT(sizeof(struct cd_proc_counts) == 32 + CD_COARSE_SLOTS * 40, "cd_proc_counts");

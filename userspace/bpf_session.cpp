@@ -170,6 +170,12 @@ Result<bool> BpfSession::set_python(uint32_t tgid, const cd_py_cfg& cfg) {
 
 void BpfSession::clear_python(uint32_t tgid) { bpf_map__delete_elem(skel_->maps.py_procs, &tgid, sizeof(tgid), 0); }
 
+bool BpfSession::scope_open(uint32_t tgid, uint64_t self) const {
+    cd_scope_key k{tgid, 0, self};
+    uint64_t ts = 0;
+    return bpf_map__lookup_elem(skel_->maps.open_scopes, &k, sizeof(k), &ts, sizeof(ts), 0) == 0;
+}
+
 bool BpfSession::is_traced(uint32_t tgid) const {
     uint32_t flags = 0;
     return bpf_map__lookup_elem(skel_->maps.traced, &tgid, sizeof(tgid), &flags, sizeof(flags), 0) == 0;

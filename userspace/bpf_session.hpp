@@ -82,6 +82,9 @@ public:
     // symbols then carry its stack); cleared when it exits.
     Result<bool> set_python(uint32_t tgid, const cd_py_cfg& cfg);
     void clear_python(uint32_t tgid);
+    // A USER_SCOPE RecordFunction `self` of `tgid` has begun and not ended:
+    // its Python record_function object still lives.
+    bool scope_open(uint32_t tgid, uint64_t self) const;
 
     void set_event_handler(EventHandler h) { handler_ = std::move(h); }
     // Delivers ready records to the handler; returns how many, or -errno.

@@ -602,9 +602,20 @@ void TraceModel::begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const
     size_t at = 0;
     for (; at < frames_.size() && !enter; ++at)
         if (frames_[at]->kind == PyFrameKind::RecordFunctionEnter) enter = frames_[at];
+    uint64_t self = 0;
+    slot_value(e, info.slots.count, self);
     std::string label = "<unnamed>";
-    if (th.has_label) label = std::move(th.pending_label), th.has_label = false;
-    else if (enter && !enter->label.empty()) label = enter->label;
+    if (th.has_label) {
+        label = std::move(th.pending_label), th.has_label = false;
+    } else if (enter) {
+        // Read at ingest from the record_function object: its own only if the
+        // scope is still open now (see set_scope_check).
+        if (!enter->label.empty() && (!scope_open_ || scope_open_(e.tgid, self))) label = enter->label;
+    } else if (e.py_status != CD_PY_NONE) {
+        // No label and no record_function on the stack: a RecordFunction of
+        // torch's own (c10d's Work around each collective), not a user scope.
+        return;
+    }
     uint32_t depth = th.ctx.empty() ? 0 : th.ctx.back().depth;  // no usable stack: innermost
     if (stack_complete(e)) depth = static_cast<uint32_t>(enter ? frames_.size() - at : frames_.size());
     if (th.ctx.size() >= kMaxCtxLinks) return;
@@ -620,8 +631,6 @@ void TraceModel::begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const
         if (e.py_status != CD_PY_NONE) r.stack = p.intern_stack(frames_, e.py_status, e.ctx_flags);
         rec = p.append(r, th);
     }
-    uint64_t self = 0;
-    slot_value(e, info.slots.count, self);
     th.ctx.push_back({self, depth, rec, kNoRecord, true, false});
 }
 

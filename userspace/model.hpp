@@ -302,6 +302,11 @@ public:
     // Names Python frames and module paths; null: stacks are kept as
     // "<unknown>" frames and no modules are seen.  Must outlive the model.
     void set_resolver(PyContextResolver* r) { resolver_ = r; }
+    // Whether a scope (tgid, RecordFunction this) is still open in the target
+    // now: a label read from its Python object at ingest is trusted only
+    // then (the object dies at the scope's end and its address is reused by
+    // the next one).  Unset: labels from Python objects are trusted.
+    void set_scope_check(std::function<bool(uint32_t, uint64_t)> open) { scope_open_ = std::move(open); }
 
     void on_event(const Event& ev);
     // Window reset: records, counts and drops are cleared and exited processes
@@ -346,6 +351,7 @@ private:
     const SymbolTable& syms_;
     ModelLimits limits_;
     PyContextResolver* resolver_ = nullptr;
+    std::function<bool(uint32_t, uint64_t)> scope_open_;
     // Scratch of on_enter, kept for its capacity.
     std::vector<const PyFrameInfo*> frames_;  // the record's frames, resolved, innermost first
     std::vector<WantModule> want_;

@@ -291,10 +291,12 @@ public:
     std::optional<PyTypeFacts> type_facts(uint64_t t);
     uint64_t attr(uint64_t obj, std::string_view name);
     std::optional<std::string> str(uint64_t obj);
+    void set_epoch(uint64_t e) { epoch_ = e; }
 
 private:
     struct Code {
         uint64_t serial = 0;
+        uint64_t checked = 0;  // epoch it was last re-validated in
         uint64_t name = 0, filename = 0, linetable = 0, varnames = 0;  // what it was read from: re-validation
         int32_t argcount = 0;
         uint32_t firstlineno = 0;
@@ -307,6 +309,7 @@ private:
     };
     struct Type {
         uint64_t serial = 0;
+        uint64_t checked = 0;  // epoch it was last re-validated in
         uint64_t meta = 0, name_ptr = 0;  // re-validate a heap type
         uint64_t flags = 0, dict = 0, mro = 0;
         int64_t basicsize = 0, itemsize = 0, dictoffset = 0;
@@ -342,6 +345,7 @@ private:
     std::string layout_error_;  // non-empty: no types' dicts, no attributes
     uint64_t type_type_ = 0, str_type_ = 0;
     uint64_t serials_ = 0;
+    uint64_t epoch_ = 1;  // LivePyResolver::begin_batch()
     std::unordered_map<uint64_t, Code> codes_;
     std::unordered_map<uint64_t, Type> types_;
     std::map<FrameKey, PyFrameInfo> frames_;  // node-stable: frame() hands out references
@@ -420,15 +424,18 @@ LivePyResolver::Process::Type* LivePyResolver::Process::type(uint64_t ptr) {
     if (!plausible(ptr) || type_type_ == 0) return nullptr;
     if (auto it = types_.find(ptr); it != types_.end()) {
         Type& t = it->second;
-        if (!t.facts.heap) return &t;
+        if (!t.facts.heap || t.checked == epoch_) return &t;
         uint64_t h[2] = {0, 0}, name = 0;
         if (mem_.read2(ptr, h, sizeof h, ptr + o_.ht_qualname, &name, sizeof name) && plausible_refcnt(h[0]) &&
-            h[1] == t.meta && name == t.name_ptr)
+            h[1] == t.meta && name == t.name_ptr) {
+            t.checked = epoch_;
             return &t;
+        }
         types_.erase(it);
     }
     Type t;
     if (!read_type(ptr, t)) return nullptr;
+    t.checked = epoch_;
     return &types_.insert_or_assign(ptr, std::move(t)).first->second;
 }
 
@@ -657,14 +664,18 @@ LivePyResolver::Process::Code* LivePyResolver::Process::code(uint64_t ptr) {
     if (!d_.ok() || !plausible(ptr)) return nullptr;
     if (auto it = codes_.find(ptr); it != codes_.end()) {
         Code now;
-        const Code& c = it->second;
+        Code& c = it->second;
+        if (c.checked == epoch_) return &c;
         if (code_head(ptr, now) && now.name == c.name && now.filename == c.filename && now.linetable == c.linetable &&
-            now.varnames == c.varnames && now.argcount == c.argcount && now.firstlineno == c.firstlineno)
-            return &it->second;
+            now.varnames == c.varnames && now.argcount == c.argcount && now.firstlineno == c.firstlineno) {
+            c.checked = epoch_;
+            return &c;
+        }
         codes_.erase(it);
     }
     Code c;
     if (!read_code(ptr, c)) return nullptr;
+    c.checked = epoch_;
     return &codes_.insert_or_assign(ptr, std::move(c)).first->second;
 }
 
@@ -795,7 +806,11 @@ std::string LivePyResolver::object_layout_error(uint32_t pid) {
     return p.discovery().ok() ? p.layout_error() : p.discovery().reason;
 }
 
-const PyFrameInfo& LivePyResolver::frame(uint32_t pid, const cd_py_frame& f) { return process(pid).frame(f); }
+const PyFrameInfo& LivePyResolver::frame(uint32_t pid, const cd_py_frame& f) {
+    Process& p = process(pid);
+    p.set_epoch(epoch_);
+    return p.frame(f);
+}
 
 std::optional<std::string> LivePyResolver::module_path(uint32_t pid, uint64_t root, uint64_t module) {
     return process(pid).module_path(root, module);

@@ -42,6 +42,12 @@ public:
     const PyFrameInfo& frame(uint32_t pid, const cd_py_frame& f) override;
     std::optional<std::string> module_path(uint32_t pid, uint64_t root, uint64_t module) override;
     void forget(uint32_t pid) override;
+    // A new batch of records (one ring-buffer poll): code objects and classes
+    // are re-validated against the target once per batch, not once per frame
+    // (two system calls a frame made a deep stack cost more to name than to
+    // capture).  A code object freed and its address reused within one batch
+    // keeps its old name for the rest of that batch.
+    void begin_batch() { ++epoch_; }
 
     // Hands over a discovery already made (the session discovers each
     // process once for the kernel's walker); otherwise the first use of a
@@ -65,6 +71,7 @@ private:
     class Process;
     Process& process(uint32_t pid);
     std::string proc_root_;
+    uint64_t epoch_ = 1;
     std::unordered_map<uint32_t, std::unique_ptr<Process>> procs_;
 };
 

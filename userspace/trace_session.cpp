@@ -66,6 +66,7 @@ TraceSession::TraceSession(std::unique_ptr<ResumeGuard> guard, std::unique_ptr<B
       opts_(opts) {
     bpf_->set_event_handler([this](std::span<const uint8_t> b) { on_record(b); });
     if (opts_.py_stack != PyStackMode::Off && opts_.records) model_.set_resolver(&resolver_);
+    model_.set_scope_check([this](uint32_t tgid, uint64_t self) { return bpf_->scope_open(tgid, self); });
 }
 
 TraceSession::~TraceSession() {
@@ -255,7 +256,10 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
     model_.on_event(ev);
 }
 
-int TraceSession::poll(int timeout_ms) { return bpf_->poll(timeout_ms); }
+int TraceSession::poll(int timeout_ms) {
+    resolver_.begin_batch();
+    return bpf_->poll(timeout_ms);
+}
 
 void TraceSession::drain() {
     bpf_->set_armed(false);  // the window closes here, for every symbol at once
