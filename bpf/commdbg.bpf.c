@@ -790,6 +790,41 @@ static __always_inline void read_label(struct ctx_buf *b, __u64 str)
 		b->ctx.label_len = len;
 }
 
+#define CD_STR_COMPACT_ASCII 0x60 /* PyASCIIObject state: compact (bit 5) and ascii (bit 6) */
+
+/* torch 1.13: a scope's label is the `name` of the record_function whose
+ * __enter__ is on the stack (events.h, cd_py_cfg.rf_type).  Userspace
+ * reading it later might find the object freed and its address reused. */
+static __always_inline void read_py_label(struct ctx_buf *b, const struct cd_py_cfg *c, __u32 n)
+{
+	__u64 values, str, len = 0;
+	__u32 state = 0, i, k;
+
+	for (i = 0; i < 8; i++) {
+		if (i >= n)
+			return;
+		if (b->frames[i].self_type == c->rf_type)
+			break;
+	}
+	if (i >= 8)
+		return;
+	values = read_u64(b->frames[i].self - 32);
+	str = values ? read_u64(values + 8 * (__u64)c->rf_name_index) : 0;
+	if (!str || bpf_probe_read_user(&len, sizeof(len), (void *)(str + c->str_length)) ||
+	    bpf_probe_read_user(&state, sizeof(state), (void *)(str + c->str_state)) ||
+	    (state & CD_STR_COMPACT_ASCII) != CD_STR_COMPACT_ASCII || !len)
+		return;
+	if (len > CD_LABEL_MAX) {
+		len = CD_LABEL_MAX;
+		b->ctx.flags |= CD_CTX_LABEL_CUT;
+	}
+	k = len;
+	if (k > CD_LABEL_MAX)
+		return;
+	if (bpf_probe_read_user(b->ctx.label, k, (void *)(str + c->str_ascii_data)) == 0)
+		b->ctx.label_len = k;
+}
+
 /* The label and stack of a record into b; returns the tail's length. */
 static __always_inline __u32 fill_context(struct ctx_buf *b, __u64 cookie, const __u64 *args,
 					  const struct cd_py_cfg *cfg)
@@ -813,6 +848,8 @@ static __always_inline __u32 fill_context(struct ctx_buf *b, __u64 cookie, const
 	}
 	n = w.n > CD_MAX_PY_FRAMES ? CD_MAX_PY_FRAMES : w.n;
 	b->ctx.nframes = n;
+	if (cfg && cfg->rf_type && !b->ctx.label_len && CD_COOKIE_ROLE(cookie) == CD_ROLE_SCOPE_BEGIN)
+		read_py_label(b, cfg, n);
 	return sizeof(struct cd_context) + n * sizeof(struct cd_py_frame);
 }
 
@@ -832,6 +869,29 @@ static __always_inline struct ctx_buf *context_buf(__u64 cookie, __u32 tgid, __u
 	return b;
 }
 
+/* Names of a record's Python frames are read from the live process when
+ * userspace takes the record: a record with context wakes it at least every
+ * CTX_WAKE_NS, so a short job's last frames are named before it exits (a
+ * record per wake-up at worst, not one per record).  A scope's begin wakes it
+ * at once while userspace has yet to learn where torch 1.13 keeps labels. */
+#define CTX_WAKE_NS 5000000ull
+__u64 ctx_woken_ns = 0;
+
+static __always_inline __u64 ctx_wakeup(__u64 wakeup, __u64 cookie, const struct cd_py_cfg *cfg)
+{
+	__u64 now;
+
+	if (wakeup == BPF_RB_FORCE_WAKEUP)
+		return wakeup;
+	if (cfg && !cfg->rf_type && CD_COOKIE_ROLE(cookie) == CD_ROLE_SCOPE_BEGIN)
+		return BPF_RB_FORCE_WAKEUP;
+	now = bpf_ktime_get_ns();
+	if (now - ctx_woken_ns < CTX_WAKE_NS)
+		return wakeup;
+	ctx_woken_ns = now;
+	return BPF_RB_FORCE_WAKEUP;
+}
+
 #define CTX_ENTER_OFF (CTX_BODY - sizeof(struct cd_call_enter))
 
 /* An entry record with its context; false when it has none to carry. */
@@ -845,6 +905,7 @@ static __always_inline bool emit_enter_ctx(const struct entry *en, __u64 wakeup)
 		return false;
 	tail = fill_context(b, en->cookie, en->args, cfg);
 	fill_enter((struct cd_call_enter *)(b->body + CTX_ENTER_OFF), en, tail);
+	wakeup = ctx_wakeup(wakeup, en->cookie, cfg);
 	if (bpf_ringbuf_output(&events, b->body + CTX_ENTER_OFF, sizeof(struct cd_call_enter) + tail, wakeup))
 		count_ringbuf_drop(en->tgid);
 	return true;
@@ -863,6 +924,7 @@ static __always_inline bool emit_call_ctx(const struct cd_inflight *s, __u32 tid
 		return false;
 	tail = fill_context(b, s->cookie, s->args, cfg);
 	fill_call((struct cd_call *)b->body, s, tid, r, tail);
+	wakeup = ctx_wakeup(wakeup, s->cookie, cfg);
 	if (bpf_ringbuf_output(&events, b->body, sizeof(struct cd_call) + tail, wakeup))
 		count_ringbuf_drop(s->ckey.tgid);
 	return true;

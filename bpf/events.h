@@ -187,6 +187,15 @@ struct cd_py_cfg {
 	__u32 max_frames; /* <= CD_MAX_PY_FRAMES */
 	__u32 flags;	  /* CD_PYCFG_* */
 	__u32 pad;
+	/* torch 1.13 keeps a scope's label in Python only: at a SCOPE_BEGIN the
+	 * kernel reads it from the `name` of the record_function whose
+	 * __enter__ is on the stack (3.11: values array at self - 32, slot
+	 * rf_name_index; a compact ASCII str).  rf_type 0: not known yet. */
+	__u64 rf_type;
+	__u32 rf_name_index;
+	__u32 str_length;     /* PyASCIIObject: length, state, data of a compact ASCII str */
+	__u32 str_state;
+	__u32 str_ascii_data;
 };
 
 #define CD_UNIQUE_ID_BYTES 128
@@ -449,7 +458,7 @@ CD_STATIC_ASSERT(sizeof(struct cd_inflight) == 8 * 5 + 8 * CD_NUM_ARGS + 24 + 24
 CD_STATIC_ASSERT(sizeof(struct cd_py_frame) == 32, "cd_py_frame");
 CD_STATIC_ASSERT(sizeof(struct cd_scope_key) == 16, "cd_scope_key");
 CD_STATIC_ASSERT(sizeof(struct cd_context) == 8 + CD_LABEL_MAX, "cd_context");
-CD_STATIC_ASSERT(sizeof(struct cd_py_cfg) == 16 + 4 * 18, "cd_py_cfg");
+CD_STATIC_ASSERT(sizeof(struct cd_py_cfg) == 16 + 4 * 17 + 4 + 8 + 16, "cd_py_cfg");
 CD_STATIC_ASSERT(sizeof(struct cd_proc_counts) == 32 + CD_COARSE_SLOTS * 40, "cd_proc_counts");
 
 #endif /* COMMDBG_EVENTS_H */

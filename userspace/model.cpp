@@ -607,6 +607,8 @@ void TraceModel::begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const
     std::string label = "<unnamed>";
     if (th.has_label) {
         label = std::move(th.pending_label), th.has_label = false;
+    } else if (!e.label.empty()) {
+        label = e.label;  // read by the kernel from the record_function object (torch 1.13)
     } else if (enter) {
         // Read at ingest from the record_function object: its own only if the
         // scope is still open now (see set_scope_check).

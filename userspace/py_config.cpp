@@ -33,6 +33,9 @@ Result<cd_py_cfg> py_walk_config(const PyLayout& l, uint32_t max_frames) {
     c.max_frames = std::clamp<uint32_t>(max_frames, 1, CD_MAX_PY_FRAMES);
     if (l.skip_none_code) c.flags |= CD_PYCFG_SKIP_NONE_CODE;
     if (l.major == 3 && l.minor == 10) c.flags |= CD_PYCFG_LASTI_INT;
+    c.str_length = l.unicode_length;
+    c.str_state = l.unicode_state;
+    c.str_ascii_data = l.unicode_ascii_data;
     return c;
 }
 

@@ -292,6 +292,7 @@ public:
     uint64_t attr(uint64_t obj, std::string_view name);
     std::optional<std::string> str(uint64_t obj);
     void set_epoch(uint64_t e) { epoch_ = e; }
+    std::optional<uint32_t> values_index(uint64_t type_ptr, std::string_view name);
 
 private:
     struct Code {
@@ -431,6 +432,7 @@ LivePyResolver::Process::Type* LivePyResolver::Process::type(uint64_t ptr) {
             t.checked = epoch_;
             return &t;
         }
+        if (uint64_t w = 0; !mem_.get(ptr, w)) return &t;  // the process is gone: as for code objects
         types_.erase(it);
     }
     Type t;
@@ -595,6 +597,25 @@ uint64_t LivePyResolver::Process::dict_pointer(uint64_t obj, const Type& t) {
     return dict;
 }
 
+// 3.11: the slot of `name` in the values array of the type's instances (its
+// shared keys, ht_cached_keys, in insertion order).
+std::optional<uint32_t> LivePyResolver::Process::values_index(uint64_t type_ptr, std::string_view name) {
+    const Type* t = type(type_ptr);
+    uint64_t keys = 0;
+    uint8_t h[32];
+    if (d_.layout.minor != 11 || t == nullptr || !(t->flags & kFlagManagedDict) ||
+        !mem_.get(type_ptr + o_.ht_cached_keys, keys) || keys == 0 || !mem_.read(keys, h, sizeof h))
+        return std::nullopt;
+    const uint8_t log2 = h[8], log2_index = h[9], kind = h[10];
+    const uint64_t n = std::min<uint64_t>(field<uint64_t>(h, 24), kMaxDictEntries);
+    if (log2 < 3 || log2 > 26 || log2_index > log2 + 3 || kind != 2 || n > (1ull << log2)) return std::nullopt;
+    std::vector<uint64_t> e(2 * n);  // split keys: (key, NULL) entries
+    if (n == 0 || !mem_.read(keys + 32 + (1ull << log2_index), e.data(), e.size() * 8)) return std::nullopt;
+    for (uint32_t i = 0; i < n; ++i)
+        if (e[2 * i] != 0 && str_equals(e[2 * i], name)) return i;
+    return std::nullopt;
+}
+
 uint64_t LivePyResolver::Process::attr(uint64_t obj, std::string_view name) {
     uint64_t ob_type = 0;
     if (!layout_error_.empty() || !header(obj, ob_type)) return 0;
@@ -671,6 +692,10 @@ LivePyResolver::Process::Code* LivePyResolver::Process::code(uint64_t ptr) {
             c.checked = epoch_;
             return &c;
         }
+        // Unreadable now, not changed: the process exited (or is exiting)
+        // since the kernel saw a frame run this very code.  The last name
+        // validated stands; records read after a fast exit keep their names.
+        if (uint64_t w = 0; !mem_.get(ptr, w)) return &c;
         codes_.erase(it);
     }
     Code c;
@@ -804,6 +829,10 @@ const PyDiscovery& LivePyResolver::discovery(uint32_t pid) { return process(pid)
 std::string LivePyResolver::object_layout_error(uint32_t pid) {
     Process& p = process(pid);
     return p.discovery().ok() ? p.layout_error() : p.discovery().reason;
+}
+
+std::optional<uint32_t> LivePyResolver::values_index(uint32_t pid, uint64_t type_ptr, std::string_view name) {
+    return process(pid).values_index(type_ptr, name);
 }
 
 const PyFrameInfo& LivePyResolver::frame(uint32_t pid, const cd_py_frame& f) {

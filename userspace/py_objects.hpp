@@ -64,6 +64,10 @@ public:
     // An instance attribute's object (the instance's dict or inline values,
     // not the class's): 0 when there is none or it cannot be read.
     uint64_t attr(uint32_t pid, uint64_t obj, std::string_view name);
+    // CPython 3.11: the index of attribute `name` in the inline values of
+    // the type's instances (split keys), which the kernel reads a
+    // record_function's label from; nullopt elsewhere.
+    std::optional<uint32_t> values_index(uint32_t pid, uint64_t type_ptr, std::string_view name);
     // A str object's text as UTF-8, at most kPyMaxString characters.
     std::optional<std::string> str(uint32_t pid, uint64_t obj);
 

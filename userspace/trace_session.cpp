@@ -181,7 +181,28 @@ void TraceSession::setup_python(TracedProcess& p) {
         return;
     }
     resolver_.adopt(p.pid, d);
+    p.py_cfg = *cfg;
     p.python_ready = true;
+}
+
+// torch 1.13 keeps a scope's label only in its Python record_function: once
+// a scope's stack shows that class, the kernel is told where instances keep
+// `name`, and reads it at every later scope's begin (events.h, rf_type).
+void TraceSession::learn_scope_labels(TracedProcess& p, const CallEnter& e) {
+    static constexpr uint32_t kMaxTries = 4;
+    if (!p.python_ready || p.py_cfg.rf_type || !e.label.empty() || p.label_tries >= kMaxTries) return;
+    for (size_t i = 0; i < e.py_frames.size() && i < 8; ++i) {
+        const cd_py_frame& f = e.py_frames[i];
+        if (resolver_.frame(e.tgid, f).kind != PyFrameKind::RecordFunctionEnter) continue;
+        ++p.label_tries;
+        auto idx = resolver_.values_index(e.tgid, f.self_type, "name");
+        if (!idx) return;
+        cd_py_cfg cfg = p.py_cfg;
+        cfg.rf_type = f.self_type;
+        cfg.rf_name_index = *idx;
+        if (bpf_->set_python(p.pid, cfg)) p.py_cfg = cfg;
+        return;
+    }
 }
 
 void TraceSession::scan(uint32_t pid) {
@@ -252,6 +273,9 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
         if (it != procs_.end() && !it->second.thread_names.count(e->tid) &&
             it->second.thread_names.size() < TracedProcess::kMaxThreadNames)
             it->second.thread_names[e->tid] = read_thread_name(static_cast<int>(e->tgid), static_cast<int>(e->tid));
+        const SymbolInfo* info = symbols_.from_cookie(e->cookie);
+        if (it != procs_.end() && info && info->role == CD_ROLE_SCOPE_BEGIN && !e->py_frames.empty())
+            learn_scope_labels(it->second, *e);
     }
     model_.on_event(ev);
 }

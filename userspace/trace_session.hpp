@@ -51,6 +51,8 @@ struct TracedProcess {
     // discovery was tried this many times without success.
     bool python_ready = false;
     uint32_t python_tries = 0;
+    cd_py_cfg py_cfg{};          // what the kernel walks it with (python_ready)
+    uint32_t label_tries = 0;    // looking for its record_function type (torch 1.13)
 };
 
 class TraceSession {
@@ -94,6 +96,7 @@ private:
     void scan(uint32_t pid);
     TracedProcess& track(uint32_t pid);
     void setup_python(TracedProcess& p);
+    void learn_scope_labels(TracedProcess& p, const CallEnter& e);
 
     std::unique_ptr<ResumeGuard> guard_;  // forked before the BPF object exists
     std::unique_ptr<BpfSession> bpf_;

@@ -293,16 +293,38 @@ TEST_P(FrameworkContext, RecordFunctionScopesNestTheirCollectives) {
         ASSERT_NE(p, nullptr);
         auto all = placed_records(*p);
         std::map<std::string, int> scopes, collectives_in;
-        for (const auto& s : all)
-            if (is_type(s.rec, "scope")) scopes[s.rec->value("name", "")]++;
+        const nlohmann::json* first = nullptr;  // the process's earliest scope
+        for (const auto& s : all) {
+            if (!is_type(s.rec, "scope")) continue;
+            scopes[s.rec->value("name", "")]++;
+            if (!first || s.rec->value("start_ns", 0ull) < first->value("start_ns", 0ull)) first = s.rec;
+        }
+        std::map<std::string, int> want_scopes;
+        for (const auto& [label, n] : rank["scopes"].items()) want_scopes[label] = n.get<int>();
+        // torch 1.13 keeps labels in Python: the kernel reads them once
+        // userspace has seen one scope's record_function class, so the very
+        // first scope is named only if it was still open when userspace read
+        // it (README, "Scopes").  That one may be "<unnamed>" -- never another
+        // scope, never a wrong name.
+        if (!GetParam().trixie && scopes.count("<unnamed>")) {
+            EXPECT_EQ(scopes["<unnamed>"], 1);
+            ASSERT_NE(first, nullptr);
+            EXPECT_EQ(first->value("name", ""), "<unnamed>") << "an unnamed scope that is not the first";
+            scopes.erase("<unnamed>");
+            for (const auto& [label, n] : want_scopes) {
+                auto it = scopes.find(label);
+                if ((it == scopes.end() ? 0 : it->second) == n - 1) {
+                    scopes[label] = n;  // the first scope's own label
+                    break;
+                }
+            }
+        }
         for (const auto& c : outermost_collectives(all)) {
             const nlohmann::json* ctx = nullptr;  // the innermost scope or module above it
             for (const auto* u : c.up)
                 if (is_type(u, "scope") || is_type(u, "module")) ctx = u;
             if (ctx && is_type(ctx, "scope")) collectives_in[ctx->value("name", "")]++;
         }
-        std::map<std::string, int> want_scopes;
-        for (const auto& [label, n] : rank["scopes"].items()) want_scopes[label] = n.get<int>();
         ASSERT_EQ(want_scopes.at("my_phase"), kSteps);
         EXPECT_EQ(scopes, want_scopes);
         std::map<std::string, int> want_in;
