@@ -4,6 +4,7 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -33,8 +34,12 @@ public:
         if (!plausible(addr) || n == 0) return false;
         iovec local{out, n};
         iovec remote{reinterpret_cast<void*>(addr), n};
-        return process_vm_readv(pid_, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(n);
+        if (process_vm_readv(pid_, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(n)) return true;
+        gone_ = errno == ESRCH;  // exited (or a zombie: no memory left), not an unmapped address
+        return false;
     }
+    // The last failed read failed because the process has no memory any more.
+    bool gone() const { return gone_; }
     template <typename T>
     bool get(uint64_t addr, T& out) const {
         return read(addr, &out, sizeof out);
@@ -67,6 +72,7 @@ public:
 
 private:
     int pid_;
+    mutable bool gone_ = false;
 };
 
 template <typename T>
@@ -432,7 +438,7 @@ LivePyResolver::Process::Type* LivePyResolver::Process::type(uint64_t ptr) {
             t.checked = epoch_;
             return &t;
         }
-        if (uint64_t w = 0; !mem_.get(ptr, w)) return &t;  // the process is gone: as for code objects
+        if (uint64_t w = 0; !mem_.get(ptr, w) && mem_.gone()) return &t;  // the process is gone: as for code objects
         types_.erase(it);
     }
     Type t;
@@ -695,7 +701,7 @@ LivePyResolver::Process::Code* LivePyResolver::Process::code(uint64_t ptr) {
         // Unreadable now, not changed: the process exited (or is exiting)
         // since the kernel saw a frame run this very code.  The last name
         // validated stands; records read after a fast exit keep their names.
-        if (uint64_t w = 0; !mem_.get(ptr, w)) return &c;
+        if (uint64_t w = 0; !mem_.get(ptr, w) && mem_.gone()) return &c;
         codes_.erase(it);
     }
     Code c;
