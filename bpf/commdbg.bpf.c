@@ -679,9 +679,10 @@ static __always_inline __u64 win_u64(const struct ctx_buf *b, __u32 off)
 
 /* The Python stack is walked only where the symbol asks for it and the
  * process runs a CPython userspace found a layout for. */
-static __always_inline const struct cd_py_cfg *py_cfg_for(__u64 cookie, __u32 tgid)
+static __always_inline const struct cd_py_cfg *py_cfg_for(__u64 cookie, __u32 tgid, __u32 flags)
 {
-	return CD_COOKIE_PY_STACK(cookie) ? bpf_map_lookup_elem(&py_procs, &tgid) : 0;
+	/* the flag first: a process without Python pays no lookup */
+	return (flags & CD_TRACE_PYTHON) && CD_COOKIE_PY_STACK(cookie) ? bpf_map_lookup_elem(&py_procs, &tgid) : 0;
 }
 
 /* The thread's innermost Python frame, through its thread state in the
@@ -855,12 +856,12 @@ static __always_inline __u32 fill_context(struct ctx_buf *b, __u64 cookie, const
 
 /* The per-thread buffer a record with context is built in; 0 when the
  * record needs none. */
-static __always_inline struct ctx_buf *context_buf(__u64 cookie, __u32 tgid, __u32 tid,
+static __always_inline struct ctx_buf *context_buf(__u64 cookie, __u32 tgid, __u32 tid, __u32 flags,
 						   const struct cd_py_cfg **cfg)
 {
 	struct ctx_buf *b;
 
-	*cfg = py_cfg_for(cookie, tgid);
+	*cfg = py_cfg_for(cookie, tgid, flags);
 	if (!*cfg && CD_COOKIE_TAIL(cookie) != CD_TAIL_LABEL)
 		return 0;
 	b = lookup_or_init(&ctx_bufs, &tid, &ctx_zero);
@@ -898,7 +899,7 @@ static __always_inline __u64 ctx_wakeup(__u64 wakeup, __u64 cookie, const struct
 static __always_inline bool emit_enter_ctx(const struct entry *en, __u64 wakeup)
 {
 	const struct cd_py_cfg *cfg;
-	struct ctx_buf *b = context_buf(en->cookie, en->tgid, en->tid, &cfg);
+	struct ctx_buf *b = context_buf(en->cookie, en->tgid, en->tid, en->flags, &cfg);
 	__u32 tail;
 
 	if (!b)
@@ -917,7 +918,7 @@ static __always_inline bool emit_call_ctx(const struct cd_inflight *s, __u32 tid
 					  __u64 wakeup)
 {
 	const struct cd_py_cfg *cfg;
-	struct ctx_buf *b = context_buf(s->cookie, s->ckey.tgid, tid, &cfg);
+	struct ctx_buf *b = context_buf(s->cookie, s->ckey.tgid, tid, s->flags, &cfg);
 	__u32 tail;
 
 	if (!b)

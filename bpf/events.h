@@ -298,6 +298,7 @@ struct cd_proc {
 #define CD_TRACE_FOLLOW (1u << 2)  /* children inherit the flags */
 #define CD_TRACE_DL_STOP (1u << 3) /* stop at loader changes until resumed */
 #define CD_TRACE_NOTE_FORK (1u << 4) /* report forks without tracing the children */
+#define CD_TRACE_PYTHON (1u << 5)    /* has a cd_py_cfg: records walk its Python frames */
 
 /* Exact per-process counters: never depend on ring-buffer delivery. */
 struct cd_count_key {

@@ -165,6 +165,14 @@ void BpfSession::untrace_process(uint32_t tgid) {
 Result<bool> BpfSession::set_python(uint32_t tgid, const cd_py_cfg& cfg) {
     if (bpf_map__update_elem(skel_->maps.py_procs, &tgid, sizeof(tgid), &cfg, sizeof(cfg), BPF_ANY))
         return Result<bool>::fail(bpf_error_message("commdbg: enabling Python stacks for pid " + std::to_string(tgid), errno));
+    // Then the trace flag that makes the kernel look (the map first: a flag
+    // without a config would only cost a failed lookup).
+    uint32_t flags = 0;
+    if (bpf_map__lookup_elem(skel_->maps.traced, &tgid, sizeof(tgid), &flags, sizeof(flags), 0) == 0 &&
+        !(flags & CD_TRACE_PYTHON)) {
+        flags |= CD_TRACE_PYTHON;
+        bpf_map__update_elem(skel_->maps.traced, &tgid, sizeof(tgid), &flags, sizeof(flags), BPF_EXIST);
+    }
     return true;
 }
 

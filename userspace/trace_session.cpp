@@ -160,7 +160,13 @@ Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
 // soon after start), a bounded number of times.
 void TraceSession::setup_python(TracedProcess& p) {
     static constexpr uint32_t kMaxTries = 16;
-    if (opts_.py_stack == PyStackMode::Off || !opts_.records || p.python_ready || p.python_tries >= kMaxTries) return;
+    if (opts_.py_stack == PyStackMode::Off || !opts_.records) return;
+    if (p.python_ready) {
+        // Traced anew (its flags rewritten): the kernel must still know.
+        (void)bpf_->set_python(p.pid, p.py_cfg);
+        return;
+    }
+    if (p.python_tries >= kMaxTries) return;
     ++p.python_tries;
     PyDiscovery d = discover_python(static_cast<int>(p.pid));
     if (d.status == PyDiscovery::Status::not_python) return;
