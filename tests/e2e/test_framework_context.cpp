@@ -8,7 +8,10 @@
 // nesting each collective (forward, and backward for the bound-method hook),
 // module_comm_counts equal to the workload's own, `my_phase` scopes nesting
 // their collective, one Optimizer.step#SGD.step / zero_grad scope per step,
-// and a scope an exception left closed with the job alive.
+// and a scope an exception left closed with the job alive.  A second job
+// per torch runs the same steps under torch.profiler.profile: the
+// dispatcher's own RecordFunctions (scope FUNCTION, an end() per op) fire
+// around everything, and the user scopes must come out exactly as without.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -64,8 +67,8 @@ std::string unavailable_reason(const Variant& v) {
     return {};
 }
 
-// One traced job per variant, shared by the tests of that variant (a run
-// takes ~15 s).
+// One traced job per variant and profiler setting, shared by the tests
+// that read it (a run takes ~15 s).
 struct JobRun {
     ProcResult r;
     nlohmann::json dump;
@@ -73,7 +76,7 @@ struct JobRun {
     std::vector<nlohmann::json> ranks;  // the workload's own rank lines
 };
 
-JobRun run_job(const Variant& v) {
+JobRun run_job(const Variant& v, bool profiler) {
     JobRun j;
     TempDir tmp;
     std::vector<std::string> argv = {commdbg_bin(), "run", "--probes", "torch-c10d,torch-scopes", "--noise-level", "2",
@@ -85,6 +88,7 @@ JobRun run_job(const Variant& v) {
     else
         argv.insert(argv.end(), {"/usr/bin/python3.11", std::string(SOURCE_DIR) + "/tests/testprogs/" + kWorkloadName});
     argv.insert(argv.end(), {"train", std::to_string(kSteps)});
+    if (profiler) argv.push_back("--profiler");
     j.r = run(argv, v.trixie ? kRootJobEnv : std::map<std::string, std::string>{}, 300);
     if (std::filesystem::exists(tmp.path("out.json"))) j.dump = read_json(tmp.path("out.json"));
     auto plans = workload_lines(j.r.out, "mode");
@@ -93,10 +97,10 @@ JobRun run_job(const Variant& v) {
     return j;
 }
 
-const JobRun& job(const Variant& v) {
-    static std::map<std::string, std::unique_ptr<JobRun>> runs;
-    auto& slot = runs[v.name];
-    if (!slot) slot = std::make_unique<JobRun>(run_job(v));
+const JobRun& job(const Variant& v, bool profiler = false) {
+    static std::map<std::pair<std::string, bool>, std::unique_ptr<JobRun>> runs;
+    auto& slot = runs[{v.name, profiler}];
+    if (!slot) slot = std::make_unique<JobRun>(run_job(v, profiler));
     return *slot;
 }
 
@@ -161,12 +165,73 @@ Counts normalized(const nlohmann::json& j) {
     return c;
 }
 
+std::map<std::string, int> int_map(const nlohmann::json& j) {
+    std::map<std::string, int> m;
+    for (const auto& [k, n] : j.items()) m[k] = n.get<int>();
+    return m;
+}
+
+// The scope records of a process by name, the earliest scope's missing
+// torch 1.13 label restored from the rank's own account.  torch 1.13 keeps
+// labels in Python: the kernel reads them once userspace has seen one
+// scope's record_function class, so the very first scope is named only if
+// it was still open when userspace read it (README, "Scopes").  That one may
+// be "<unnamed>" -- never another scope, never a wrong name.
+std::map<std::string, int> traced_scopes(const std::vector<Placed>& all, const nlohmann::json& rank, bool torch113) {
+    std::map<std::string, int> scopes;
+    const nlohmann::json* first = nullptr;  // the process's earliest scope
+    for (const auto& s : all) {
+        if (!is_type(s.rec, "scope")) continue;
+        scopes[s.rec->value("name", "")]++;
+        if (!first || s.rec->value("start_ns", 0ull) < first->value("start_ns", 0ull)) first = s.rec;
+    }
+    if (!torch113 || !scopes.count("<unnamed>")) return scopes;
+    EXPECT_EQ(scopes["<unnamed>"], 1);
+    EXPECT_EQ(first ? first->value("name", "") : "", "<unnamed>") << "an unnamed scope that is not the first";
+    scopes.erase("<unnamed>");
+    for (const auto& [label, n] : int_map(rank["scopes"])) {
+        auto it = scopes.find(label);
+        if ((it == scopes.end() ? 0 : it->second) == n - 1) {
+            scopes[label] = n;  // the first scope's own label
+            break;
+        }
+    }
+    return scopes;
+}
+
+// The innermost scope or module record above a record (nullptr if none).
+const nlohmann::json* innermost_context(const Placed& p) {
+    const nlohmann::json* ctx = nullptr;
+    for (const auto* u : p.up)
+        if (is_type(u, "scope") || is_type(u, "module")) ctx = u;
+    return ctx;
+}
+
+// Outermost collectives per scope name, counted where the scope is their
+// innermost context.
+std::map<std::string, int> collectives_in_scopes(const std::vector<Placed>& all) {
+    std::map<std::string, int> in;
+    for (const auto& c : outermost_collectives(all)) {
+        const nlohmann::json* ctx = innermost_context(c);
+        if (ctx && is_type(ctx, "scope")) in[ctx->value("name", "")]++;
+    }
+    return in;
+}
+
+// How often the tracer saw at::RecordFunction::end() in a process.
+int record_function_ends(const nlohmann::json& proc) {
+    int n = 0;
+    for (const auto& c : proc.value("counters", nlohmann::json::array()))
+        if (c.value("name", "") == "at::RecordFunction::end") n += c.value("calls", 0);
+    return n;
+}
+
 class FrameworkContext : public ::testing::TestWithParam<Variant> {
 protected:
     // The traced job of this variant, checked to have run everywhere;
     // nullptr (with a failure recorded) otherwise.
-    const JobRun* job_or_fail() {
-        const JobRun& j = job(GetParam());
+    const JobRun* job_or_fail(bool profiler = false) {
+        const JobRun& j = job(GetParam(), profiler);
         EXPECT_EQ(j.r.status, 0) << "the traced job failed\n" << j.r.err.substr(0, 4000);
         EXPECT_FALSE(j.dump.is_null()) << "no JSON written\n" << j.r.err.substr(0, 4000);
         EXPECT_EQ(j.ranks.size(), 2u) << j.r.out.substr(0, 3000);
@@ -292,44 +357,13 @@ TEST_P(FrameworkContext, RecordFunctionScopesNestTheirCollectives) {
         const nlohmann::json* p = process_by_pid(ps, rank["pid"].get<int>());
         ASSERT_NE(p, nullptr);
         auto all = placed_records(*p);
-        std::map<std::string, int> scopes, collectives_in;
-        const nlohmann::json* first = nullptr;  // the process's earliest scope
-        for (const auto& s : all) {
-            if (!is_type(s.rec, "scope")) continue;
-            scopes[s.rec->value("name", "")]++;
-            if (!first || s.rec->value("start_ns", 0ull) < first->value("start_ns", 0ull)) first = s.rec;
-        }
-        std::map<std::string, int> want_scopes;
-        for (const auto& [label, n] : rank["scopes"].items()) want_scopes[label] = n.get<int>();
-        // torch 1.13 keeps labels in Python: the kernel reads them once
-        // userspace has seen one scope's record_function class, so the very
-        // first scope is named only if it was still open when userspace read
-        // it (README, "Scopes").  That one may be "<unnamed>" -- never another
-        // scope, never a wrong name.
-        if (!GetParam().trixie && scopes.count("<unnamed>")) {
-            EXPECT_EQ(scopes["<unnamed>"], 1);
-            ASSERT_NE(first, nullptr);
-            EXPECT_EQ(first->value("name", ""), "<unnamed>") << "an unnamed scope that is not the first";
-            scopes.erase("<unnamed>");
-            for (const auto& [label, n] : want_scopes) {
-                auto it = scopes.find(label);
-                if ((it == scopes.end() ? 0 : it->second) == n - 1) {
-                    scopes[label] = n;  // the first scope's own label
-                    break;
-                }
-            }
-        }
-        for (const auto& c : outermost_collectives(all)) {
-            const nlohmann::json* ctx = nullptr;  // the innermost scope or module above it
-            for (const auto* u : c.up)
-                if (is_type(u, "scope") || is_type(u, "module")) ctx = u;
-            if (ctx && is_type(ctx, "scope")) collectives_in[ctx->value("name", "")]++;
-        }
+        const std::map<std::string, int> want_scopes = int_map(rank["scopes"]);
+        const auto scopes = traced_scopes(all, rank, !GetParam().trixie);
+        const auto collectives_in = collectives_in_scopes(all);
         ASSERT_EQ(want_scopes.at("my_phase"), kSteps);
         EXPECT_EQ(scopes, want_scopes);
-        std::map<std::string, int> want_in;
-        for (const auto& [label, n] : rank["scope_collectives"].items()) want_in[label] = n.get<int>();
-        EXPECT_EQ(collectives_in, want_in) << "collectives whose innermost context is the scope";
+        EXPECT_EQ(collectives_in, int_map(rank["scope_collectives"]))
+            << "collectives whose innermost context is the scope";
     }
 }
 
@@ -354,6 +388,70 @@ TEST_P(FrameworkContext, ExceptionThroughScopeLeavesTargetAliveAndScopeClosed) {
             if (s.rec->value("name", "") == "failing_phase" && s.rec->contains("end_ns")) ++closed;
         }
         EXPECT_EQ(closed, kSteps);
+    }
+}
+
+// With torch.profiler on, every op runs inside a dispatcher RecordFunction
+// (scope FUNCTION: a begin that opens nothing, an end() on a `this` that is
+// no user scope), record_function's own enter op included.  The user scopes
+// are exactly those of the same job with the profiler off: the same names
+// and counts per rank, none for a dispatcher RecordFunction, each closed by
+// its own end(), each `my_phase` nesting its one collective and each
+// collective of a `my_phase` under one -- and the collectives themselves
+// are all still there.
+TEST_P(FrameworkContext, ProfilerOnLeavesUserScopesAsWithItOff) {
+    REQUIRE_VARIANT();
+    const JobRun* off = job_or_fail();
+    const JobRun* on = job_or_fail(true);
+    if (!off || !on) return;
+    ASSERT_EQ(on->plan.value("profiler", false), true) << on->plan.dump();
+    auto ps_on = processes_of(on->dump), ps_off = processes_of(off->dump);
+    for (const auto& rank : on->ranks) {
+        SCOPED_TRACE("rank " + rank["rank"].dump());
+        EXPECT_GT(rank.value("profiler_ops", 0), 0) << "the profiler recorded no op: its RecordFunctions never ran";
+        const nlohmann::json* p = process_by_pid(ps_on, rank["pid"].get<int>());
+        ASSERT_NE(p, nullptr) << "rank not followed";
+        EXPECT_EQ((*p)["process"]["exit_code"].get<int>(), 0);
+        const nlohmann::json* off_rank = nullptr;
+        for (const auto& r : off->ranks)
+            if (r["rank"] == rank["rank"]) off_rank = &r;
+        ASSERT_NE(off_rank, nullptr);
+        const nlohmann::json* p_off = process_by_pid(ps_off, (*off_rank)["pid"].get<int>());
+        ASSERT_NE(p_off, nullptr);
+        // The ops' RecordFunctions reached the probes: an end() each, on
+        // top of the scopes' and c10d's own (about 150 without the profiler).
+        EXPECT_GT(record_function_ends(*p), record_function_ends(*p_off) + rank["profiler_ops"].get<int>() / 2)
+            << "on " << record_function_ends(*p) << ", off " << record_function_ends(*p_off);
+        const bool torch113 = !GetParam().trixie;
+        auto all = placed_records(*p);
+        const auto scopes = traced_scopes(all, rank, torch113);
+        ASSERT_EQ(int_map(rank["scopes"]).at("my_phase"), kSteps);
+        EXPECT_EQ(scopes, int_map(rank["scopes"])) << "scope records by name, profiler on";
+        EXPECT_EQ(scopes, traced_scopes(placed_records(*p_off), *off_rank, torch113))
+            << "scope records by name, profiler on (left) and off (right)";
+        EXPECT_EQ(collectives_in_scopes(all), int_map(rank["scope_collectives"]))
+            << "collectives whose innermost context is the scope";
+        std::map<const nlohmann::json*, int> per_my_phase;  // my_phase record -> its collectives
+        for (const auto& s : all)
+            if (is_type(s.rec, "scope") && s.rec->value("name", "") == "my_phase") per_my_phase[s.rec] = 0;
+        auto colls = outermost_collectives(all);
+        for (const auto& c : colls) {
+            const nlohmann::json* ctx = innermost_context(c);
+            if (ctx && per_my_phase.count(ctx)) per_my_phase[ctx]++;
+            if (issuing_function(*c.rec) == "step.<locals>.<lambda>") {
+                EXPECT_TRUE(ctx && per_my_phase.count(ctx)) << "my_phase's collective outside it: " << c.rec->dump();
+            }
+        }
+        for (const auto& [rec, n] : per_my_phase) EXPECT_EQ(n, 1) << "my_phase " << rec->dump().substr(0, 400);
+        for (const auto& s : all) {
+            if (!is_type(s.rec, "scope")) continue;
+            const std::string name = s.rec->value("name", "");
+            EXPECT_EQ(name.find("::"), std::string::npos) << "a dispatcher RecordFunction as a scope: " << name;
+            EXPECT_TRUE(s.rec->contains("end_ns")) << "scope without its end: " << s.rec->dump().substr(0, 400);
+            EXPECT_FALSE(s.rec->value("end_inferred", false)) << "scope left open: " << s.rec->dump().substr(0, 400);
+        }
+        EXPECT_EQ(static_cast<int>(colls.size()), rank["calls"]["all_reduce"].get<int>());
+        EXPECT_EQ(normalized((*p)["module_comm_counts"]), normalized(rank["module_comm_counts"]));
     }
 }
 

@@ -4,7 +4,7 @@
 commdbg's framework-context tests (module records, module_comm_counts,
 scopes).
 
-    torch_module_workload.py train [STEPS]
+    torch_module_workload.py train [STEPS] [--profiler]
         2 ranks (torch.multiprocessing.spawn), gloo on 127.0.0.1, STEPS
         (default 3) SGD steps of this model:
 
@@ -40,7 +40,16 @@ scopes).
             "failing_phase_caught": how many ValueErrors left that scope
         On torch 2.x a rank ends with os._exit(0) after destroy_process_group
         (torch_gloo_workload.py says why).
+
+        --profiler: the steps run inside torch.profiler.profile(activities=
+        [CPU]), so every dispatched op (and record_function's own enter op)
+        runs inside a RecordFunction of scope FUNCTION or BACKWARD_FUNCTION
+        around the user scopes, the same collectives and scopes as without
+        it.  The plan and rank lines say "profiler": true, and a rank line
+        "profiler_ops": how many aten:: events the profiler recorded (so the
+        dispatcher's RecordFunctions are known to have been active).
 """
+import contextlib
 import json
 import os
 import socket
@@ -189,7 +198,11 @@ def step(model, opt, x):
     opt.step()
 
 
-def rank_main(rank, world, port, steps):
+def profiled_ops(prof):
+    return sum(1 for e in prof.events() if e.name.startswith("aten::"))
+
+
+def rank_main(rank, world, port, steps, profiler):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = Model()
@@ -199,10 +212,18 @@ def rank_main(rank, world, port, steps):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(4, 8)
     per_step = None
-    for i in range(steps):
-        step(model, opt, x)
-        if i == 0:
-            per_step = TALLY.snapshot()
+    if profiler:
+        from torch.profiler import ProfilerActivity, profile
+
+        session = profile(activities=[ProfilerActivity.CPU])
+    else:
+        session = contextlib.nullcontext()
+    with session as prof:
+        for i in range(steps):
+            step(model, opt, x)
+            if i == 0:
+                per_step = TALLY.snapshot()
+    extra = {"profiler": True, "profiler_ops": profiled_ops(prof)} if profiler else {}
     caught = TALLY.scopes.pop("failing_phase_caught", 0)
     # Optimizer.step / zero_grad open record_function scopes of their own.
     scopes = dict(TALLY.scopes)
@@ -210,7 +231,7 @@ def rank_main(rank, world, port, steps):
     scopes["Optimizer.zero_grad#SGD.zero_grad"] = steps
     emit({"rank": rank, "pid": os.getpid(), "steps": steps, "calls": {"all_reduce": TALLY.calls},
           "module_comm_counts": TALLY.snapshot(), "per_step": per_step, "scopes": scopes,
-          "scope_collectives": dict(TALLY.scope_collectives), "failing_phase_caught": caught})
+          "scope_collectives": dict(TALLY.scope_collectives), "failing_phase_caught": caught, **extra})
     dist.destroy_process_group()
     if int(torch.__version__.split(".")[0]) >= 2:
         sys.stdout.flush()
@@ -218,14 +239,16 @@ def rank_main(rank, world, port, steps):
 
 
 def train(argv):
+    profiler = "--profiler" in argv
+    argv = [a for a in argv if a != "--profiler"]
     steps = int(argv[0]) if argv else 3
     world = 2
     port = free_port()
-    emit({"mode": "modules", "pid": os.getpid(), "world": world, "steps": steps,
+    emit({"mode": "modules", "pid": os.getpid(), "world": world, "steps": steps, "profiler": profiler,
           "python": "%d.%d" % sys.version_info[:2], "torch": torch.__version__})
     import torch.multiprocessing as mp
 
-    mp.spawn(rank_main, args=(world, port, steps), nprocs=world, join=True)
+    mp.spawn(rank_main, args=(world, port, steps, profiler), nprocs=world, join=True)
     return 0
 
 
@@ -233,4 +256,4 @@ if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "train"
     if mode == "train":
         sys.exit(train(sys.argv[2:]))
-    sys.exit(f"usage: {sys.argv[0]} train [STEPS]")
+    sys.exit(f"usage: {sys.argv[0]} train [STEPS] [--profiler]")
