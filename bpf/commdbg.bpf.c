@@ -774,21 +774,27 @@ static long walk_frame(__u64 i, void *data)
 	return 0;
 }
 
+/* `size` bytes of user memory at `data` as the record's label, cut at
+ * CD_LABEL_MAX (and flagged so). */
+static __always_inline void copy_label(struct ctx_buf *b, __u64 data, __u64 size)
+{
+	__u32 len = size > CD_LABEL_MAX ? CD_LABEL_MAX : (__u32)size;
+
+	if (size > CD_LABEL_MAX)
+		b->ctx.flags |= CD_CTX_LABEL_CUT;
+	if (len == 0 || len > CD_LABEL_MAX)
+		return;
+	if (bpf_probe_read_user(b->ctx.label, len, (void *)data) == 0)
+		b->ctx.label_len = len;
+}
+
 /* std::string const* (libstdc++: data at +0, length at +8) -> the label. */
 static __always_inline void read_label(struct ctx_buf *b, __u64 str)
 {
 	__u64 sv[2] = {};
-	__u32 len;
 
-	if (!str || bpf_probe_read_user(sv, sizeof(sv), (void *)str) || !sv[1])
-		return;
-	len = sv[1] > CD_LABEL_MAX ? CD_LABEL_MAX : (__u32)sv[1];
-	if (sv[1] > CD_LABEL_MAX)
-		b->ctx.flags |= CD_CTX_LABEL_CUT;
-	if (len > CD_LABEL_MAX)
-		return;
-	if (bpf_probe_read_user(b->ctx.label, len, (void *)sv[0]) == 0)
-		b->ctx.label_len = len;
+	if (str && bpf_probe_read_user(sv, sizeof(sv), (void *)str) == 0)
+		copy_label(b, sv[0], sv[1]);
 }
 
 #define CD_STR_COMPACT_ASCII 0x60 /* PyASCIIObject state: compact (bit 5) and ascii (bit 6) */
@@ -799,31 +805,23 @@ static __always_inline void read_label(struct ctx_buf *b, __u64 str)
 static __always_inline void read_py_label(struct ctx_buf *b, const struct cd_py_cfg *c, __u32 n)
 {
 	__u64 values, str, len = 0;
-	__u32 state = 0, i, k;
+	__u32 state = 0, i;
 
-	for (i = 0; i < 8; i++) {
+	for (i = 0; i < CD_SCOPE_LABEL_FRAMES; i++) {
 		if (i >= n)
 			return;
 		if (b->frames[i].self_type == c->rf_type)
 			break;
 	}
-	if (i >= 8)
+	if (i >= CD_SCOPE_LABEL_FRAMES)
 		return;
-	values = read_u64(b->frames[i].self - 32);
+	values = read_u64(b->frames[i].self - CD_PY311_VALUES_BEFORE);
 	str = values ? read_u64(values + 8 * (__u64)c->rf_name_index) : 0;
 	if (!str || bpf_probe_read_user(&len, sizeof(len), (void *)(str + c->str_length)) ||
 	    bpf_probe_read_user(&state, sizeof(state), (void *)(str + c->str_state)) ||
-	    (state & CD_STR_COMPACT_ASCII) != CD_STR_COMPACT_ASCII || !len)
+	    (state & CD_STR_COMPACT_ASCII) != CD_STR_COMPACT_ASCII)
 		return;
-	if (len > CD_LABEL_MAX) {
-		len = CD_LABEL_MAX;
-		b->ctx.flags |= CD_CTX_LABEL_CUT;
-	}
-	k = len;
-	if (k > CD_LABEL_MAX)
-		return;
-	if (bpf_probe_read_user(b->ctx.label, k, (void *)(str + c->str_ascii_data)) == 0)
-		b->ctx.label_len = k;
+	copy_label(b, str + c->str_ascii_data, len);
 }
 
 /* The label and stack of a record into b; returns the tail's length. */

@@ -161,6 +161,9 @@ struct cd_scope_key {
 	__u64 self; /* the RecordFunction's `this` */
 };
 
+#define CD_SCOPE_LABEL_FRAMES 8
+#define CD_PY311_VALUES_BEFORE 32 /* CPython 3.11: an instance's values pointer, 4 words before it */
+
 /* Per traced Python process (`py_procs` map, key: tgid): how to walk its
  * frames, from userspace's discovery (python_runtime.hpp, PyLayout). */
 #define CD_PYCFG_SKIP_NONE_CODE (1u << 0) /* 3.13: skip frames whose code is &_Py_NoneStruct */
@@ -189,8 +192,9 @@ struct cd_py_cfg {
 	__u32 pad;
 	/* torch 1.13 keeps a scope's label in Python only: at a SCOPE_BEGIN the
 	 * kernel reads it from the `name` of the record_function whose
-	 * __enter__ is on the stack (3.11: values array at self - 32, slot
-	 * rf_name_index; a compact ASCII str).  rf_type 0: not known yet. */
+	 * __enter__ is among the innermost CD_SCOPE_LABEL_FRAMES frames (3.11:
+	 * values array at self - CD_PY311_VALUES_BEFORE, slot rf_name_index; a
+	 * compact ASCII str).  rf_type 0: not known yet. */
 	__u64 rf_type;
 	__u32 rf_name_index;
 	__u32 str_length;     /* PyASCIIObject: length, state, data of a compact ASCII str */

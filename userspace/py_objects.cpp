@@ -109,7 +109,7 @@ ObjLayout obj_layout(int minor) {
 constexpr uint32_t kTpBasicsize = 32, kTpItemsize = 40, kTpMembers = 240, kTpBase = 256, kTpDict = 264;
 constexpr uint32_t kTpDictoffset = 288, kTpMro = 344, kTypeRead = kTpMro + 8;
 constexpr uint32_t kMaKeys = 32, kMaValues = 40, kBytesData = 32, kObSize = 16, kObjectHead = 16;
-constexpr int64_t kManagedDict = -24, kManagedValues311 = -32;  // pycore_object.h: obj - 3 / 4 words
+constexpr int64_t kManagedDict = -24, kManagedValues311 = -CD_PY311_VALUES_BEFORE;  // pycore_object.h: obj - 3 / 4 words
 
 constexpr uint64_t kFlagInlineValues = 1ull << 2;  // 3.13
 constexpr uint64_t kFlagManagedDict = 1ull << 4;   // 3.11+

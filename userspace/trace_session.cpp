@@ -151,6 +151,8 @@ Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
     bpf_->set_armed(true);
     p.libraries.insert(scan_result->libraries.begin(), scan_result->libraries.end());
     for (auto& n : scan_result->notes) messages_.push_back(std::move(n));
+    // Traced anew, its kernel flags were rewritten: CD_TRACE_PYTHON with them.
+    if (p.python_ready) (void)bpf_->set_python(p.pid, p.py_cfg);
     setup_python(p);
     return true;
 }
@@ -160,13 +162,8 @@ Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
 // soon after start), a bounded number of times.
 void TraceSession::setup_python(TracedProcess& p) {
     static constexpr uint32_t kMaxTries = 16;
-    if (opts_.py_stack == PyStackMode::Off || !opts_.records) return;
-    if (p.python_ready) {
-        // Traced anew (its flags rewritten): the kernel must still know.
-        (void)bpf_->set_python(p.pid, p.py_cfg);
+    if (opts_.py_stack == PyStackMode::Off || !opts_.records || p.python_ready || p.python_tries >= kMaxTries)
         return;
-    }
-    if (p.python_tries >= kMaxTries) return;
     ++p.python_tries;
     PyDiscovery d = discover_python(static_cast<int>(p.pid));
     if (d.status == PyDiscovery::Status::not_python) return;
@@ -197,7 +194,7 @@ void TraceSession::setup_python(TracedProcess& p) {
 void TraceSession::learn_scope_labels(TracedProcess& p, const CallEnter& e) {
     static constexpr uint32_t kMaxTries = 4;
     if (!p.python_ready || p.py_cfg.rf_type || !e.label.empty() || p.label_tries >= kMaxTries) return;
-    for (size_t i = 0; i < e.py_frames.size() && i < 8; ++i) {
+    for (size_t i = 0; i < e.py_frames.size() && i < CD_SCOPE_LABEL_FRAMES; ++i) {
         const cd_py_frame& f = e.py_frames[i];
         if (resolver_.frame(e.tgid, f).kind != PyFrameKind::RecordFunctionEnter) continue;
         ++p.label_tries;
