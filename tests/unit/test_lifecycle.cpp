@@ -1,0 +1,421 @@
+// SPDX-License-Identifier: Apache-2.0
+// The FSDP lifecycle checks on synthetic event streams: the label sequences
+// torch 2.6's FSDP2 emits (see ../shared/fsdp.md), written out step by step,
+// with one fault at a time.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "lifecycle.hpp"
+
+namespace commdbg::lifecycle {
+namespace {
+
+const Profile& fsdp2() {
+    for (const Profile& p : builtin_profiles())
+        if (p.name == "torch-fsdp2") return p;
+    throw std::runtime_error("no built-in torch-fsdp2 profile");
+}
+
+// A trace written as nested scopes and collectives, one microsecond apart.
+struct Stream {
+    std::vector<TraceItem> items;
+    std::vector<int32_t> open;
+    uint64_t t = 1'000'000;
+    uint32_t tid = 100;
+
+    Stream& begin(const std::string& label) {
+        items.push_back({.scope = true, .name = label, .tid = tid, .start_ns = t += 1000, .bytes = 0,
+                         .parent = open.empty() ? -1 : open.back()});
+        open.push_back(static_cast<int32_t>(items.size() - 1));
+        return *this;
+    }
+    Stream& end() {
+        open.pop_back();
+        return *this;
+    }
+    Stream& leaf(const std::string& label) { return begin(label).end(); }
+    Stream& coll(const std::string& key, uint64_t bytes) {
+        items.push_back({.scope = false, .name = key, .tid = tid, .start_ns = t += 1000, .bytes = bytes,
+                         .parent = open.empty() ? -1 : open.back()});
+        return *this;
+    }
+};
+
+std::string with(const std::string& label, const std::string& unit) {
+    return unit == "<root>" ? label : label + " (" + unit + ")";
+}
+
+const std::vector<std::string> kUnits = {"layers.0", "layers.1", "layers.2", "layers.3"};
+
+struct StepPlan {
+    bool sync = true;  // reduce gradients (the last micro-step of an accumulation)
+    std::vector<std::pair<std::string, std::string>> forward_prefetch;  // source -> target
+    std::vector<std::string> skip_forward;  // units whose pre-forward never runs (their backward still does)
+    std::vector<std::string> order = kUnits;
+};
+
+void all_gather(Stream& s, const std::string& u) {
+    s.begin(with("FSDP::all_gather", u)).coll("c10d.all_gather", 1024).end();
+    s.begin(with("FSDP::all_gather_copy_out", u)).end();
+}
+
+// One micro-step as FSDP2 labels it: the root's forward, each unit's
+// pre-forward (all-gather, copy-out) and its explicit prefetches, then the
+// backward in reverse, reducing gradients when `sync`.
+void micro_step(Stream& s, const StepPlan& p) {
+    s.leaf("FSDP::root_pre_forward");
+    for (const auto& u : p.order) {
+        if (std::count(p.skip_forward.begin(), p.skip_forward.end(), u)) continue;
+        s.begin(with("FSDP::pre_forward", u));
+        all_gather(s, u);
+        s.end();
+        for (const auto& [src, dst] : p.forward_prefetch)
+            if (src == u) s.leaf("FSDP::forward_prefetch for " + dst);
+        s.leaf(with("FSDP::post_forward", u));
+    }
+    for (auto it = p.order.rbegin(); it != p.order.rend(); ++it) {
+        if (!std::count(p.skip_forward.begin(), p.skip_forward.end(), *it)) {
+            s.begin(with("FSDP::pre_backward", *it));
+            all_gather(s, *it);
+            s.end();
+        }
+        s.leaf(with("FSDP::post_backward_accumulate", *it));
+        s.leaf(with("FSDP::post_backward_reshard", *it));
+        if (p.sync) s.begin(with("FSDP::post_backward_reduce", *it)).coll("c10d.reduce_scatter", 512).end();
+    }
+    s.leaf("FSDP::root_post_backward_callback");
+}
+
+// `steps` optimizer steps of `micro` micro-steps, gradients synced on the
+// last micro-step only; `plan(step, micro)` may change one.
+template <typename F>
+Stream training(int steps, int micro, F&& plan) {
+    Stream s;
+    for (int g = 0; g < steps; ++g) {
+        for (int m = 0; m < micro; ++m) {
+            StepPlan p;
+            p.sync = m == micro - 1;
+            plan(g, m, p);
+            micro_step(s, p);
+        }
+        s.leaf("Optimizer.step#SGD.step");
+        s.leaf("Optimizer.zero_grad#SGD.zero_grad");
+    }
+    return s;
+}
+Stream training(int steps, int micro) {
+    return training(steps, micro, [](int, int, StepPlan&) {});
+}
+
+Report check(const Stream& s, bool from_start = true) { return analyse(s.items, fsdp2(), Options{from_start}); }
+
+TEST(Lifecycle, BuiltinProfileParsesAndNamesUnitsAndTheRoot) {
+    const Profile& p = fsdp2();
+    auto m = p.match("FSDP::pre_forward (layers.1)");
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->kind, EventKind::PreForward);
+    EXPECT_EQ(m->unit, "layers.1");
+    // The root's labels carry no FQN; its prefetch target is "".
+    EXPECT_EQ(p.match("FSDP::all_gather")->unit, "<root>");
+    EXPECT_EQ(p.match("FSDP::forward_prefetch for ")->unit, "<root>");
+    EXPECT_EQ(p.match("FSDP::backward_prefetch for layers.0")->kind, EventKind::BackwardPrefetch);
+    // A unit of several modules is named as FSDP2 names it.
+    EXPECT_EQ(p.match("FSDP::post_backward_reduce (layers.0, layers.1)")->unit, "layers.0, layers.1");
+    EXPECT_EQ(p.match("Optimizer.step#AdamW.step")->kind, EventKind::OptimizerStep);
+    EXPECT_FALSE(p.match("Optimizer.zero_grad#SGD.zero_grad"));
+    EXPECT_FALSE(p.match("FSDP::pre_forwardX"));
+    EXPECT_FALSE(p.match("my_phase"));
+}
+
+TEST(Lifecycle, ProfileErrorsSayWhatIsWrong) {
+    auto bad = [](const std::string& text) {
+        auto r = parse_profile(text, "f.json");
+        EXPECT_FALSE(r);
+        return r ? std::string() : r.error();
+    };
+    EXPECT_NE(bad("{").find("not valid JSON"), std::string::npos);
+    EXPECT_NE(bad(R"({"name": "x", "events": []})").find("at least one event"), std::string::npos);
+    std::string e = bad(R"({"name": "x", "events": [{"event": "warp", "label": "a"}]})");
+    EXPECT_NE(e.find("unknown event \"warp\""), std::string::npos) << e;
+    EXPECT_NE(e.find("pre_forward"), std::string::npos) << "lists the known events: " << e;
+    e = bad(R"({"name": "x", "events": [{"event": "pre_forward", "label": "a {who}"}]})");
+    EXPECT_NE(e.find("unknown placeholder {who}"), std::string::npos) << e;
+    e = bad(R"({"name": "x", "events": [{"event": "pre_forward", "label": "a [b"}]})");
+    EXPECT_NE(e.find("[ without ]"), std::string::npos) << e;
+    // Regex metacharacters in a label are literal.
+    auto ok = parse_profile(R"j({"name": "x", "events": [{"event": "pre_forward", "label": "a.b+({unit})"}]})j", "f");
+    ASSERT_TRUE(ok) << ok.error();
+    EXPECT_EQ(ok->match("a.b+(u)")->unit, "u");
+    EXPECT_FALSE(ok->match("aXbb(u)"));
+}
+
+TEST(Lifecycle, CleanRunHasNoFindingAndTheReferenceTraceEvidence) {
+    auto s = training(3, 2, [](int, int, StepPlan& p) {
+        p.forward_prefetch = {{"layers.0", "layers.1"}, {"layers.1", "layers.2"}, {"layers.2", "layers.3"}};
+    });
+    Report r = check(s);
+    EXPECT_TRUE(r.violations.empty()) << to_json(r).dump(2);
+    EXPECT_TRUE(r.warnings.empty()) << to_json(r).dump(2);
+    EXPECT_TRUE(r.notes.empty()) << to_json(r).dump(2);
+    EXPECT_EQ(r.units, kUnits);
+    EXPECT_EQ(r.optimizer_steps, 3u);
+    ASSERT_EQ(r.micro_steps.size(), 6u);
+    for (size_t i = 0; i < r.micro_steps.size(); ++i) {
+        const MicroStep& m = r.micro_steps[i];
+        EXPECT_EQ(m.global_step, static_cast<int>(i / 2));
+        EXPECT_EQ(m.micro_step, static_cast<int>(i % 2));
+        EXPECT_FALSE(m.partial);
+        EXPECT_EQ(m.forward, kUnits);
+        EXPECT_EQ(m.backward, std::vector<std::string>(kUnits.rbegin(), kUnits.rend()));
+        // Forward and backward all-gathers of 4 units, reductions on the last micro-step.
+        EXPECT_EQ(m.collectives.size(), m.micro_step == 1 ? 12u : 8u);
+        EXPECT_EQ(m.collectives.front().unit, "layers.0");
+    }
+    auto j = to_json(r);
+    EXPECT_EQ(j["window"], "from_start");
+    EXPECT_EQ(j["micro_steps"][1]["comm_counts"]["c10d.reduce_scatter"], 4);
+    EXPECT_NE(render_section(r).find("no violation"), std::string::npos);
+}
+
+TEST(Lifecycle, PrefetchOfAUnitThatRanEarlierIsOutOfOrder) {
+    auto s = training(2, 2, [](int, int, StepPlan& p) { p.forward_prefetch = {{"layers.2", "layers.0"}}; });
+    Report r = check(s);
+    ASSERT_EQ(r.violations.size(), 4u) << "one per micro-step: " << to_json(r).dump(2);
+    for (size_t i = 0; i < 4; ++i) {
+        const Finding& f = r.violations[i];
+        EXPECT_EQ(f.check, "prefetch_order");
+        EXPECT_EQ(f.unit, "layers.2");
+        EXPECT_EQ(f.phase, "forward");
+        EXPECT_EQ(f.global_step, static_cast<int>(i / 2));
+        EXPECT_EQ(f.micro_step, static_cast<int>(i % 2));
+        EXPECT_EQ(f.message, "layers.2 prefetched layers.0 at positions 2->0 in forward: the target had already run");
+        ASSERT_EQ(f.records.size(), 1u);
+        EXPECT_EQ(f.records[0].name, "FSDP::forward_prefetch for layers.0");
+    }
+}
+
+TEST(Lifecycle, PrefetchOfAUnitThatNeverRunsIsNamed) {
+    auto s = training(1, 2, [](int, int, StepPlan& p) { p.forward_prefetch = {{"layers.1", "unused"}}; });
+    Report r = check(s);
+    ASSERT_EQ(r.violations.size(), 2u) << to_json(r).dump(2);
+    for (const Finding& f : r.violations) {
+        EXPECT_EQ(f.check, "prefetch_target_not_run");
+        EXPECT_EQ(f.message, "layers.1 prefetched unused, but the target did not execute in forward");
+    }
+    // A prefetch label alone does not make its target a unit of the model.
+    EXPECT_EQ(r.units, kUnits);
+}
+
+TEST(Lifecycle, AllGatherLeftAtTheOptimizerStepIsPending) {
+    Stream s;
+    for (int g = 0; g < 2; ++g) {
+        micro_step(s, StepPlan{});
+        // unshard(async_op=True) with nothing consuming it, on step 1 only.
+        if (g == 1) s.begin("FSDP::all_gather (layers.3)").coll("c10d.all_gather", 1024).end();
+        s.leaf("Optimizer.step#SGD.step");
+    }
+    Report r = check(s);
+    ASSERT_EQ(r.violations.size(), 1u) << to_json(r).dump(2);
+    const Finding& f = r.violations[0];
+    EXPECT_EQ(f.check, "pending_all_gather");
+    EXPECT_EQ(f.unit, "layers.3");
+    EXPECT_EQ(f.global_step, 1);
+    EXPECT_EQ(f.micro_step, -1);
+    EXPECT_EQ(f.phase, "optimizer");
+    ASSERT_EQ(f.records.size(), 2u);
+    EXPECT_EQ(f.records[0].name, "FSDP::all_gather (layers.3)");
+    EXPECT_EQ(f.records[1].name, "Optimizer.step#SGD.step");
+    EXPECT_LT(f.records[0].start_ns, f.records[1].start_ns);
+}
+
+TEST(Lifecycle, AllGatherConsumedBeforeTheStepIsNotPending) {
+    Stream s;
+    micro_step(s, StepPlan{});
+    all_gather(s, "layers.3");
+    s.leaf("Optimizer.step#SGD.step");
+    EXPECT_TRUE(check(s).violations.empty());
+}
+
+TEST(Lifecycle, UnitWithoutForwardWhoseParametersGotGradientsIsBypassed) {
+    auto s = training(3, 1, [](int g, int, StepPlan& p) {
+        if (g >= 1) p.skip_forward = {"layers.1"};
+    });
+    Report r = check(s);
+    ASSERT_EQ(r.violations.size(), 2u) << to_json(r).dump(2);
+    for (int i = 0; i < 2; ++i) {
+        const Finding& f = r.violations[i];
+        EXPECT_EQ(f.check, "bypassed_child");
+        EXPECT_EQ(f.unit, "layers.1");
+        EXPECT_EQ(f.global_step, i + 1);
+        EXPECT_EQ(f.message, "layers.1 had no forward in step " + std::to_string(i + 1) +
+                                 ", yet its parameters took part in backward");
+        ASSERT_FALSE(f.records.empty());
+        EXPECT_EQ(f.records[0].name, "FSDP::post_backward_accumulate (layers.1)");
+    }
+    EXPECT_EQ(r.micro_steps[1].forward, (std::vector<std::string>{"layers.0", "layers.2", "layers.3"}));
+}
+
+TEST(Lifecycle, ForwardInAnotherMicroStepOfTheStepIsNotABypass) {
+    auto s = training(1, 2, [](int, int m, StepPlan& p) {
+        if (m == 1) p.skip_forward = {"layers.1"};
+    });
+    EXPECT_TRUE(check(s).violations.empty());
+}
+
+TEST(Lifecycle, GradientsReducedBeforeTheLastMicroStepAreAWarningWithTheExtraCount) {
+    auto s = training(2, 3, [](int, int, StepPlan& p) { p.sync = true; });
+    Report r = check(s);
+    EXPECT_TRUE(r.violations.empty()) << to_json(r).dump(2);
+    ASSERT_EQ(r.warnings.size(), 4u) << "micro-steps 0 and 1 of each step: " << to_json(r).dump(2);
+    for (size_t i = 0; i < 4; ++i) {
+        const Finding& f = r.warnings[i];
+        EXPECT_EQ(f.check, "grad_sync_non_final_micro_step");
+        EXPECT_EQ(f.global_step, static_cast<int>(i / 2));
+        EXPECT_EQ(f.micro_step, static_cast<int>(i % 2));
+        EXPECT_EQ(f.extra_collectives, 4u);
+        EXPECT_EQ(f.extra_bytes, 4u * 512);
+        EXPECT_EQ(f.unit, "layers.3, layers.2, layers.1, layers.0");
+        EXPECT_EQ(f.records.size(), 4u);
+    }
+    EXPECT_EQ(to_json(r)["warnings"][0]["extra_bytes"], 2048);
+}
+
+TEST(Lifecycle, NoOptimizerStepRunsNoBoundaryCheckAndSaysSo) {
+    Stream s;
+    micro_step(s, StepPlan{});
+    s.begin("FSDP::all_gather (layers.3)").coll("c10d.all_gather", 1024).end();
+    Report r = check(s);
+    EXPECT_TRUE(r.violations.empty()) << "a pending all-gather is only known at the boundary";
+    EXPECT_EQ(r.optimizer_steps, 0u);
+    ASSERT_EQ(r.notes.size(), 1u);
+    EXPECT_NE(r.notes[0].find("no optimizer step in the window"), std::string::npos);
+    ASSERT_EQ(r.micro_steps.size(), 1u);
+    EXPECT_EQ(r.micro_steps[0].forward, kUnits);
+}
+
+TEST(Lifecycle, WindowThatStartsMidStepSkipsThatStepsBoundaryChecks) {
+    // The window opens in step 0's backward: layers.1's forward was not seen.
+    Stream s;
+    s.leaf("FSDP::post_backward_accumulate (layers.1)");
+    s.begin("FSDP::all_gather (layers.3)").coll("c10d.all_gather", 1024).end();
+    s.leaf("FSDP::root_post_backward_callback");
+    s.leaf("Optimizer.step#SGD.step");
+    Stream rest = training(1, 1, [](int, int, StepPlan& p) { p.skip_forward = {"layers.1"}; });
+    const auto base = static_cast<int32_t>(s.items.size());
+    for (auto it : rest.items) {
+        it.start_ns += s.t;
+        if (it.parent >= 0) it.parent += base;
+        s.items.push_back(it);
+    }
+    Report r = check(s, /*from_start=*/false);
+    ASSERT_GE(r.micro_steps.size(), 2u);
+    EXPECT_TRUE(r.micro_steps[0].partial);
+    EXPECT_FALSE(r.micro_steps[1].partial);
+    EXPECT_EQ(r.micro_steps[1].global_step, 1);
+    EXPECT_EQ(r.micro_steps[1].micro_step, 0);
+    // Step 0: nothing reported; step 1, seen whole: its bypass is.
+    ASSERT_EQ(r.violations.size(), 1u) << to_json(r).dump(2);
+    EXPECT_EQ(r.violations[0].check, "bypassed_child");
+    EXPECT_EQ(r.violations[0].global_step, 1);
+    EXPECT_EQ(to_json(r)["window"], "attached");
+    ASSERT_FALSE(r.notes.empty());
+}
+
+TEST(Lifecycle, RootUnitIsNamedRoot) {
+    Stream s;
+    s.leaf("FSDP::root_pre_forward");
+    s.begin("FSDP::pre_forward").begin("FSDP::all_gather").coll("c10d.all_gather", 64).end();
+    s.leaf("FSDP::all_gather_copy_out").end();
+    s.leaf("FSDP::forward_prefetch for layers.0");
+    s.begin("FSDP::pre_forward (layers.0)").end();
+    s.begin("FSDP::pre_backward (layers.0)").end();
+    s.begin("FSDP::pre_backward").end();
+    s.leaf("Optimizer.step#SGD.step");
+    Report r = check(s);
+    EXPECT_EQ(r.units, (std::vector<std::string>{"<root>", "layers.0"}));
+    ASSERT_EQ(r.micro_steps.size(), 1u);
+    EXPECT_EQ(r.micro_steps[0].forward, (std::vector<std::string>{"<root>", "layers.0"}));
+    EXPECT_EQ(r.micro_steps[0].backward, (std::vector<std::string>{"layers.0", "<root>"}));
+    EXPECT_EQ(r.micro_steps[0].collectives.at(0).unit, "<root>");
+    // The root prefetched layers.0, which ran after it.
+    EXPECT_TRUE(r.violations.empty()) << to_json(r).dump(2);
+}
+
+TEST(Lifecycle, UnitOfSeveralModulesIsOneUnit) {
+    Stream s;
+    s.leaf("FSDP::root_pre_forward");
+    s.begin("FSDP::pre_forward (layers.0, layers.1)").end();
+    s.leaf("FSDP::post_backward_accumulate (layers.0, layers.1)");
+    s.leaf("Optimizer.step#SGD.step");
+    Report r = check(s);
+    EXPECT_EQ(r.units, (std::vector<std::string>{"layers.0, layers.1"}));
+    EXPECT_TRUE(r.violations.empty()) << to_json(r).dump(2);
+}
+
+TEST(Lifecycle, RanksThatRanDifferentUnitOrdersDivergeAtTheFirstPoint) {
+    auto a = training(3, 2);
+    auto b = training(3, 2, [](int g, int m, StepPlan& p) {
+        if (g == 1 && m == 0) p.order = {"layers.0", "layers.2", "layers.1", "layers.3"};
+    });
+    Report ra = check(a), rb = check(b);
+    EXPECT_TRUE(cross_rank({{"rank 0", &ra}, {"rank 1", &ra}}).empty());
+    auto fs = cross_rank({{"rank 0", &ra}, {"rank 1", &rb}});
+    ASSERT_EQ(fs.size(), 1u);
+    const Finding& f = fs[0];
+    EXPECT_EQ(f.check, "rank_divergence");
+    EXPECT_EQ(f.global_step, 1);
+    EXPECT_EQ(f.micro_step, 0);
+    EXPECT_EQ(f.phase, "forward");
+    EXPECT_EQ(f.unit, "layers.2");
+    EXPECT_EQ(f.message, "rank 1 ran layers.2 at forward position 1 where rank 0 ran layers.1");
+    ASSERT_EQ(f.records.size(), 2u);
+    EXPECT_EQ(f.records[0].name, "FSDP::pre_forward (layers.1)");
+    EXPECT_EQ(f.records[1].name, "FSDP::pre_forward (layers.2)");
+}
+
+TEST(Lifecycle, RanksWithTheSameOrderButOtherCollectivesDiverge) {
+    auto a = training(2, 1);
+    Stream b = training(2, 1);
+    // Rank 1's layers.2 forward all-gather moved 2048 bytes, not 1024.
+    size_t seen = 0;
+    for (auto& it : b.items)
+        if (!it.scope && it.name == "c10d.all_gather" && ++seen == 8 + 3) it.bytes = 2048;
+    Report ra = check(a), rb = check(b);
+    auto fs = cross_rank({{"rank 0", &ra}, {"rank 1", &rb}});
+    ASSERT_EQ(fs.size(), 1u);
+    EXPECT_EQ(fs[0].phase, "collectives");
+    EXPECT_EQ(fs[0].global_step, 1);
+    EXPECT_EQ(fs[0].unit, "layers.2");
+    EXPECT_EQ(fs[0].message, "rank 1 issued c10d.all_gather of 2048 bytes (layers.2) as collective 2 of the "
+                             "micro-step where rank 0 issued c10d.all_gather of 1024 bytes (layers.2)");
+}
+
+TEST(Lifecycle, ItemsFromAJsonDumpKeepOnlyOutermostCollectivesUnderTheirScope) {
+    auto dump = nlohmann::json::parse(R"j({"records": [
+      {"type": "scope", "name": "FSDP::all_gather (layers.0)", "tid": 7, "start_ns": 10, "children": [
+        {"type": "op", "name": "aten::cat", "tid": 7, "start_ns": 11, "children": [
+          {"type": "collective", "layer": "c10d", "collective": "all_gather", "bytes": 64, "tid": 7, "start_ns": 12,
+           "children": [{"type": "collective", "layer": "c10d", "collective": "all_gather", "tid": 7,
+                         "start_ns": 13, "children": []}]}]}]},
+      {"type": "collective", "layer": "nccl", "collective": "all_reduce", "tid": 8, "start_ns": 5, "children": []}
+    ]})j");
+    auto items = items_from_json(dump);
+    ASSERT_EQ(items.size(), 3u);
+    EXPECT_EQ(items[0].name, "nccl.all_reduce");  // start order across threads
+    EXPECT_EQ(items[0].parent, -1);
+    EXPECT_TRUE(items[1].scope);
+    EXPECT_EQ(items[1].name, "FSDP::all_gather (layers.0)");
+    EXPECT_EQ(items[2].name, "c10d.all_gather");
+    EXPECT_EQ(items[2].bytes, 64u);
+    EXPECT_EQ(items[2].parent, 1);
+    EXPECT_EQ(items[2].tid, 7u);
+    EXPECT_FALSE(from_start_of(dump));
+    EXPECT_TRUE(from_start_of(nlohmann::json::parse(R"({"fsdp": {"window": "from_start"}})")));
+}
+
+}  // namespace
+}  // namespace commdbg::lifecycle

@@ -1,0 +1,228 @@
+// SPDX-License-Identifier: Apache-2.0
+// Profiles and the trace items the lifecycle reads (lifecycle.hpp); the
+// analysis itself is in lifecycle_checks.cpp.
+#include "lifecycle.hpp"
+
+#include <algorithm>
+#include <array>
+
+#include "model.hpp"
+#include "report.hpp"
+
+namespace commdbg::lifecycle {
+
+extern const std::vector<std::pair<std::string, std::string>> kBuiltinProfileTexts;
+
+namespace {
+
+constexpr std::array<std::string_view, kEventKinds> kKindNames = {
+    "optimizer_step", "root_forward", "pre_forward", "post_forward", "all_gather", "all_gather_copy_out",
+    "forward_prefetch", "backward_prefetch", "pre_backward", "post_backward", "grad_reduce", "root_post_backward",
+};
+
+// A label pattern as an ECMAScript regex: literals escaped, `{unit}` a
+// group, `{any}` anything, `[...]` optional.  Returns the regex text and the
+// unit's group (0: none), or what is wrong with the pattern.
+Result<std::pair<std::string, int>> compile_pattern(const std::string& pat) {
+    std::string re;
+    int groups = 0, unit_group = 0;
+    bool optional = false;
+    for (size_t i = 0; i < pat.size(); ++i) {
+        const char c = pat[i];
+        if (c == '[' || c == ']') {
+            if ((c == '[') == optional) return Result<std::pair<std::string, int>>::fail("unbalanced [ ] at " + std::to_string(i));
+            re += c == '[' ? "(?:" : ")?";
+            optional = c == '[';
+        } else if (c == '{') {
+            const size_t end = pat.find('}', i);
+            if (end == std::string::npos) return Result<std::pair<std::string, int>>::fail("{ without } at " + std::to_string(i));
+            const std::string name = pat.substr(i + 1, end - i - 1);
+            if (name == "unit") {
+                if (unit_group) return Result<std::pair<std::string, int>>::fail("{unit} given twice");
+                re += "(.*)";
+                unit_group = ++groups;
+            } else if (name == "any") {
+                re += ".*";
+            } else {
+                return Result<std::pair<std::string, int>>::fail("unknown placeholder {" + name + "} (known: {unit}, {any})");
+            }
+            i = end;
+        } else {
+            if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) re += '\\';
+            re += c;
+        }
+    }
+    if (optional) return Result<std::pair<std::string, int>>::fail("[ without ]");
+    return std::pair{re, unit_group};
+}
+
+Result<Profile::Rule> parse_rule(const nlohmann::json& e, size_t i) {
+    using R = Result<Profile::Rule>;
+    const std::string at = "events[" + std::to_string(i) + "]";
+    if (!e.is_object() || !e.contains("event") || !e["event"].is_string() || !e.contains("label") ||
+        !e["label"].is_string())
+        return R::fail(at + ": wants {\"event\": NAME, \"label\": PATTERN}");
+    auto kind = event_kind(e["event"].get<std::string>());
+    if (!kind) {
+        std::string known;
+        for (auto n : kKindNames) known += (known.empty() ? "" : ", ") + std::string(n);
+        return R::fail(at + ": unknown event \"" + e["event"].get<std::string>() + "\" (known: " + known + ")");
+    }
+    Profile::Rule rule{.kind = *kind, .pattern = e["label"].get<std::string>(), .re = {}, .unit_group = 0};
+    auto re = compile_pattern(rule.pattern);
+    if (!re) return R::fail(at + ": label \"" + rule.pattern + "\": " + re.error());
+    rule.re = std::regex(re->first, std::regex::ECMAScript | std::regex::optimize);
+    rule.unit_group = re->second;
+    return rule;
+}
+
+}  // namespace
+
+std::string_view to_string(EventKind k) { return kKindNames[static_cast<size_t>(k)]; }
+
+std::optional<EventKind> event_kind(std::string_view name) {
+    for (size_t i = 0; i < kKindNames.size(); ++i)
+        if (kKindNames[i] == name) return static_cast<EventKind>(i);
+    return std::nullopt;
+}
+
+std::optional<Match> Profile::match(std::string_view label) const {
+    std::match_results<std::string_view::const_iterator> m;
+    for (const Rule& r : rules) {
+        if (!std::regex_match(label.begin(), label.end(), m, r.re)) continue;
+        std::string unit = r.unit_group && m[r.unit_group].matched ? m[r.unit_group].str() : std::string();
+        return Match{r.kind, unit.empty() ? root_unit : unit};
+    }
+    return std::nullopt;
+}
+
+Result<Profile> parse_profile(const std::string& text, const std::string& origin) {
+    using R = Result<Profile>;
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return R::fail("lifecycle profile " + origin + ": not valid JSON");
+    if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("events") ||
+        !j["events"].is_array() || j["events"].empty())
+        return R::fail("lifecycle profile " + origin + ": wants {\"name\": ..., \"events\": [...]} with at least one event");
+    Profile p;
+    p.name = j["name"].get<std::string>();
+    p.description = j.value("description", std::string());
+    p.root_unit = j.value("root_unit", std::string("<root>"));
+    if (j.contains("backward_end_frees_all_gathers")) {
+        if (!j["backward_end_frees_all_gathers"].is_boolean())
+            return R::fail("lifecycle profile " + origin + ": backward_end_frees_all_gathers wants true or false");
+        p.backward_end_frees_all_gathers = j["backward_end_frees_all_gathers"].get<bool>();
+    }
+    for (size_t i = 0; i < j["events"].size(); ++i) {
+        auto rule = parse_rule(j["events"][i], i);
+        if (!rule) return R::fail("lifecycle profile " + origin + ": " + rule.error());
+        p.rules.push_back(std::move(rule.value()));
+    }
+    return p;
+}
+
+const std::vector<Profile>& builtin_profiles() {
+    static const std::vector<Profile> profiles = [] {
+        std::vector<Profile> out;
+        for (const auto& [name, text] : kBuiltinProfileTexts) {
+            // A broken built-in is a build defect; the unit tests parse every one.
+            if (auto r = parse_profile(text, "built-in " + name)) out.push_back(std::move(r.value()));
+        }
+        return out;
+    }();
+    return profiles;
+}
+
+const Profile* detect_profile(const std::vector<TraceItem>& items) {
+    for (const Profile& p : builtin_profiles())
+        for (const TraceItem& it : items)
+            if (it.scope && p.match(it.name)) return &p;
+    return nullptr;
+}
+
+namespace {
+
+// Items in start order (stable: a parent starts no later than its child),
+// parents renumbered.
+void sort_items(std::vector<TraceItem>& items) {
+    std::vector<uint32_t> order(items.size());
+    for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](uint32_t a, uint32_t b) { return items[a].start_ns < items[b].start_ns; });
+    std::vector<int32_t> where(items.size());
+    for (uint32_t i = 0; i < order.size(); ++i) where[order[i]] = static_cast<int32_t>(i);
+    std::vector<TraceItem> sorted;
+    sorted.reserve(items.size());
+    for (uint32_t i : order) {
+        sorted.push_back(std::move(items[i]));
+        if (sorted.back().parent >= 0) sorted.back().parent = where[sorted.back().parent];
+    }
+    items = std::move(sorted);
+}
+
+struct TreeWalk {
+    const ProcessTree& t;
+    const SymbolTable& syms;
+    std::vector<TraceItem>& out;
+
+    // `scope`: the enclosing scope item; `in_coll`: inside a collective.
+    void visit(uint32_t idx, int32_t scope, bool in_coll) {
+        const auto& recs = t.records();
+        const Record& r = recs[idx];
+        if (r.kind == RecordKind::Scope) {
+            out.push_back({.scope = true, .name = std::string(t.context_name(r)), .tid = r.tid,
+                           .start_ns = r.start_ns, .bytes = 0, .parent = scope});
+            scope = static_cast<int32_t>(out.size() - 1);
+        } else if (r.kind == RecordKind::Collective && r.coll != CD_COLL_NONE && !in_coll) {
+            const SymbolInfo* s = syms.find(r.sym);
+            out.push_back({.scope = false, .name = coll_key(s ? s->layer : "?", static_cast<cd_coll>(r.coll)),
+                           .tid = r.tid, .start_ns = r.start_ns,
+                           .bytes = report_detail::record_bytes(r).value_or(0), .parent = scope});
+            in_coll = true;
+        }
+        for (uint32_t c = r.first_child; c != kNoRecord; c = recs[c].next_sibling) visit(c, scope, in_coll);
+    }
+};
+
+void visit_json(const nlohmann::json& rec, int32_t scope, bool in_coll, std::vector<TraceItem>& out) {
+    if (!rec.is_object()) return;
+    const std::string type = rec.value("type", std::string());
+    auto u64 = [&](const char* k) { return rec.contains(k) && rec[k].is_number_unsigned() ? rec[k].get<uint64_t>() : 0; };
+    if (type == "scope") {
+        out.push_back({.scope = true, .name = rec.value("name", std::string()), .tid = static_cast<uint32_t>(u64("tid")),
+                       .start_ns = u64("start_ns"), .bytes = 0, .parent = scope});
+        scope = static_cast<int32_t>(out.size() - 1);
+    } else if (type == "collective" && rec.contains("collective") && !in_coll) {
+        out.push_back({.scope = false,
+                       .name = rec.value("layer", std::string("?")) + "." + rec.value("collective", std::string("?")),
+                       .tid = static_cast<uint32_t>(u64("tid")), .start_ns = u64("start_ns"), .bytes = u64("bytes"),
+                       .parent = scope});
+        in_coll = true;
+    }
+    if (rec.contains("children") && rec["children"].is_array())
+        for (const auto& c : rec["children"]) visit_json(c, scope, in_coll, out);
+}
+
+}  // namespace
+
+std::vector<TraceItem> items_from_tree(const ProcessTree& t, const SymbolTable& syms) {
+    std::vector<TraceItem> out;
+    TreeWalk w{t, syms, out};
+    for (uint32_t r : t.roots()) w.visit(r, -1, false);
+    sort_items(out);
+    return out;
+}
+
+std::vector<TraceItem> items_from_json(const nlohmann::json& process) {
+    std::vector<TraceItem> out;
+    if (process.is_object() && process.contains("records") && process["records"].is_array())
+        for (const auto& r : process["records"]) visit_json(r, -1, false, out);
+    sort_items(out);
+    return out;
+}
+
+bool from_start_of(const nlohmann::json& process) {
+    if (!process.is_object() || !process.contains("fsdp") || !process["fsdp"].is_object()) return false;
+    return process["fsdp"].value("window", std::string()) == "from_start";
+}
+
+}  // namespace commdbg::lifecycle

@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: Apache-2.0
+// The FSDP lifecycle, rebuilt from outside the job: optimizer steps,
+// micro-steps, the order FSDP units run forward and backward, prefetches,
+// all-gathers issued and consumed, gradient reductions -- and the checks the
+// in-process reference diagnostics run on them, plus one they cannot
+// (ranks that diverge).
+//
+// Framework knowledge is data: a lifecycle profile (specs/lifecycle/*.json,
+// compiled in) maps scope labels to lifecycle events.  The input is a flat,
+// typed list of the trace's scopes and outermost collectives (TraceItem),
+// made from a live record tree or from a JSON dump, so a dump gathered on
+// another node is checked by the same code as a live window.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <regex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "result.hpp"
+
+namespace commdbg {
+class ProcessTree;
+class SymbolTable;
+}  // namespace commdbg
+
+namespace commdbg::lifecycle {
+
+enum class EventKind : uint8_t {
+    OptimizerStep,     // the optimizer boundary: a global step ends
+    RootForward,       // the root's forward begins: a micro-step begins
+    PreForward,        // a unit's forward begins
+    PostForward,       // a unit's forward ends
+    AllGather,         // a unit's parameters are all-gathered (issued)
+    AllGatherCopyOut,  // ... and consumed
+    ForwardPrefetch,   // the unit that just ran forward prefetches {target}
+    BackwardPrefetch,  // the same in backward
+    PreBackward,       // a unit's backward begins
+    PostBackward,      // a unit's gradients are accumulated / its parameters resharded
+    GradReduce,        // a unit's gradients are reduced (reduce-scatter, all-reduce)
+    RootPostBackward,  // the backward pass ends
+};
+inline constexpr size_t kEventKinds = 12;
+std::string_view to_string(EventKind k);  // "optimizer_step", ... (the profile's names)
+std::optional<EventKind> event_kind(std::string_view name);
+
+// A scope label recognised by a profile.
+struct Match {
+    EventKind kind;
+    std::string unit;  // the unit it belongs to (the root's name when the label has none)
+};
+
+// Label patterns: literal text, `{unit}` (the unit's name; a prefetch's
+// target), `{any}`, and `[...]` for an optional part:
+// "FSDP::pre_forward[ ({unit})]".  An empty or absent unit is the root.
+struct Profile {
+    struct Rule {
+        EventKind kind;
+        std::string pattern;
+        std::regex re;
+        int unit_group = 0;  // 0: the label names no unit
+    };
+    std::string name, description;
+    std::string root_unit = "<root>";
+    // The end of the backward pass waits for and frees every all-gather not
+    // consumed yet (FSDP2's finalize_backward): only those issued after it
+    // can be pending at the optimizer step.
+    bool backward_end_frees_all_gathers = false;
+    std::vector<Rule> rules;
+
+    std::optional<Match> match(std::string_view label) const;
+};
+Result<Profile> parse_profile(const std::string& text, const std::string& origin);
+const std::vector<Profile>& builtin_profiles();  // specs/lifecycle/*.json, in name order
+
+// What the lifecycle reads of a trace, in start order: every scope and every
+// outermost collective (one logical collective: c10d allgather inside
+// _allgather_base is not another), with its enclosing scope.
+struct TraceItem {
+    bool scope = false;
+    std::string name;  // the scope's label, or the collective's key ("c10d.all_gather")
+    uint32_t tid = 0;
+    uint64_t start_ns = 0;
+    uint64_t bytes = 0;             // a collective's, where known
+    int32_t parent = -1;            // the enclosing scope item, -1: none
+};
+std::vector<TraceItem> items_from_tree(const ProcessTree& t, const SymbolTable& syms);
+// From one process object of a JSON dump (its "records"); scopes are there
+// at --noise-level 2 and above.
+std::vector<TraceItem> items_from_json(const nlohmann::json& process);
+
+// The record that shows a finding: its name, thread and start.
+struct Evidence {
+    std::string name;
+    uint32_t tid = 0;
+    uint64_t start_ns = 0;
+};
+
+struct Finding {
+    std::string check, message;
+    int global_step = 0, micro_step = -1;  // -1: the whole step
+    std::string phase;                     // "forward", "backward", "optimizer"
+    std::string unit;
+    std::vector<Evidence> records;
+    // grad_sync_non_final_micro_step: the reductions that should not have been.
+    uint64_t extra_collectives = 0, extra_bytes = 0;
+};
+
+// One forward+backward between two optimizer steps (the reference's trace
+// evidence), with the collectives issued in it.
+struct MicroStep {
+    int global_step = 0, micro_step = 0;
+    bool partial = false;  // began before the window: its orders may be incomplete
+    std::vector<std::string> forward, backward;
+    std::vector<Evidence> forward_at, backward_at;  // each unit's pre-forward / pre-backward
+    struct Coll {
+        std::string key, unit;  // unit: "" outside every unit's scope
+        uint64_t bytes = 0;
+        Evidence at;
+    };
+    std::vector<Coll> collectives;
+};
+
+struct Report {
+    std::string profile;
+    bool from_start = false;  // the window began with the process
+    std::vector<std::string> units;  // sorted
+    std::vector<MicroStep> micro_steps;
+    uint64_t optimizer_steps = 0;
+    std::vector<Finding> violations, warnings;
+    std::vector<std::string> notes;
+    bool empty() const { return micro_steps.empty() && optimizer_steps == 0; }
+};
+
+struct Options {
+    bool from_start = false;  // false: the first step may have begun before the window
+};
+// The first profile that recognises any of the items' scopes; nullptr: none.
+const Profile* detect_profile(const std::vector<TraceItem>& items);
+Report analyse(const std::vector<TraceItem>& items, const Profile& profile, const Options& o);
+
+// The ranks of one job: the first point where any rank's unit order or
+// collective sequence differs from the first rank's, per rank.
+struct RankView {
+    std::string name;  // "rank 1 (pid 4242)"
+    const Report* report = nullptr;
+};
+std::vector<Finding> cross_rank(const std::vector<RankView>& ranks);
+
+nlohmann::ordered_json to_json(const Report& r);
+nlohmann::ordered_json to_json(const Finding& f);
+// Whether a dump's "fsdp" section says its window began with the process.
+bool from_start_of(const nlohmann::json& process);
+// The "FSDP lifecycle" table section: per micro-step orders, then findings.
+std::string render_section(const Report& r);
+std::string render_findings(const std::vector<Finding>& fs, std::string_view title);
+
+}  // namespace commdbg::lifecycle
