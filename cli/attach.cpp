@@ -136,37 +136,56 @@ int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
 }
 
 int run_attach(AttachOptions o) {
-    const std::string who = "commdbg: attach " + std::to_string(o.pid);
-    auto info = read_process(o.pid);
+    auto tgid = attach_target(o.pid, "attach");
+    if (!tgid) return 1;
+    o.pid = *tgid;
+    if (!check_trace_outputs(o.trace)) return 2;
+    if (!o.no_daemon) {
+        if (auto client = DaemonClient::connect(socket_path(o.socket))) return attach_via_daemon(o, *client);
+    }
+    return attach_in_process("attach", o.pid, o.duration, !o.no_follow, o.trace,
+                             [&](TraceSession& s, std::optional<int>) { return emit_outputs(s, o.trace); });
+}
+
+}  // namespace
+
+std::optional<int> attach_target(int pid, std::string_view verb) {
+    const std::string who = "commdbg: " + std::string(verb) + " " + std::to_string(pid);
+    auto info = read_process(pid);
     if (!info) {
         std::cerr << who << ": " << info.error() << "\n";
-        return 1;
+        return std::nullopt;
     }
     if (info->kernel_thread) {
         std::cerr << who << ": is a kernel thread (" << info->comm
                   << ") — attach to the user process that runs the training job\n";
-        return 1;
+        return std::nullopt;
     }
-    if (info->tgid != o.pid) {
+    if (info->tgid != pid) {
         // A thread id (from top -H, py-spy, a log line): its process is meant.
-        std::cerr << "commdbg: note: " << o.pid << " is a thread (" << info->comm << ") of "
+        std::cerr << "commdbg: note: " << pid << " is a thread (" << info->comm << ") of "
                   << describe_pid(info->tgid) << "; tracing that process\n";
-        o.pid = info->tgid;
-        info = read_process(o.pid);
-        if (!info) {
-            std::cerr << who << ": " << info.error() << "\n";
-            return 1;
+        if (auto p = read_process(info->tgid); !p) {
+            std::cerr << who << ": " << p.error() << "\n";
+            return std::nullopt;
         }
     }
-    if (!check_trace_outputs(o.trace)) return 2;
-    if (!o.no_daemon) {
-        if (auto client = DaemonClient::connect(socket_path(o.socket))) return attach_via_daemon(o, *client);
+    return info->tgid;
+}
+
+int attach_in_process(std::string_view verb, int pid, double duration, bool follow, TraceCliOptions& trace,
+                      const FinishWindow& finish) {
+    const std::string who = "commdbg: " + std::string(verb) + " " + std::to_string(pid);
+    auto info = read_process(pid);
+    if (!info) {
+        std::cerr << who << ": " << info.error() << "\n";
+        return 1;
     }
     if (geteuid() != 0 && info->uid != geteuid()) {
         std::cerr << who << ": permission denied — run as root or as the process owner\n";
         return 1;
     }
-    auto session = TraceSession::create(session_options(o.trace));
+    auto session = TraceSession::create(session_options(trace));
     if (!session) {
         std::cerr << who << ": " << session.error() << "\n";
         return 1;
@@ -175,22 +194,20 @@ int run_attach(AttachOptions o) {
     // No loader stop here: the target's parent may be an interactive shell that
     // would see the stop.  Libraries loaded during the window are attached as
     // soon as the loader event arrives.
-    if (auto r = s.add_process(o.pid, /*follow=*/!o.no_follow, /*dl_stop=*/false); !r) {
+    if (auto r = s.add_process(pid, follow, /*dl_stop=*/false); !r) {
         std::cerr << who << ": " << r.error() << "\n";
         return 1;
     }
     print_messages(s);
-    std::cerr << "commdbg: tracing " << describe_pid(o.pid);
-    if (o.duration > 0) std::cerr << " for " << limits::format_seconds(o.duration);
+    std::cerr << "commdbg: tracing " << describe_pid(pid);
+    if (duration > 0) std::cerr << " for " << limits::format_seconds(duration);
     std::cerr << " (" << s.attached_files().size() << " library file(s) probed; Ctrl-C to stop)\n";
 
     install_stop_handlers();
-    if (run_attach_window(s, o.pid, o.duration, [] { return g_stop_signal != 0; }))
-        std::cerr << "commdbg: pid " << o.pid << " exited; report covers its life since attach\n";
-    return emit_outputs(s, o.trace);
+    if (run_attach_window(s, pid, duration, [] { return g_stop_signal != 0; }))
+        std::cerr << "commdbg: pid " << pid << " exited; report covers its life since attach\n";
+    return finish(s, std::nullopt);
 }
-
-}  // namespace
 
 void register_attach(CLI::App& app) {
     auto opts = std::make_shared<AttachOptions>();

@@ -98,7 +98,7 @@ void print_messages(TraceSession& s) {
     for (const auto& m : s.take_messages()) std::cerr << "commdbg: note: " << m << "\n";
 }
 
-int write_outputs(const SessionOutput& out, const TraceCliOptions& o) {
+int write_outputs(const SessionOutput& out, const TraceCliOptions& o, const std::string* stdout_text) {
     for (const auto& m : out.messages) std::cerr << "commdbg: " << m << "\n";
     int rc = 0;
     for (const auto& t : o.targets) {
@@ -118,7 +118,7 @@ int write_outputs(const SessionOutput& out, const TraceCliOptions& o) {
         }
     }
     // Files first: a closed stdout (`| head`) must not cost the user the dump.
-    std::cout << (isatty(STDOUT_FILENO) ? out.table_color : out.table);
+    std::cout << (stdout_text ? *stdout_text : isatty(STDOUT_FILENO) ? out.table_color : out.table);
     std::cout.flush();
     return rc;
 }

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     register_attach(app);
     register_run(app);
+    register_check(app);
     register_probes(app);
     register_daemon_commands(app);
     try {

@@ -39,12 +39,6 @@ std::string resolve_exe(const std::string& cmd) {
     return cmd;
 }
 
-int exit_status(int wstatus) {
-    if (WIFEXITED(wstatus)) return WEXITSTATUS(wstatus);
-    if (WIFSIGNALED(wstatus)) return 128 + WTERMSIG(wstatus);
-    return 1;
-}
-
 // A forked child that waits on `go` until it is in the filter, then execs;
 // `err` (close-on-exec) carries an exec failure back.  Our ends of both pipes.
 struct HeldChild {
@@ -126,22 +120,31 @@ int trace_until_exit(TraceSession& s, pid_t child) {
     return wstatus;
 }
 
-int run_command(RunOptions o) {
-    const std::string who = "commdbg: run " + o.command.front();
+}  // namespace
+
+int exit_status(int wstatus) {
+    if (WIFEXITED(wstatus)) return WEXITSTATUS(wstatus);
+    if (WIFSIGNALED(wstatus)) return 128 + WTERMSIG(wstatus);
+    return 1;
+}
+
+int trace_command(std::string_view verb, const std::vector<std::string>& command, TraceCliOptions& trace,
+                  const FinishWindow& finish) {
+    const std::string who = "commdbg: " + std::string(verb) + " " + command.front();
     // Before anything runs: a bad output path must not cost a whole job.
-    if (!check_trace_outputs(o.trace)) return 2;
+    if (!check_trace_outputs(trace)) return 2;
     // Before the fork: a SIGHUP from now on stops the run with outputs written.
     install_stop_handlers();
-    auto session = TraceSession::create(session_options(o.trace));
+    auto session = TraceSession::create(session_options(trace));
     if (!session) {
         std::cerr << who << ": " << session.error() << "\n";
         return 1;
     }
     TraceSession& s = *session.value();
-    std::string exe = resolve_exe(o.command.front());
+    std::string exe = resolve_exe(command.front());
     if (auto r = s.prepare_exec(exe); !r) std::cerr << "commdbg: note: " << r.error() << "\n";
 
-    auto child = fork_held(o.command, who);
+    auto child = fork_held(command, who);
     if (!child) return 1;
     if (auto r = s.add_process(child->pid, /*follow=*/true, /*dl_stop=*/true); !r) {
         std::cerr << who << ": " << r.error() << "\n";
@@ -149,14 +152,23 @@ int run_command(RunOptions o) {
         waitpid(child->pid, nullptr, 0);
         return 1;
     }
+    s.mark_from_start(child->pid);
     if (int rc = release(*child, who); rc != 0) return rc;
 
     int wstatus = trace_until_exit(s, child->pid);
     s.mark_exited(child->pid, wstatus);
     s.drain();
-    int rc = emit_outputs(s, o.trace);
-    int status = exit_status(wstatus);
-    return rc && status == 0 ? rc : status;
+    return finish(s, wstatus);
+}
+
+namespace {
+
+int run_command(RunOptions& o) {
+    return trace_command("run", o.command, o.trace, [&](TraceSession& s, std::optional<int> wstatus) {
+        int rc = emit_outputs(s, o.trace);
+        int status = exit_status(wstatus.value_or(0));
+        return rc && status == 0 ? rc : status;
+    });
 }
 
 }  // namespace

@@ -164,6 +164,17 @@ struct TreeWalk {
     const SymbolTable& syms;
     std::vector<TraceItem>& out;
 
+    // A collective's bytes, or where it carries none (a c10d call), those of
+    // the collectives it issued (its NCCL calls).
+    uint64_t bytes_of(uint32_t idx) const {
+        const auto& recs = t.records();
+        if (auto b = report_detail::record_bytes(recs[idx])) return *b;
+        uint64_t sum = 0;
+        for (uint32_t c = recs[idx].first_child; c != kNoRecord; c = recs[c].next_sibling)
+            if (recs[c].kind == RecordKind::Collective) sum += bytes_of(c);
+        return sum;
+    }
+
     // `scope`: the enclosing scope item; `in_coll`: inside a collective.
     void visit(uint32_t idx, int32_t scope, bool in_coll) {
         const auto& recs = t.records();
@@ -175,13 +186,21 @@ struct TreeWalk {
         } else if (r.kind == RecordKind::Collective && r.coll != CD_COLL_NONE && !in_coll) {
             const SymbolInfo* s = syms.find(r.sym);
             out.push_back({.scope = false, .name = coll_key(s ? s->layer : "?", static_cast<cd_coll>(r.coll)),
-                           .tid = r.tid, .start_ns = r.start_ns,
-                           .bytes = report_detail::record_bytes(r).value_or(0), .parent = scope});
+                           .tid = r.tid, .start_ns = r.start_ns, .bytes = bytes_of(idx), .parent = scope});
             in_coll = true;
         }
         for (uint32_t c = r.first_child; c != kNoRecord; c = recs[c].next_sibling) visit(c, scope, in_coll);
     }
 };
+
+uint64_t json_bytes(const nlohmann::json& rec) {
+    if (rec.contains("bytes") && rec["bytes"].is_number_unsigned()) return rec["bytes"].get<uint64_t>();
+    uint64_t sum = 0;
+    if (rec.contains("children") && rec["children"].is_array())
+        for (const auto& c : rec["children"])
+            if (c.is_object() && c.value("type", std::string()) == "collective") sum += json_bytes(c);
+    return sum;
+}
 
 void visit_json(const nlohmann::json& rec, int32_t scope, bool in_coll, std::vector<TraceItem>& out) {
     if (!rec.is_object()) return;
@@ -194,8 +213,8 @@ void visit_json(const nlohmann::json& rec, int32_t scope, bool in_coll, std::vec
     } else if (type == "collective" && rec.contains("collective") && !in_coll) {
         out.push_back({.scope = false,
                        .name = rec.value("layer", std::string("?")) + "." + rec.value("collective", std::string("?")),
-                       .tid = static_cast<uint32_t>(u64("tid")), .start_ns = u64("start_ns"), .bytes = u64("bytes"),
-                       .parent = scope});
+                       .tid = static_cast<uint32_t>(u64("tid")), .start_ns = u64("start_ns"),
+                       .bytes = json_bytes(rec), .parent = scope});
         in_coll = true;
     }
     if (rec.contains("children") && rec["children"].is_array())

@@ -86,7 +86,7 @@ struct TraceItem {
     std::string name;  // the scope's label, or the collective's key ("c10d.all_gather")
     uint32_t tid = 0;
     uint64_t start_ns = 0;
-    uint64_t bytes = 0;             // a collective's, where known
+    uint64_t bytes = 0;  // a collective's (else its nested calls'), 0: unknown
     int32_t parent = -1;            // the enclosing scope item, -1: none
 };
 std::vector<TraceItem> items_from_tree(const ProcessTree& t, const SymbolTable& syms);

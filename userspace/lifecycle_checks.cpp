@@ -271,7 +271,8 @@ void Analysis::check_grad_sync(int last_micro) {
         f.message = "gradients of " + f.unit + " were reduced in micro-step " + std::to_string(micro) + " of " +
                     std::to_string(last_micro + 1) + " (not the last of the accumulation): " +
                     std::to_string(f.extra_collectives) + " extra reduction collectives, " +
-                    std::to_string(f.extra_bytes) + " bytes";
+                    (f.extra_bytes ? std::to_string(f.extra_bytes) + " bytes"
+                                   : std::string("bytes unknown (the collective layer traced carries no sizes)"));
         out_.warnings.push_back(std::move(f));
     }
 }

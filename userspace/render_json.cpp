@@ -46,6 +46,7 @@ public:
             if (auto by_module = module_counts_json(*p_.tree); !by_module.empty())
                 j["module_comm_counts"] = std::move(by_module);
         }
+        if (p_.fsdp) j["fsdp"] = lifecycle::to_json(*p_.fsdp);
         ordered_json counters = ordered_json::array();
         for (const CounterRow* c : sorted_counters(p_, syms_)) counters.push_back(counter_json(*c));
         j["counters"] = std::move(counters);

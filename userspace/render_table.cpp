@@ -110,6 +110,16 @@ private:
         if (p_.tree && p_.tree->unmatched_exits() > 0)
             line("unmatched exits (ignored): " + std::to_string(p_.tree->unmatched_exits()));
         for (const auto& n : p_.notes) line("note: " + n);
+        if (p_.fsdp) fsdp_section(*p_.fsdp);
+    }
+
+    void fsdp_section(const lifecycle::Report& r) {
+        std::string text = lifecycle::render_section(r);
+        const bool bad = !r.violations.empty();
+        for (size_t from = 0, nl; (nl = text.find('\n', from)) != std::string::npos; from = nl + 1) {
+            std::string l = text.substr(from, nl - from);
+            line(from == 0 ? paint(kBold, l) : bad && l.rfind("  violations", 0) == 0 ? paint(kWarn, l) : l);
+        }
     }
 
     void tracing_table() {

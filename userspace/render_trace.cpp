@@ -27,17 +27,7 @@ public:
         : p_(p), syms_(syms), recs_(p.tree->records()), emit_(std::move(sink)) {}
 
     void render() {
-        json meta = {{"name", "process_name"}, {"ph", "M"}, {"ts", 0}, {"pid", p_.pid},
-                     {"tid", p_.pid}};
-        meta["args"] = {{"name", p_.command.empty() ? "pid " + std::to_string(p_.pid)
-                                                    : p_.command + " (" + std::to_string(p_.pid) + ")"}};
-        emit_(std::move(meta));
-        for (uint32_t tid : p_.tree->threads()) {
-            auto known = p_.thread_names.find(tid);
-            std::string name = known != p_.thread_names.end() ? known->second : "tid " + std::to_string(tid);
-            emit_({{"name", "thread_name"}, {"ph", "M"}, {"ts", 0}, {"pid", p_.pid},
-                   {"tid", tid}, {"args", {{"name", std::move(name)}}}});
-        }
+        render_threads();
         // Roots are siblings per thread: the next root of the same thread bounds
         // a root leaf whose end is unknown.
         std::map<uint32_t, std::vector<uint32_t>> roots_by_tid;
@@ -49,9 +39,39 @@ public:
                 floor = emit(roots[i], floor, kNone, next);
             }
         }
+        if (p_.fsdp) render_findings(*p_.fsdp);
     }
 
 private:
+    // Each lifecycle violation and warning as an instant event on the thread
+    // of its first record, when it happened.
+    void render_findings(const lifecycle::Report& r) {
+        for (const auto* list : {&r.violations, &r.warnings})
+            for (const lifecycle::Finding& f : *list) {
+                if (f.records.empty()) continue;
+                const lifecycle::Evidence& at = f.records.back();
+                json args = lifecycle::to_json(f);
+                args["severity"] = list == &r.violations ? "violation" : "warning";
+                emit_({{"name", f.check}, {"cat", "fsdp"}, {"ph", "i"}, {"s", "t"},
+                       {"ts", static_cast<double>(at.start_ns) / 1000.0}, {"pid", p_.pid}, {"tid", at.tid},
+                       {"args", std::move(args)}});
+            }
+    }
+
+    void render_threads() {
+        json meta = {{"name", "process_name"}, {"ph", "M"}, {"ts", 0}, {"pid", p_.pid},
+                     {"tid", p_.pid}};
+        meta["args"] = {{"name", p_.command.empty() ? "pid " + std::to_string(p_.pid)
+                                                    : p_.command + " (" + std::to_string(p_.pid) + ")"}};
+        emit_(std::move(meta));
+        for (uint32_t tid : p_.tree->threads()) {
+            auto known = p_.thread_names.find(tid);
+            std::string name = known != p_.thread_names.end() ? known->second : "tid " + std::to_string(tid);
+            emit_({{"name", "thread_name"}, {"ph", "M"}, {"ts", 0}, {"pid", p_.pid},
+                   {"tid", tid}, {"args", {{"name", std::move(name)}}}});
+        }
+    }
+
     // An end that says when the call returned: not unknown, not just the
     // process's exit (the last op of a thread would span to it).
     static bool end_known(const Record& r) { return r.end_ns != 0 && !r.has(kEndAtExit); }

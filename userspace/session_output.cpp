@@ -16,6 +16,48 @@ std::array<std::pair<const char*, std::string*>, 4> named_outputs(SessionOutput&
     return {{{"table", &o.table}, {"table_color", &o.table_color}, {"json", &o.json}, {"trace", &o.trace}}};
 }
 
+namespace {
+
+int rank_of(const ProcessReport& r) {
+    for (const CommInfo& c : r.comms)
+        if (c.rank >= 0) return c.rank;
+    return -1;
+}
+
+// The verdict of the lifecycle checks: each process's section, then across ranks.
+void fsdp_verdict(const std::vector<ProcessReport>& reports, const std::vector<lifecycle::Finding>& cross,
+                  SessionOutput::Fsdp& out) {
+    for (const auto* r : report_detail::by_pid(reports)) {
+        if (!r->fsdp) continue;
+        ++out.processes;
+        out.violations += r->fsdp->violations.size();
+        out.warnings += r->fsdp->warnings.size();
+        out.verdict += "== pid " + std::to_string(r->pid) + ": " + r->command + " ==\n" + lifecycle::render_section(*r->fsdp);
+    }
+    out.violations += cross.size();
+    if (out.processes > 1)
+        out.verdict += cross.empty() ? "FSDP across " + std::to_string(out.processes) + " ranks: the same unit orders and collectives\n"
+                                     : "FSDP across ranks:\n" + lifecycle::render_findings(cross, "violations");
+}
+
+}  // namespace
+
+std::vector<lifecycle::Finding> fsdp_cross_rank(const std::vector<ProcessReport>& reports) {
+    std::vector<const ProcessReport*> ranks;
+    for (const auto* r : report_detail::by_pid(reports))
+        if (r->fsdp && !r->fsdp->empty()) ranks.push_back(r);
+    std::stable_sort(ranks.begin(), ranks.end(), [](const auto* a, const auto* b) {
+        return static_cast<unsigned>(rank_of(*a)) < static_cast<unsigned>(rank_of(*b));  // unknown (-1) last
+    });
+    std::vector<lifecycle::RankView> views;
+    for (const auto* r : ranks) {
+        const int rank = rank_of(*r);
+        const std::string pid = "pid " + std::to_string(r->pid);
+        views.push_back({rank >= 0 ? "rank " + std::to_string(rank) + " (" + pid + ")" : pid, &*r->fsdp});
+    }
+    return lifecycle::cross_rank(views);
+}
+
 SessionOutput render_session(TraceSession& s, int noise_level, const OutputWants& wants) {
     SessionOutput out;
     for (auto& m : s.take_messages()) out.messages.push_back("note: " + m);
@@ -37,8 +79,20 @@ SessionOutput render_session(TraceSession& s, int noise_level, const OutputWants
         out.table += head + render_table(r, syms, noise_level, false) + tail;
         if (wants.table_color) out.table_color += head + render_table(r, syms, noise_level, true) + tail;
     }
+    const auto cross = fsdp_cross_rank(reports);
+    fsdp_verdict(reports, cross, out.fsdp);
+    if (!cross.empty()) {
+        std::string section = "FSDP across ranks:\n" + lifecycle::render_findings(cross, "violations");
+        out.table += section;
+        if (wants.table_color) out.table_color += section;
+    }
     nlohmann::ordered_json extra = nlohmann::ordered_json::object();
     if (!kernel_drops.empty()) extra["kernel_drops"] = kernel_drops;
+    if (out.fsdp.processes > 1) {
+        nlohmann::ordered_json c = nlohmann::ordered_json::array();
+        for (const auto& f : cross) c.push_back(lifecycle::to_json(f));
+        extra["cross_rank"] = std::move(c);
+    }
     if (wants.json) out.json = to_json_text(reports, syms, noise_level, extra) + "\n";
     if (wants.trace) out.trace = chrome_trace_text(reports, syms) + "\n";
     return out;

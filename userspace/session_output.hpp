@@ -18,7 +18,17 @@ struct SessionOutput {
     std::string json;         // the --json dump (when wanted)
     std::string trace;        // Chrome trace JSON (when wanted)
     std::vector<std::string> messages;  // "note: ...", "warning: ..." lines for stderr
+    // The FSDP lifecycle checks (commdbg check): processes whose scopes a
+    // lifecycle profile recognised, and what was found in them and across them.
+    struct Fsdp {
+        size_t processes = 0, violations = 0, warnings = 0;
+        std::string verdict;  // the table's check sections, for `commdbg check`
+    } fsdp;
 };
+
+// The ranks of one job compared: every report with a lifecycle, in rank
+// order where a communicator says the rank, else by pid.
+std::vector<lifecycle::Finding> fsdp_cross_rank(const std::vector<ProcessReport>& reports);
 
 // The outputs by their control-protocol names ("table", "table_color",
 // "json", "trace"), in the order a daemon session sends them.

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bpf_session.hpp"
+#include "lifecycle.hpp"
 #include "model.hpp"
 #include "symbol_table.hpp"
 
@@ -64,6 +65,8 @@ struct ProcessReport {
     uint64_t counter_breakdown_lost = 0;  // calls counted without comm and dtype (kernel counter keys ran out)
     std::vector<std::string> notes;
     std::map<uint32_t, std::string> thread_names;  // tid -> name, where known
+    // The FSDP lifecycle of its scopes, when a lifecycle profile recognised them.
+    std::optional<lifecycle::Report> fsdp;
 };
 
 // The kernel's state for `pid`, joined: its counters (a coarse counter merged

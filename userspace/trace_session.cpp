@@ -261,7 +261,9 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
         // shares the parent's probed mappings.
         const bool stops = follow_flags_ & CD_TRACE_DL_STOP;
         if (stops) guard_->watch(static_cast<pid_t>(f->tgid));
-        track(f->tgid).may_be_stopped = stops;
+        auto& child = track(f->tgid);
+        child.may_be_stopped = stops;
+        child.from_start = true;
         scan(f->tgid);
     } else if (auto* x = std::get_if<ProcExit>(&ev)) {
         auto it = procs_.find(x->tgid);
@@ -299,6 +301,8 @@ void TraceSession::drain() {
         if (procs_.count(e.tgid)) model_.on_event(Event{e});
 }
 
+void TraceSession::mark_from_start(int pid) { track(static_cast<uint32_t>(pid)).from_start = true; }
+
 void TraceSession::mark_exited(int pid, int wait_status) {
     auto& p = track(static_cast<uint32_t>(pid));
     p.exited = true;
@@ -333,6 +337,11 @@ std::vector<ProcessReport> TraceSession::reports() const {
             if (!name.empty()) r.thread_names[tid] = name;
 
         join_kernel_state(pid, snapshot, comms, r);
+        if (r.tree) {
+            auto items = lifecycle::items_from_tree(*r.tree, symbols_);
+            if (const lifecycle::Profile* prof = lifecycle::detect_profile(items))
+                r.fsdp = lifecycle::analyse(items, *prof, {.from_start = p.from_start});
+        }
         if (p.libraries.empty()) {
             // Each pattern once: two torch specs name the same library.
             std::string names;

@@ -47,6 +47,9 @@ struct TracedProcess {
     // Traced with CD_TRACE_DL_STOP: the kernel may have stopped it for us,
     // so it gets a SIGCONT when the session ends.  No other process does.
     bool may_be_stopped = false;
+    // Traced from its first instruction (a `run`'s command, a followed
+    // fork): the lifecycle checks then trust the window's first step.
+    bool from_start = false;
     // Python stacks: the kernel walks its frames (python_ready), or
     // discovery was tried this many times without success.
     bool python_ready = false;
@@ -75,6 +78,8 @@ public:
     void drain();
 
     void mark_exited(int pid, int wait_status);
+    // `pid` was added before it ran anything (a `run`'s held child).
+    void mark_from_start(int pid);
     bool exited(int pid) const;
     const std::map<uint32_t, TracedProcess>& processes() const { return procs_; }
 

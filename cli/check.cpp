@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: Apache-2.0
+// commdbg check: the FSDP lifecycle checks, made for CI.
+//
+//   commdbg check PID [--duration S]      trace a running job's process
+//   commdbg check [--json F] -- CMD...    run a job traced from its start
+//   commdbg check --from A.json B.json    check dumps gathered on several nodes
+//
+// Traces what the checks need (record_function scopes, c10d and NCCL
+// collectives, Python stacks; no ATen ops), prints the verdict and exits 3
+// when a violation was found (warnings do not fail), else with the
+// command's status or 0.
+#include <unistd.h>
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "commands.hpp"
+
+namespace commdbg::cli {
+
+namespace {
+
+constexpr int kViolationsFound = 3;
+// What the checks read: scopes carry the lifecycle, collectives the proof.
+const std::vector<std::string> kCheckProbes = {"nccl", "torch-c10d", "torch-scopes"};
+
+struct CheckOptions {
+    std::vector<std::string> target;  // PID, or CMD ARGS... (after --)
+    std::vector<std::string> from;
+    double duration = 0;
+    TraceCliOptions trace;
+};
+
+std::string no_lifecycle_note(const SessionOutput& out) {
+    if (out.fsdp.processes > 0) return {};
+    return "commdbg: check: no FSDP lifecycle seen — no traced process ran a record_function scope that a lifecycle "
+           "profile knows (torch-fsdp2: FSDP::pre_forward, ...); is this an FSDP2 job on torch >= 2.4, and did the "
+           "window cover a training step?\n";
+}
+
+// Renders, writes the files, prints the verdict; the exit status.
+int finish_check(TraceSession& s, std::optional<int> wstatus, const TraceCliOptions& trace) {
+    OutputWants wants{.table_color = false, .json = !trace.json_file.empty(), .trace = !trace.trace_file.empty()};
+    SessionOutput out = render_session(s, trace.noise_level, wants);
+    std::string verdict = out.fsdp.verdict;
+    if (out.fsdp.processes > 0)
+        verdict += "commdbg check: " + std::to_string(out.fsdp.violations) + " violation(s), " +
+                   std::to_string(out.fsdp.warnings) + " warning(s) in " + std::to_string(out.fsdp.processes) +
+                   " process(es)\n";
+    if (int rc = write_outputs(out, trace, &verdict); rc != 0) return rc;
+    std::cerr << no_lifecycle_note(out);
+    if (out.fsdp.violations > 0) return kViolationsFound;
+    return wstatus ? exit_status(*wstatus) : 0;
+}
+
+Result<nlohmann::json> read_dump(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) return Result<nlohmann::json>::fail(path + ": cannot read the file — check the path");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object())
+        return Result<nlohmann::json>::fail(path + ": not a commdbg JSON dump (write one with --json)");
+    return j;
+}
+
+struct DumpProcess {
+    std::string name;
+    nlohmann::json fsdp;
+    lifecycle::Report report;
+};
+
+int rank_in(const nlohmann::json& p) {
+    for (const auto& c : p.value("communicators", nlohmann::json::array()))
+        if (c.value("rank", -1) >= 0) return c.value("rank", -1);
+    return -1;
+}
+
+// Every process of every dump whose scopes a lifecycle profile recognises,
+// in rank order where a communicator says the rank.
+Result<std::vector<DumpProcess>> checked_dumps(const std::vector<std::string>& files) {
+    std::vector<std::pair<int, DumpProcess>> found;
+    for (const auto& f : files) {
+        auto dump = read_dump(f);
+        if (!dump) return Result<std::vector<DumpProcess>>::fail(dump.error());
+        const nlohmann::json& d = *dump;
+        std::vector<nlohmann::json> ps = d.contains("processes") ? d["processes"].get<std::vector<nlohmann::json>>()
+                                                                  : std::vector<nlohmann::json>{d};
+        for (const auto& p : ps) {
+            auto items = lifecycle::items_from_json(p);
+            const lifecycle::Profile* prof = lifecycle::detect_profile(items);
+            if (!prof) continue;
+            const int pid = p.contains("process") ? p["process"].value("pid", 0) : 0;
+            const int rank = rank_in(p);
+            DumpProcess dp{f + (rank >= 0 ? " rank " + std::to_string(rank) : std::string()) + " (pid " +
+                               std::to_string(pid) + ")",
+                           {}, lifecycle::analyse(items, *prof, {.from_start = lifecycle::from_start_of(p)})};
+            found.emplace_back(rank, std::move(dp));
+        }
+    }
+    std::stable_sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+        return static_cast<unsigned>(a.first) < static_cast<unsigned>(b.first);
+    });
+    std::vector<DumpProcess> out;
+    for (auto& [rank, dp] : found) out.push_back(std::move(dp));
+    return out;
+}
+
+int check_from(const CheckOptions& o) {
+    auto procs = checked_dumps(o.from);
+    if (!procs) {
+        std::cerr << "commdbg: check --from " << procs.error() << "\n";
+        return 1;
+    }
+    if (procs->empty()) {
+        std::cerr << "commdbg: check --from: no process in these dumps has FSDP lifecycle scopes — write the dumps "
+                     "with `commdbg check --json F` (or --noise-level 2: scopes are level 2)\n";
+        return 1;
+    }
+    std::vector<lifecycle::RankView> views;
+    size_t violations = 0, warnings = 0;
+    nlohmann::ordered_json j = {{"processes", nlohmann::ordered_json::array()}};
+    for (const auto& p : *procs) {
+        std::cout << "== " << p.name << " ==\n" << lifecycle::render_section(p.report);
+        views.push_back({p.name, &p.report});
+        violations += p.report.violations.size();
+        warnings += p.report.warnings.size();
+        j["processes"].push_back({{"name", p.name}, {"fsdp", lifecycle::to_json(p.report)}});
+    }
+    auto cross = lifecycle::cross_rank(views);
+    violations += cross.size();
+    if (procs->size() > 1)
+        std::cout << (cross.empty() ? "FSDP across " + std::to_string(procs->size()) + " ranks: the same unit orders and collectives\n"
+                                    : "FSDP across ranks:\n" + lifecycle::render_findings(cross, "violations"));
+    j["cross_rank"] = nlohmann::ordered_json::array();
+    for (const auto& f : cross) j["cross_rank"].push_back(lifecycle::to_json(f));
+    std::cout << "commdbg check: " << violations << " violation(s), " << warnings << " warning(s) in "
+              << procs->size() << " process(es)\n";
+    if (!o.trace.json_file.empty()) {
+        try {
+            write_output(o.trace.targets.front(), j.dump(2) + "\n");
+        } catch (const std::exception& e) {
+            std::cerr << "commdbg: check: writing " << o.trace.json_file << ": " << e.what() << "\n";
+            return 1;
+        }
+    }
+    return violations ? kViolationsFound : 0;
+}
+
+bool all_digits(const std::string& s) {
+    return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+}
+
+int run_check(CheckOptions& o) {
+    if (!o.from.empty()) {
+        if (!o.target.empty()) {
+            std::cerr << "commdbg: check: --from reads dumps; give no PID or command with it\n";
+            return 2;
+        }
+        if (o.trace.table_opt->count() || o.trace.trace_opt->count()) {
+            std::cerr << "commdbg: check --from: only --json applies (the verdict is printed)\n";
+            return 2;
+        }
+        return check_trace_outputs(o.trace) ? check_from(o) : 2;
+    }
+    if (o.target.empty()) {
+        std::cerr << "commdbg: check: give a PID, a command after --, or --from DUMPS (see --help)\n";
+        return 2;
+    }
+    if (o.trace.counts_only) {
+        std::cerr << "commdbg: check: --counts-only has no scopes to check; drop it\n";
+        return 2;
+    }
+    if (o.trace.probes.empty()) o.trace.probes = kCheckProbes;
+    auto finish = [&](TraceSession& s, std::optional<int> w) { return finish_check(s, w, o.trace); };
+    if (o.target.size() == 1 && all_digits(o.target[0])) {
+        auto tgid = attach_target(std::stoi(o.target[0]), "check");
+        if (!tgid) return 1;
+        if (!check_trace_outputs(o.trace)) return 2;
+        return attach_in_process("check", *tgid, o.duration, /*follow=*/true, o.trace, finish);
+    }
+    if (o.duration > 0) {
+        std::cerr << "commdbg: check: --duration applies to a PID; a command is traced until it exits\n";
+        return 2;
+    }
+    return trace_command("check", o.target, o.trace, finish);
+}
+
+}  // namespace
+
+void register_check(CLI::App& app) {
+    auto opts = std::make_shared<CheckOptions>();
+    CLI::App* sub = app.add_subcommand(
+        "check",
+        "Run the FSDP lifecycle checks on a running process (PID), a command (-- CMD...) or JSON dumps (--from); "
+        "exit 3 when a violation was found");
+    sub->add_option("target", opts->target, "PID to attach to, or the command to run (after --)");
+    sub->add_option("--from", opts->from,
+                    "Check JSON dumps written elsewhere (`commdbg check --json F` on each node): the per-rank "
+                    "checks on each, and the cross-rank check over all")
+        ->expected(1, -1);
+    sub->add_option("-d,--duration", opts->duration, "With a PID: seconds to trace (default: until Ctrl-C or it exits)")
+        ->check(duration_seconds());
+    add_trace_options(sub, opts->trace);
+    // Scopes are level 2: a dump written by check can be checked again (--from).
+    opts->trace.noise_level = 2;
+    sub->positionals_at_end();
+    sub->footer("The JSON dump is written at --noise-level 2 unless given; default probes: nccl, torch-c10d, "
+                "torch-scopes. Exit status: 3 when a violation was found, else the command's status (or 0); "
+                "warnings do not fail.");
+    sub->callback([opts] { throw CommandDone(run_check(*opts)); });
+}
+
+}  // namespace commdbg::cli
