@@ -268,17 +268,21 @@ static __always_inline struct cd_proc_counts *proc_counts_get(__u32 tgid)
 	return lookup_or_init(&proc_counts, &tgid, &proc_counts_zero);
 }
 
-static __always_inline void add_count(struct cd_count_val *v, __u64 elements, __u64 bytes)
+static __always_inline void add_count(struct cd_count_val *v, __u64 elements, __u64 bytes, bool nested)
 {
 	__sync_fetch_and_add(&v->calls, 1);
 	__sync_fetch_and_add(&v->elements, elements);
 	__sync_fetch_and_add(&v->bytes, bytes);
+	if (nested) {
+		__sync_fetch_and_add(&v->nested, 1);
+		__sync_fetch_and_add(&v->nested_bytes, bytes);
+	}
 }
 
 /* A collective whose fine key was refused: counted in the process's own slot
  * for its symbol (open addressing, claimed with a compare-and-swap). */
 static __always_inline __u32 count_coarse(struct cd_proc_counts *pc, __u32 sym, __u32 role, __u64 elements,
-					  __u64 bytes)
+					  __u64 bytes, bool nested)
 {
 	__u32 start = (sym * 2654435761u) >> 26; /* top 6 bits: CD_COARSE_SLOTS */
 
@@ -299,7 +303,7 @@ static __always_inline __u32 count_coarse(struct cd_proc_counts *pc, __u32 sym, 
 			}
 			if (cur != sym + 1)
 				continue;
-			add_count(&s->val, elements, bytes);
+			add_count(&s->val, elements, bytes, nested);
 			__sync_fetch_and_add(&pc->breakdown_lost, 1);
 			return CD_COUNTED_COARSE + idx;
 		}
@@ -311,13 +315,14 @@ static __always_inline __u32 count_coarse(struct cd_proc_counts *pc, __u32 sym, 
 
 /* Counts one call; returns where (CD_COUNTED_*).  A new fine key is taken
  * only within the process's share, so no process can fill the node's map. */
-static __always_inline __u32 count_call(struct cd_count_key *key, __u32 role, __u64 elements, __u64 bytes)
+static __always_inline __u32 count_call(struct cd_count_key *key, __u32 role, __u64 elements, __u64 bytes,
+					bool nested)
 {
 	struct cd_count_val *v = bpf_map_lookup_elem(&counters, key);
 	struct cd_proc_counts *pc;
 
 	if (v) {
-		add_count(v, elements, bytes);
+		add_count(v, elements, bytes, nested);
 		return CD_COUNTED_FINE;
 	}
 	pc = proc_counts_get(key->tgid);
@@ -335,8 +340,8 @@ static __always_inline __u32 count_call(struct cd_count_key *key, __u32 role, __
 		count_drop(CD_DROP_COUNTER_SHARE);
 	}
 	if (!v)
-		return count_coarse(pc, key->sym, role, elements, bytes);
-	add_count(v, elements, bytes);
+		return count_coarse(pc, key->sym, role, elements, bytes, nested);
+	add_count(v, elements, bytes, nested);
 	return CD_COUNTED_FINE;
 }
 
@@ -401,6 +406,7 @@ struct entry {
 	__u32 role;
 	__u32 group_depth;
 	__u32 frame_depth;
+	__u32 nested; /* a collective inside an open collective of its thread (cd_count_val) */
 };
 
 static __always_inline bool wants_records(const struct entry *en)
@@ -468,6 +474,7 @@ static __always_inline __u32 pop_returned_frames(struct cd_thread *st, __u64 sp)
 		n--;
 	}
 	st->nframes = n;
+	st->coll_frames &= n < 32 ? (1u << n) - 1 : 0xffffffffu;
 	return n;
 }
 
@@ -484,10 +491,29 @@ static __always_inline void push_frame(struct cd_thread *st, struct entry *en)
 	f->sp = en->sp;
 	if (bpf_probe_read_user(&f->ret, sizeof(f->ret), (void *)en->sp))
 		f->ret = 0;
+	if (CD_COOKIE_FRAMEWORK_COLL(en->cookie))
+		st->coll_frames |= 1u << (n & (CD_MAX_FRAMES - 1));
 	st->nframes = n + 1;
 }
 
-/* Group and frame depth, for records: where the call nests. */
+/* A thread's state: for records, to pair a call with its return, and for a
+ * framework collective, whose frame tells the calls made inside it
+ * (events.h, cd_count_val.nested).  A counted entry-only NCCL call (commdbgd
+ * --no-count-errors) looks up nothing. */
+static __always_inline bool wants_thread(const struct entry *en)
+{
+	return wants_records(en) || CD_COOKIE_RET(en->cookie) || CD_COOKIE_FRAMEWORK_COLL(en->cookie);
+}
+
+/* Frames: for records (group and frame depth: where a call nests), and for
+ * every collective of a thread whose state is there (is a framework
+ * collective open?); a library call of a thread that never entered one
+ * finds no frame and reads nothing. */
+static __always_inline bool wants_frames(const struct entry *en)
+{
+	return wants_records(en) || en->role == CD_ROLE_COLLECTIVE;
+}
+
 static __always_inline void track_frames(struct cd_thread *st, struct entry *en)
 {
 	bool group = en->role == CD_ROLE_GROUP_START || en->role == CD_ROLE_GROUP_END;
@@ -498,6 +524,7 @@ static __always_inline void track_frames(struct cd_thread *st, struct entry *en)
 		st->group_depth--;
 	en->group_depth = st->group_depth;
 	en->frame_depth = pop_returned_frames(st, en->sp);
+	en->nested = en->role == CD_ROLE_COLLECTIVE && st->coll_frames != 0;
 	if (!CD_COOKIE_RET(en->cookie) && !group)
 		push_frame(st, en);
 }
@@ -524,7 +551,7 @@ static __always_inline __u32 count_entry(const struct entry *en, struct cd_count
 	}
 	if (!(en->flags & CD_TRACE_COUNT))
 		return CD_COUNTED_NONE;
-	return count_call(key, en->role, elements, bytes);
+	return count_call(key, en->role, elements, bytes, en->nested);
 }
 
 /* A call that returned non-zero: an error where its entry counted it. */
@@ -992,11 +1019,9 @@ int call_enter(struct pt_regs *ctx)
 
 	if (!armed || !read_entry(ctx, &en))
 		return 0;
-	/* Counts alone need a thread's state only to pair a call with its
-	 * return; group and frame depth are for records. */
-	if (wants_records(&en) || CD_COOKIE_RET(en.cookie))
+	if (wants_thread(&en))
 		st = thread_get(en.tid);
-	if (st && wants_records(&en))
+	if (st && wants_frames(&en))
 		track_frames(st, &en);
 	counted = count_entry(&en, &key);
 	/* A return-probed call is recorded at its return, in one record; but a

@@ -65,6 +65,14 @@
 #define CD_COOKIE_STACK_RECORD(c) ((__u32)(((c) >> 58) & 0x1u))
 #define CD_COOKIE_PY_STACK(c) ((__u32)(((c) >> 59) & 0x1u))
 
+/* A framework collective (c10d: a process group's method, probed at entry
+ * only) may issue others before it returns: the calls made while it is open
+ * are nested (cd_count_val.nested).  A library collective (NCCL) takes its
+ * communicator as an argument and issues none, also where its return probe
+ * is left out (commdbgd --no-count-errors). */
+#define CD_COOKIE_FRAMEWORK_COLL(c)                                                                           \
+	(CD_COOKIE_ROLE(c) == CD_ROLE_COLLECTIVE && !CD_COOKIE_RET(c) && CD_COOKIE_COMM(c) == CD_SLOT_NONE)
+
 /* What a probed symbol is.  New roles (python frame, fsdp hook) append. */
 enum cd_role {
 	CD_ROLE_COLLECTIVE = 1, /* a collective or p2p call: counted */
@@ -313,11 +321,20 @@ struct cd_count_key {
 	__u32 pad;
 };
 
+/* A collective entered while a framework collective of its thread is open
+ * (CD_COOKIE_FRAMEWORK_COLL: gloo's allgather inside _allgather_base,
+ * ncclAllReduce inside c10d's allreduce) is counted in calls and also in
+ * nested: the kernel sees every frame, records may be dropped, so only it
+ * can tell the outermost calls exactly (userspace: comm_counts,
+ * total_counts).  Not looked for where it would cost a library call a map
+ * lookup: an entry-only library collective that is only counted. */
 struct cd_count_val {
 	__u64 calls;
 	__u64 elements; /* sum of the count argument */
 	__u64 bytes;	/* elements * datatype size (0 for unknown types) */
 	__u64 errors;	/* calls that returned non-zero (return probes only) */
+	__u64 nested;	    /* of calls: inside an open framework collective of the thread */
+	__u64 nested_bytes; /* of bytes: those calls' */
 };
 
 /*
@@ -420,6 +437,8 @@ struct cd_inflight {
  * return address no longer does: Python calls sibling ops from different
  * native depths, so the sp rule alone would nest a later, deeper sibling
  * under an earlier one.  The depth left after popping goes with each entry.
+ * A process that is only counted tracks its framework collectives' frames
+ * alone: all its counters need is whether one of the thread's is open.
  */
 #define CD_MAX_FRAMES 32
 #define CD_DEPTH_UNKNOWN 0xffffffffu
@@ -435,6 +454,8 @@ struct cd_thread {
 	__u32 group_depth; /* ncclGroupStart nesting */
 	__u32 nframes;	   /* open entry-only frames */
 	__u32 announced;   /* its first record woke the consumer */
+	__u32 coll_frames; /* bit i: frames[i] is a framework collective's (cd_count_val.nested) */
+	__u32 pad;
 	struct cd_inflight s[CD_MAX_INFLIGHT];
 	struct cd_frame frames[CD_MAX_FRAMES];
 	__u8 unique_id[CD_UNIQUE_ID_BYTES]; /* of the open CommInitRank */
@@ -456,7 +477,7 @@ CD_STATIC_ASSERT(sizeof(struct cd_call) == sizeof(struct cd_call_enter) + 8 * 4,
 CD_STATIC_ASSERT(sizeof(struct cd_dl_change) == 32, "cd_dl_change");
 CD_STATIC_ASSERT(sizeof(struct cd_proc) == 32, "cd_proc");
 CD_STATIC_ASSERT(sizeof(struct cd_count_key) == 24, "cd_count_key");
-CD_STATIC_ASSERT(sizeof(struct cd_count_val) == 32, "cd_count_val");
+CD_STATIC_ASSERT(sizeof(struct cd_count_val) == 48, "cd_count_val");
 CD_STATIC_ASSERT(sizeof(struct cd_comm_key) == 16, "cd_comm_key");
 CD_STATIC_ASSERT(sizeof(struct cd_comm_val) == 48 + CD_UNIQUE_ID_BYTES, "cd_comm_val");
 CD_STATIC_ASSERT(sizeof(struct cd_inflight) == 8 * 5 + 8 * CD_NUM_ARGS + 24 + 24, "cd_inflight");
@@ -464,6 +485,6 @@ CD_STATIC_ASSERT(sizeof(struct cd_py_frame) == 32, "cd_py_frame");
 CD_STATIC_ASSERT(sizeof(struct cd_scope_key) == 16, "cd_scope_key");
 CD_STATIC_ASSERT(sizeof(struct cd_context) == 8 + CD_LABEL_MAX, "cd_context");
 CD_STATIC_ASSERT(sizeof(struct cd_py_cfg) == 16 + 4 * 17 + 4 + 8 + 16, "cd_py_cfg");
-CD_STATIC_ASSERT(sizeof(struct cd_proc_counts) == 32 + CD_COARSE_SLOTS * 40, "cd_proc_counts");
+CD_STATIC_ASSERT(sizeof(struct cd_proc_counts) == 32 + CD_COARSE_SLOTS * 56, "cd_proc_counts");
 
 #endif /* COMMDBG_EVENTS_H */
