@@ -33,11 +33,12 @@ void join_kernel_state(uint32_t pid, const std::vector<CounterEntry>& counters,
             return c.coarse && row.sym == c.key.sym && row.comm == c.key.comm && row.dtype == c.key.dtype;
         });
         if (same == r.counters.end()) {
-            r.counters.push_back(
-                {c.key.sym, c.key.comm, c.key.dtype, c.val.calls, c.val.elements, c.val.bytes, c.val.errors});
+            r.counters.push_back({c.key.sym, c.key.comm, c.key.dtype, c.val.calls, c.val.elements, c.val.bytes,
+                                  c.val.errors, c.val.nested, c.val.nested_bytes});
         } else {
             same->calls += c.val.calls, same->elements += c.val.elements;
             same->bytes += c.val.bytes, same->errors += c.val.errors;
+            same->nested += c.val.nested, same->nested_bytes += c.val.nested_bytes;
         }
     }
     if (auto loss = losses.find(pid); loss != losses.end()) {
@@ -55,9 +56,15 @@ std::map<std::string, CollSummary> coll_summary(const std::vector<CounterRow>& c
     for (const CounterRow& c : counters) {
         const SymbolInfo* s = syms.find(c.sym);
         if (!s || s->role != CD_ROLE_COLLECTIVE) continue;
+        // The kernel's nesting is "inside a framework collective": for one
+        // of those that is its own layer's outer call.  A kind only ever
+        // called inside another (gloo's allreduce under a reduce-scatter) was
+        // not issued: no key.
+        const bool framework = CD_COOKIE_FRAMEWORK_COLL(make_cookie(c.sym, *s));
+        if (framework && c.nested >= c.calls) continue;
         CollSummary& sum = out[coll_key(s->layer, s->coll)];
-        sum.calls += c.calls;
-        sum.bytes += c.bytes;
+        sum.calls += framework ? c.calls - std::min(c.nested, c.calls) : c.calls;
+        sum.bytes += framework ? c.bytes - std::min(c.nested_bytes, c.bytes) : c.bytes;
         sum.errors += c.errors;
     }
     return out;
@@ -80,10 +87,15 @@ std::map<std::string, uint64_t> comm_bytes(const ProcessReport& p, const SymbolT
 }
 
 uint64_t total_counts(const ProcessReport& p, const SymbolTable& syms) {
-    uint64_t sum = 0;
-    for (const auto& [k, v] : comm_counts(p, syms)) sum += v;
-    uint64_t nested = p.tree ? p.tree->nested_collectives() : 0;
-    return sum > nested ? sum - nested : 0;
+    uint64_t calls = 0, nested = 0;
+    for (const CounterRow& c : p.counters) {
+        const SymbolInfo* s = syms.find(c.sym);
+        if (!s || s->role != CD_ROLE_COLLECTIVE) continue;
+        calls += c.calls;
+        nested += c.nested;
+    }
+    if (p.tree) nested = std::max(nested, p.tree->nested_collectives());
+    return calls > nested ? calls - nested : 0;
 }
 
 std::map<std::string, ProcessTree::ModuleCommCounts> module_comm_counts(const ProcessReport& p) {

@@ -21,12 +21,15 @@
 
 namespace commdbg {
 
-// One exact kernel counter (cd_count_key + cd_count_val).
+// One exact kernel counter (cd_count_key + cd_count_val).  nested: of calls,
+// those entered while an entry-only collective of their thread was open
+// (nested_bytes: their bytes).
 struct CounterRow {
     uint32_t sym = 0;
     uint64_t comm = 0;
     uint32_t dtype = CD_DTYPE_NONE;
     uint64_t calls = 0, elements = 0, bytes = 0, errors = 0;
+    uint64_t nested = 0, nested_bytes = 0;
 };
 
 // How a communicator came to be, as far as this window saw.
@@ -81,7 +84,12 @@ void join_kernel_state(uint32_t pid, const std::vector<CounterEntry>& counters,
                        ProcessReport& r);
 
 // Per collective kind, summed from the exact counters of collective-role
-// symbols (never from records, which may be dropped).
+// symbols (never from records, which may be dropped), CommDebugMode's way:
+// a framework collective (an entry-only probe: c10d) is counted once, at the
+// outermost framework collective of its thread (gloo's _allgather_base, not
+// the allgather it calls); a library collective (return-probed: NCCL) is a
+// layer of its own, every call counted.  A kind with no outermost call has
+// no key.  errors: of every call.
 struct CollSummary {
     uint64_t calls = 0, bytes = 0, errors = 0;
 };
@@ -90,8 +98,11 @@ std::map<std::string, CollSummary> coll_summary(const ProcessReport& p, const Sy
 // "nccl.all_reduce" -> calls / bytes (the same keys as coll_summary).
 std::map<std::string, uint64_t> comm_counts(const ProcessReport& p, const SymbolTable& syms);
 std::map<std::string, uint64_t> comm_bytes(const ProcessReport& p, const SymbolTable& syms);
-// Each logical collective once: sum of comm_counts minus the collectives the
-// model saw nested in another collective (c10d allreduce -> ncclAllReduce).
+// Each logical collective once, at its outermost collective call of any
+// layer: the collective calls minus those the kernel counted as nested (c10d
+// _allgather_base -> allgather, c10d allreduce -> ncclAllReduce), exact
+// whatever records were lost.  Where the model saw more nesting than the
+// kernel (threads deeper than the kernel's CD_MAX_FRAMES), its count wins.
 uint64_t total_counts(const ProcessReport& p, const SymbolTable& syms);
 
 // Collectives per module path (ProcessTree::module_comm_counts); empty when
