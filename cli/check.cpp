@@ -28,6 +28,8 @@ const std::vector<std::string> kCheckProbes = {"nccl", "torch-c10d", "torch-scop
 struct CheckOptions {
     std::vector<std::string> target;  // PID, or CMD ARGS... (after --)
     std::vector<std::string> from;
+    std::vector<std::string> profile_files;
+    std::vector<lifecycle::Profile> profiles;
     double duration = 0;
     TraceCliOptions trace;
 };
@@ -79,7 +81,8 @@ int rank_in(const nlohmann::json& p) {
 
 // Every process of every dump whose scopes a lifecycle profile recognises,
 // in rank order where a communicator says the rank.
-Result<std::vector<DumpProcess>> checked_dumps(const std::vector<std::string>& files) {
+Result<std::vector<DumpProcess>> checked_dumps(const std::vector<std::string>& files,
+                                               const std::vector<lifecycle::Profile>& profiles) {
     std::vector<std::pair<int, DumpProcess>> found;
     for (const auto& f : files) {
         auto dump = read_dump(f);
@@ -89,7 +92,7 @@ Result<std::vector<DumpProcess>> checked_dumps(const std::vector<std::string>& f
                                                                   : std::vector<nlohmann::json>{d};
         for (const auto& p : ps) {
             auto items = lifecycle::items_from_json(p);
-            const lifecycle::Profile* prof = lifecycle::detect_profile(items);
+            const lifecycle::Profile* prof = lifecycle::detect_profile(items, profiles);
             if (!prof) continue;
             const int pid = p.contains("process") ? p["process"].value("pid", 0) : 0;
             const int rank = rank_in(p);
@@ -108,7 +111,7 @@ Result<std::vector<DumpProcess>> checked_dumps(const std::vector<std::string>& f
 }
 
 int check_from(const CheckOptions& o) {
-    auto procs = checked_dumps(o.from);
+    auto procs = checked_dumps(o.from, o.profiles);
     if (!procs) {
         std::cerr << "commdbg: check --from " << procs.error() << "\n";
         return 1;
@@ -153,6 +156,14 @@ bool all_digits(const std::string& s) {
 }
 
 int run_check(CheckOptions& o) {
+    for (const auto& f : o.profile_files) {
+        auto p = lifecycle::load_profile(f);
+        if (!p) {
+            std::cerr << "commdbg: check: " << p.error() << "\n";
+            return 2;
+        }
+        o.profiles.push_back(std::move(p.value()));
+    }
     if (!o.from.empty()) {
         if (!o.target.empty()) {
             std::cerr << "commdbg: check: --from reads dumps; give no PID or command with it\n";
@@ -173,6 +184,7 @@ int run_check(CheckOptions& o) {
         return 2;
     }
     if (o.trace.probes.empty()) o.trace.probes = kCheckProbes;
+    o.trace.lifecycle_profiles = o.profiles;
     auto finish = [&](TraceSession& s, std::optional<int> w) { return finish_check(s, w, o.trace); };
     if (o.target.size() == 1 && all_digits(o.target[0])) {
         auto tgid = attach_target(std::stoi(o.target[0]), "check");
@@ -202,6 +214,9 @@ void register_check(CLI::App& app) {
         ->expected(1, -1);
     sub->add_option("-d,--duration", opts->duration, "With a PID: seconds to trace (default: until Ctrl-C or it exits)")
         ->check(duration_seconds());
+    sub->add_option("--profile", opts->profile_files,
+                    "A lifecycle profile (JSON, the format of specs/lifecycle/torch-fsdp2.json) tried before the "
+                    "built-in ones: another framework's labels");
     add_trace_options(sub, opts->trace);
     // Scopes are level 2: a dump written by check can be checked again (--from).
     opts->trace.noise_level = 2;

@@ -77,6 +77,7 @@ SessionOptions session_options(const TraceCliOptions& o) {
     s.records = !o.counts_only;
     s.py_stack = parse_py_stack_mode(o.py_stack).value_or(PyStackMode::Default);
     s.py_depth = o.py_depth;
+    s.lifecycle_profiles = o.lifecycle_profiles;
     return s;
 }
 

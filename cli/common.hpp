@@ -28,6 +28,7 @@ struct TraceCliOptions {
     bool counts_only = false;
     std::string py_stack = "default";
     uint32_t py_depth = CD_DEFAULT_PY_FRAMES;
+    std::vector<lifecycle::Profile> lifecycle_profiles;  // commdbg check --profile
     // Which outputs the user named (`--json ""` is named, and an error).
     CLI::Option* json_opt = nullptr;
     CLI::Option* table_opt = nullptr;

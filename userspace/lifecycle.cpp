@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <array>
+#include <fstream>
+#include <sstream>
 
 #include "model.hpp"
 #include "report.hpp"
@@ -132,10 +134,19 @@ const std::vector<Profile>& builtin_profiles() {
     return profiles;
 }
 
-const Profile* detect_profile(const std::vector<TraceItem>& items) {
-    for (const Profile& p : builtin_profiles())
-        for (const TraceItem& it : items)
-            if (it.scope && p.match(it.name)) return &p;
+Result<Profile> load_profile(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) return Result<Profile>::fail("lifecycle profile " + path + ": cannot read the file — check the path");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return parse_profile(ss.str(), path);
+}
+
+const Profile* detect_profile(const std::vector<TraceItem>& items, const std::vector<Profile>& first) {
+    for (const auto* list : {&first, &builtin_profiles()})
+        for (const Profile& p : *list)
+            for (const TraceItem& it : items)
+                if (it.scope && p.match(it.name)) return &p;
     return nullptr;
 }
 

@@ -76,6 +76,7 @@ struct Profile {
     std::optional<Match> match(std::string_view label) const;
 };
 Result<Profile> parse_profile(const std::string& text, const std::string& origin);
+Result<Profile> load_profile(const std::string& path);  // a profile file (--profile)
 const std::vector<Profile>& builtin_profiles();  // specs/lifecycle/*.json, in name order
 
 // What the lifecycle reads of a trace, in start order: every scope and every
@@ -140,8 +141,10 @@ struct Report {
 struct Options {
     bool from_start = false;  // false: the first step may have begun before the window
 };
-// The first profile that recognises any of the items' scopes; nullptr: none.
-const Profile* detect_profile(const std::vector<TraceItem>& items);
+// The first profile that recognises any of the items' scopes, `first`
+// before the built-in ones; nullptr: none.  Points into `first` or the
+// built-ins: `first` must outlive it.
+const Profile* detect_profile(const std::vector<TraceItem>& items, const std::vector<Profile>& first = {});
 Report analyse(const std::vector<TraceItem>& items, const Profile& profile, const Options& o);
 
 // The ranks of one job: the first point where any rank's unit order or

@@ -339,7 +339,7 @@ std::vector<ProcessReport> TraceSession::reports() const {
         join_kernel_state(pid, snapshot, comms, r);
         if (r.tree) {
             auto items = lifecycle::items_from_tree(*r.tree, symbols_);
-            if (const lifecycle::Profile* prof = lifecycle::detect_profile(items))
+            if (const lifecycle::Profile* prof = lifecycle::detect_profile(items, opts_.lifecycle_profiles))
                 r.fsdp = lifecycle::analyse(items, *prof, {.from_start = p.from_start});
         }
         if (p.libraries.empty()) {

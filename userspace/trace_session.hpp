@@ -31,6 +31,7 @@ struct SessionOptions {
     bool records = true;              // ring-buffer records (off: counters only)
     PyStackMode py_stack = PyStackMode::Default;  // where records carry the Python stack
     uint32_t py_depth = CD_DEFAULT_PY_FRAMES;     // frames walked per record, innermost first
+    std::vector<lifecycle::Profile> lifecycle_profiles;  // tried before the built-in ones
 };
 
 struct TracedProcess {

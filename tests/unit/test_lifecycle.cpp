@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -415,6 +416,49 @@ TEST(Lifecycle, ItemsFromAJsonDumpKeepOnlyOutermostCollectivesUnderTheirScope) {
     EXPECT_EQ(items[2].tid, 7u);
     EXPECT_FALSE(from_start_of(dump));
     EXPECT_TRUE(from_start_of(nlohmann::json::parse(R"({"fsdp": {"window": "from_start"}})")));
+}
+
+
+TEST(Lifecycle, ProfileFromAFileRecognisesAnotherFrameworksLabelsFirst) {
+    // A scheduler of its own that labels its steps "hsdp/<event>:<unit>".
+    const std::string path = ::testing::TempDir() + "/hsdp-profile.json";
+    {
+        std::ofstream f(path);
+        f << R"j({"name": "my-hsdp", "root_unit": "model",
+                  "events": [{"event": "optimizer_step", "label": "train/step"},
+                             {"event": "root_forward", "label": "hsdp/begin"},
+                             {"event": "pre_forward", "label": "hsdp/fwd:{unit}"},
+                             {"event": "all_gather", "label": "hsdp/gather:{unit}"},
+                             {"event": "all_gather_copy_out", "label": "hsdp/use:{unit}"},
+                             {"event": "pre_backward", "label": "hsdp/bwd:{unit}"}]})j";
+    }
+    auto p = load_profile(path);
+    ASSERT_TRUE(p) << p.error();
+    Stream s;
+    for (int g = 0; g < 2; ++g) {
+        s.leaf("hsdp/begin");
+        for (const char* u : {"blocks.0", "blocks.1"}) s.begin(std::string("hsdp/fwd:") + u).end();
+        for (const char* u : {"blocks.1", "blocks.0"}) s.begin(std::string("hsdp/bwd:") + u).end();
+        if (g == 1) s.begin("hsdp/gather:blocks.0").coll("nccl.all_gather", 256).end();
+        s.leaf("train/step");
+    }
+    const std::vector<Profile> mine = {*p};
+    const Profile* found = detect_profile(s.items, mine);
+    ASSERT_NE(found, nullptr);
+    EXPECT_EQ(found->name, "my-hsdp");
+    EXPECT_EQ(detect_profile(s.items), nullptr) << "no built-in profile knows these labels";
+    Report r = analyse(s.items, *found, Options{true});
+    EXPECT_EQ(r.units, (std::vector<std::string>{"blocks.0", "blocks.1"}));
+    EXPECT_EQ(r.optimizer_steps, 2u);
+    ASSERT_EQ(r.micro_steps.size(), 2u);
+    EXPECT_EQ(r.micro_steps[1].backward, (std::vector<std::string>{"blocks.1", "blocks.0"}));
+    ASSERT_EQ(r.violations.size(), 1u) << to_json(r).dump(2);
+    EXPECT_EQ(r.violations[0].check, "pending_all_gather");
+    EXPECT_EQ(r.violations[0].unit, "blocks.0");
+    EXPECT_EQ(r.violations[0].global_step, 1);
+    auto missing = load_profile(::testing::TempDir() + "/no-such-profile.json");
+    ASSERT_FALSE(missing);
+    EXPECT_NE(missing.error().find("cannot read the file"), std::string::npos);
 }
 
 }  // namespace
