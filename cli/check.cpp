@@ -98,7 +98,8 @@ Result<std::vector<DumpProcess>> checked_dumps(const std::vector<std::string>& f
             const int rank = rank_in(p);
             DumpProcess dp{f + (rank >= 0 ? " rank " + std::to_string(rank) : std::string()) + " (pid " +
                                std::to_string(pid) + ")",
-                           {}, lifecycle::analyse(items, *prof, {.from_start = lifecycle::from_start_of(p)})};
+                           {}, lifecycle::analyse(items, *prof, {.from_start = lifecycle::from_start_of(p),
+                                                          .records_lost = p.value("dropped_records", uint64_t{0})})};
             found.emplace_back(rank, std::move(dp));
         }
     }
@@ -220,7 +221,8 @@ void register_check(CLI::App& app) {
     add_trace_options(sub, opts->trace);
     // Scopes are level 2: a dump written by check can be checked again (--from).
     opts->trace.noise_level = 2;
-    sub->positionals_at_end();
+    // Not positionals_at_end: options may follow a PID (`check 4242 --json F`);
+    // a command's own options come after `--`.
     sub->footer("The JSON dump is written at --noise-level 2 unless given; default probes: nccl, torch-c10d, "
                 "torch-scopes. Exit status: 3 when a violation was found, else the command's status (or 0); "
                 "warnings do not fail.");

@@ -140,6 +140,7 @@ struct Report {
 
 struct Options {
     bool from_start = false;  // false: the first step may have begun before the window
+    uint64_t records_lost = 0;  // records of the process dropped (ring buffer, budget, depth)
 };
 // The first profile that recognises any of the items' scopes, `first`
 // before the built-in ones; nullptr: none.  Points into `first` or the

@@ -56,6 +56,7 @@ public:
     Analysis(const std::vector<TraceItem>& items, const Profile& p, const Options& o) : items_(items), profile_(p) {
         out_.profile = p.name;
         out_.from_start = o.from_start;
+        lost_ = o.records_lost;
         step_complete_ = o.from_start;
     }
 
@@ -70,7 +71,11 @@ public:
                 on_collective(i);
             }
         }
-        end_micro_step();
+        // Cut by the window's end (or by lost records): what it did not reach
+        // is not a finding.
+        if (open_ && !prefetches_.empty())
+            out_.notes.push_back("the last micro-step did not end in the window: its prefetches were not checked");
+        end_micro_step(/*complete=*/false);
         if (!out_.micro_steps.empty() && (out_.micro_steps.back().global_step == global_step_))
             out_.notes.push_back(out_.optimizer_steps == 0
                                      ? "no optimizer step in the window: the checks at the optimizer boundary "
@@ -80,6 +85,10 @@ public:
         if (!out_.from_start && out_.optimizer_steps > 0)
             out_.notes.push_back("the window began with the process running: step 0 may have begun before it and "
                                  "was not checked at its optimizer boundary");
+        if (lost_)
+            out_.notes.push_back(std::to_string(lost_) + " records of this process were dropped: the lifecycle "
+                                 "around them is incomplete and findings there may not be real (a larger "
+                                 "--max-records / --ringbuf-kb keeps them)");
         out_.units.assign(units_.begin(), units_.end());
         return std::move(out_);
     }
@@ -164,11 +173,11 @@ private:
         last_source_[1].clear();
     }
 
-    void end_micro_step() {
+    void end_micro_step(bool complete = true) {
         if (!open_) return;
         open_ = false;
         const MicroStep& m = out_.micro_steps.back();
-        if (!m.partial)
+        if (complete && !m.partial)
             for (const Prefetch& p : prefetches_) check_prefetch(m, p);
         prefetches_.clear();
     }
@@ -201,6 +210,7 @@ private:
     Report out_;
     std::vector<std::optional<Match>> matches_;
     std::set<std::string> units_;
+    uint64_t lost_ = 0;
     int global_step_ = 0, micro_in_step_ = 0;
     bool open_ = false;
     bool step_complete_ = false;  // this step was seen from its start

@@ -340,7 +340,9 @@ std::vector<ProcessReport> TraceSession::reports() const {
         if (r.tree) {
             auto items = lifecycle::items_from_tree(*r.tree, symbols_);
             if (const lifecycle::Profile* prof = lifecycle::detect_profile(items, opts_.lifecycle_profiles))
-                r.fsdp = lifecycle::analyse(items, *prof, {.from_start = p.from_start});
+                r.fsdp = lifecycle::analyse(items, *prof,
+                                            {.from_start = p.from_start,
+                                             .records_lost = r.kernel_dropped_records + r.tree->dropped_total()});
         }
         if (p.libraries.empty()) {
             // Each pattern once: two torch specs name the same library.

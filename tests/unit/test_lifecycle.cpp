@@ -461,5 +461,25 @@ TEST(Lifecycle, ProfileFromAFileRecognisesAnotherFrameworksLabelsFirst) {
     EXPECT_NE(missing.error().find("cannot read the file"), std::string::npos);
 }
 
+
+TEST(Lifecycle, MicroStepCutByTheWindowsEndIsNotChecked) {
+    // The window ends right after layers.0 prefetched layers.1 in forward.
+    Stream s = training(1, 1);
+    s.leaf("FSDP::root_pre_forward");
+    s.begin("FSDP::pre_forward (layers.0)").end();
+    s.leaf("FSDP::forward_prefetch for layers.1");
+    Report r = check(s);
+    EXPECT_TRUE(r.violations.empty()) << to_json(r).dump(2);
+    ASSERT_EQ(r.micro_steps.size(), 2u);
+    bool said = false;
+    for (const auto& n : r.notes) said = said || n.find("prefetches were not checked") != std::string::npos;
+    EXPECT_TRUE(said) << to_json(r).dump(2);
+    // The same prefetch in a micro-step that ended is checked.
+    s.leaf("Optimizer.step#SGD.step");
+    r = check(s);
+    ASSERT_EQ(r.violations.size(), 1u) << to_json(r).dump(2);
+    EXPECT_EQ(r.violations[0].check, "prefetch_target_not_run");
+}
+
 }  // namespace
 }  // namespace commdbg::lifecycle
