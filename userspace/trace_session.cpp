@@ -301,6 +301,18 @@ void TraceSession::drain() {
         if (procs_.count(e.tgid)) model_.on_event(Event{e});
 }
 
+void TraceSession::reset_window() {
+    model_.reset();
+    for (auto it = procs_.begin(); it != procs_.end();) {
+        if (!it->second.exited) {
+            ++it;
+            continue;
+        }
+        bpf_->forget_process(it->first);
+        it = procs_.erase(it);
+    }
+}
+
 void TraceSession::mark_from_start(int pid) { track(static_cast<uint32_t>(pid)).from_start = true; }
 
 void TraceSession::mark_exited(int pid, int wait_status) {

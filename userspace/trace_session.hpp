@@ -85,6 +85,11 @@ public:
     const std::map<uint32_t, TracedProcess>& processes() const { return procs_; }
 
     std::vector<ProcessReport> reports() const;
+    // Ends a window of records for every process at once (commdbgd
+    // --fsdp-checks): their records go, open frames stay as placeholders,
+    // and exited processes are forgotten here, in the model and in the
+    // kernel's per-process maps.  Tracing goes on.
+    void reset_window();
     const SymbolTable& symbols() const { return symbols_; }
     std::vector<std::string> take_messages();  // problems worth a line on stderr
     uint64_t decode_errors() const { return decode_errors_; }
