@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "control_server.hpp"
+#include "fsdp_watch.hpp"
 #include "option_checks.hpp"
 #include "node_counter.hpp"
 
@@ -123,6 +124,8 @@ struct DaemonArgs {
     int metrics_port = 0;
     commdbg::NodeCounterOptions counter;
     size_t max_sessions = commdbg::ControlServer::kDefaultMaxSessions;
+    bool fsdp_checks = false;
+    commdbg::FsdpWatchOptions fsdp;
 };
 
 // Parses argv into `a`; returns the exit status when commdbgd should exit
@@ -151,6 +154,16 @@ std::optional<int> parse_args(int argc, char** argv, DaemonArgs& a) {
                    "Tracing sessions (`commdbg attach`) run at once; each may hold ~0.3 GB at the default " +
                        std::to_string(limits::kDefaultMaxRecords) + "-record budget")
         ->check(CLI::Range(size_t{1}, size_t{64}));
+    long fsdp_window_s = 60;
+    app.add_flag("--fsdp-checks", a.fsdp_checks,
+                 "Run the FSDP lifecycle checks all the time for every process that loads libtorch (scopes and "
+                 "collectives only); findings go to /metrics as commdbg_fsdp_violations_total");
+    app.add_option("--fsdp-window", fsdp_window_s,
+                   "Seconds of records the FSDP checks analyse at once, then drop (a process's exit ends one too)")
+        ->check(CLI::Range(1L, 86400L));
+    app.add_option("--fsdp-max-records", a.fsdp.max_records,
+                   "Records the FSDP checks keep per process and window; a window past it is not checked")
+        ->check(integer_in(100, limits::kMaxRecordsCeiling));
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -159,6 +172,8 @@ std::optional<int> parse_args(int argc, char** argv, DaemonArgs& a) {
     }
     opts.series_ttl = std::chrono::seconds(ttl_s);
     opts.count_errors = !no_count_errors;
+    a.fsdp.window = std::chrono::seconds(fsdp_window_s);
+    a.fsdp.scope_cgroup = opts.scope_cgroup;
     if (!a.metrics_listen.empty() && !split_host_port(a.metrics_listen, a.metrics_host, a.metrics_port)) {
         std::cerr << "commdbgd: --metrics-listen " << a.metrics_listen
                   << ": expected HOST:PORT, e.g. 127.0.0.1:9464\n";
@@ -217,7 +232,7 @@ void say_ready(const DaemonArgs& a) {
     std::cerr << "commdbgd " << COMMDBG_VERSION << ": counting"
               << (a.counter.scope_cgroup.empty() ? " on this node" : " in " + a.counter.scope_cgroup) << "; socket "
               << a.socket_path << (a.metrics_listen.empty() ? "" : "; metrics http://" + metrics_at + "/metrics")
-              << "\n";
+              << (a.fsdp_checks ? "; FSDP checks every " + std::to_string(a.fsdp.window.count()) + " s" : "") << "\n";
     notify_systemd("READY=1");
 }
 
@@ -243,12 +258,31 @@ int main(int argc, char** argv) {
     }
     (*control)->start();
 
+    std::unique_ptr<FsdpWatch> fsdp;
+    std::thread fsdp_thread;
+    if (a.fsdp_checks) {
+        char host[256] = {};
+        gethostname(host, sizeof(host) - 1);
+        auto w = FsdpWatch::create(a.fsdp, (*counter)->metrics(), host);
+        if (!w) {
+            std::cerr << w.error() << "\n";
+            return 1;
+        }
+        fsdp = std::move(w.value());
+        fsdp_thread = std::thread([&fsdp] { fsdp->run(g_stop); });
+    }
+
     httplib::Server http;
     std::thread http_thread;
-    if (!a.metrics_listen.empty() && !serve_metrics(http, http_thread, **counter, a)) return 1;
+    if (!a.metrics_listen.empty() && !serve_metrics(http, http_thread, **counter, a)) {
+        g_stop = true;
+        if (fsdp_thread.joinable()) fsdp_thread.join();
+        return 1;
+    }
     say_ready(a);
     while (!g_stop) (*counter)->step(100);
     notify_systemd("STOPPING=1");
+    if (fsdp_thread.joinable()) fsdp_thread.join();
     (*control)->stop();
     if (http_thread.joinable()) {
         http.stop();
