@@ -20,6 +20,25 @@
 
 namespace commdbg::e2e {
 
+std::string trixie_root() {
+    const char* env = std::getenv("COMMDBG_TRIXIE_ROOT");
+    return env && *env ? env : "/var/cache/commdbg/trixie-root";
+}
+
+std::string trixie_unavailable_reason(const std::string& root) {
+    static std::map<std::string, std::string> checked;
+    if (auto it = checked.find(root); it != checked.end()) return it->second;
+    std::string why;
+    if (geteuid() != 0) {
+        why = "needs root (mount, chroot)";
+    } else if (!std::filesystem::exists(root + "/.commdbg-trixie-root")) {
+        why = "no trixie root at " + root + " (build it: make trixie-root, or " + kRootScript + " " + root + ")";
+    } else if (run({kRootScript, "--check", root}, {}, 120).status != 0) {
+        why = "the trixie root at " + root + " fails its health check (rebuild: " + kRootScript + " " + root + ")";
+    }
+    return checked[root] = why;
+}
+
 std::string bpf_unavailable_reason() {
     if (geteuid() != 0) return "needs root (BPF uprobes)";
     if (!std::filesystem::exists("/sys/kernel/btf/vmlinux")) return "kernel has no BTF (/sys/kernel/btf/vmlinux)";

@@ -29,6 +29,26 @@ using testproc::in_ci;
     REQUIRE_OR_SKIP(std::filesystem::exists(REAL_NCCL_DIR "/libnccl.so.2"),        \
                     "no real NCCL at " REAL_NCCL_DIR "/libnccl.so.2")
 
+// ---- the trixie root: Debian trixie's python 3.13 and torch 2.6 in another root
+// (tests/trixie_root.sh, `make trixie-root`), jobs run chrooted through
+// tests/trixie_run.sh as a containerised job runs, the profiler on the host.
+inline const std::string kRootScript = std::string(SOURCE_DIR) + "/tests/trixie_root.sh";
+inline const std::string kRunScript = std::string(SOURCE_DIR) + "/tests/trixie_run.sh";
+// The workload directory, bound read-only into the root at kInRoot: the
+// shared cached root is never written to by a test.
+inline const std::string kTestprogs = std::string(SOURCE_DIR) + "/tests/testprogs";
+inline const std::string kInRoot = "/opt/commdbg-testprogs";
+// What the root needs of a gloo job: Debian's torch 2.6 is built without
+// libuv (the TCP store's default there), and the root has no /etc/hosts
+// entry for the host name gloo would resolve.
+inline const std::map<std::string, std::string> kRootJobEnv = {{"USE_LIBUV", "0"}, {"GLOO_SOCKET_IFNAME", "lo"}};
+// $COMMDBG_TRIXIE_ROOT, else the default of tests/trixie_root.sh and the Makefile.
+std::string trixie_root();
+// Empty when jobs can run in `root`, else why not (its health check runs
+// once per root and test binary: it takes seconds).
+std::string trixie_unavailable_reason(const std::string& root);
+#define REQUIRE_TRIXIE_ROOT(root) REQUIRE_NO_REASON(::commdbg::e2e::trixie_unavailable_reason(root))
+
 using testproc::Background;
 using testproc::ProcResult;
 using testproc::run;

@@ -33,18 +33,11 @@ namespace {
 constexpr int kSteps = 3;
 const std::string kWorkloadName = "torch_module_workload.py";
 const std::string kInRootProgs = "/opt/commdbg-testprogs";
-// What the root needs of a gloo job (test_torch26.cpp says why).
-const std::map<std::string, std::string> kRootJobEnv = {{"USE_LIBUV", "0"}, {"GLOO_SOCKET_IFNAME", "lo"}};
 const std::map<std::string, std::string> kModuleClass = {
     {"<root>", "Model"},          {"encoder", "Encoder"},
     {"encoder.blocks.0", "Block"}, {"encoder.blocks.0.mixer", "Mixer"},
     {"encoder.blocks.1", "Block"}, {"encoder.blocks.1.mixer", "Mixer"},
 };
-
-std::string trixie_root() {
-    const char* env = std::getenv("COMMDBG_TRIXIE_ROOT");
-    return env && *env ? env : "/var/cache/commdbg/trixie-root";
-}
 
 struct Variant {
     std::string name;

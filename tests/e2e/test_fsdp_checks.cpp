@@ -31,40 +31,12 @@ namespace {
 
 using nlohmann::json;
 
-// ---- the trixie root (the same preamble as test_torch26.cpp; belongs in e2e_util) ----
-
-const std::string kRootScript = std::string(SOURCE_DIR) + "/tests/trixie_root.sh";
-const std::string kRunScript = std::string(SOURCE_DIR) + "/tests/trixie_run.sh";
-const std::string kTestprogs = std::string(SOURCE_DIR) + "/tests/testprogs";
-const std::string kInRoot = "/opt/commdbg-testprogs";
-
-std::string trixie_root() {
-    const char* env = std::getenv("COMMDBG_TRIXIE_ROOT");
-    return env && *env ? env : "/var/cache/commdbg/trixie-root";
-}
-
-std::string trixie_unavailable_reason(const std::string& root) {
-    if (geteuid() != 0) return "needs root (mount, chroot)";
-    if (!std::filesystem::exists(root + "/.commdbg-trixie-root"))
-        return "no trixie root at " + root + " (build it: make trixie-root, or " + kRootScript + " " + root + ")";
-    auto r = run({kRootScript, "--check", root}, {}, 120);
-    if (r.status != 0) return "the trixie root at " + root + " fails its health check (rebuild: " + kRootScript + " " + root + ")";
-    return {};
-}
-
-// The health check takes seconds: once per test binary.
-std::string trixie_reason_once() {
-    static const std::string reason = trixie_unavailable_reason(trixie_root());
-    return reason;
-}
-
 #define REQUIRE_FSDP_JOB()                           \
     do {                                             \
         REQUIRE_BPF();                               \
-        REQUIRE_NO_REASON(trixie_reason_once());     \
+        REQUIRE_TRIXIE_ROOT(trixie_root());          \
     } while (0)
 
-const std::map<std::string, std::string> kRootJobEnv = {{"USE_LIBUV", "0"}, {"GLOO_SOCKET_IFNAME", "lo"}};
 
 std::vector<std::string> job_argv(const std::string& mode, const std::vector<std::string>& extra = {}) {
     std::vector<std::string> v = {kRunScript, "--bind", kTestprogs + ":" + kInRoot, trixie_root(), "python3",

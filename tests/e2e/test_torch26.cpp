@@ -22,30 +22,6 @@
 namespace commdbg::e2e {
 namespace {
 
-const std::string kRootScript = std::string(SOURCE_DIR) + "/tests/trixie_root.sh";
-const std::string kRunScript = std::string(SOURCE_DIR) + "/tests/trixie_run.sh";
-// The workload directory, bound read-only into the root at kInRoot: the
-// shared cached root is never written to by a test.
-const std::string kTestprogs = std::string(SOURCE_DIR) + "/tests/testprogs";
-const std::string kInRoot = "/opt/commdbg-testprogs";
-
-// The same default as tests/trixie_root.sh and the Makefile.
-std::string trixie_root() {
-    const char* env = std::getenv("COMMDBG_TRIXIE_ROOT");
-    return env && *env ? env : "/var/cache/commdbg/trixie-root";
-}
-
-std::string trixie_unavailable_reason(const std::string& root) {
-    if (geteuid() != 0) return "needs root (mount, chroot)";
-    if (!std::filesystem::exists(root + "/.commdbg-trixie-root"))
-        return "no trixie root at " + root + " (build it: make trixie-root, or " + kRootScript + " " + root + ")";
-    auto r = run({kRootScript, "--check", root}, {}, 120);
-    if (r.status != 0) return "the trixie root at " + root + " fails its health check (rebuild: " + kRootScript + " " + root + ")";
-    return {};
-}
-
-#define REQUIRE_TRIXIE_ROOT(root) REQUIRE_NO_REASON(trixie_unavailable_reason(root))
-
 // Lines of our /proc/self/mountinfo that name a path under `root`.
 std::vector<std::string> mounts_under(const std::string& root) {
     std::vector<std::string> v;
@@ -63,10 +39,6 @@ std::string joined(const std::vector<std::string>& v) {
 }
 
 constexpr int kSteps = 3, kAllReduce = 3, kBroadcast = 2;  // and no all-gather
-// What the root needs of a gloo job: Debian's torch 2.6 is built without
-// libuv (the TCP store's default there), and the root has no /etc/hosts
-// entry for the host name gloo would resolve.
-const std::map<std::string, std::string> kRootJobEnv = {{"USE_LIBUV", "0"}, {"GLOO_SOCKET_IFNAME", "lo"}};
 
 TEST(Torch26, GlooRanksInTrixieRootGiveExactC10dCounts) {
     REQUIRE_BPF();
