@@ -26,33 +26,6 @@ namespace {
 
 using namespace daemon_util;
 
-// ---- the trixie root (the preamble of test_torch26.cpp) -------------------------
-
-const std::string kRootScript = std::string(SOURCE_DIR) + "/tests/trixie_root.sh";
-const std::string kRunScript = std::string(SOURCE_DIR) + "/tests/trixie_run.sh";
-const std::string kTestprogs = std::string(SOURCE_DIR) + "/tests/testprogs";
-const std::string kInRoot = "/opt/commdbg-testprogs";
-
-std::string trixie_root() {
-    const char* env = std::getenv("COMMDBG_TRIXIE_ROOT");
-    return env && *env ? env : "/var/cache/commdbg/trixie-root";
-}
-
-std::string trixie_unavailable_reason(const std::string& root) {
-    if (geteuid() != 0) return "needs root (mount, chroot)";
-    if (!std::filesystem::exists(root + "/.commdbg-trixie-root"))
-        return "no trixie root at " + root + " (build it: make trixie-root, or " + kRootScript + " " + root + ")";
-    auto r = run({kRootScript, "--check", root}, {}, 120);
-    if (r.status != 0) return "the trixie root at " + root + " fails its health check (rebuild: " + kRootScript + " " + root + ")";
-    return {};
-}
-
-#define REQUIRE_TRIXIE_ROOT(root) REQUIRE_NO_REASON(trixie_unavailable_reason(root))
-
-// Debian's torch 2.6 is built without libuv; the root has no /etc/hosts
-// entry for the host name gloo would resolve.
-const std::map<std::string, std::string> kRootJobEnv = {{"USE_LIBUV", "0"}, {"GLOO_SOCKET_IFNAME", "lo"}};
-
 std::vector<std::string> job(const std::string& mode) {
     return {kRunScript, "--bind", kTestprogs + ":" + kInRoot, trixie_root(), "python3",
             kInRoot + "/fsdp2_workload.py", mode};
