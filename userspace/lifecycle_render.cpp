@@ -21,9 +21,16 @@ ordered_json micro_step_json(const MicroStep& m) {
     o["forward"] = m.forward;
     o["backward"] = m.backward;
     if (m.partial) o["partial"] = true;
-    ordered_json counts = ordered_json::object();
-    for (const auto& c : m.collectives) counts[c.key] = counts.value(c.key, 0) + 1;
+    // Outermost collectives, then by the unit whose scope issued them ("" outside every unit's).
+    ordered_json counts = ordered_json::object(), by_unit = ordered_json::object();
+    for (const auto& c : m.collectives) {
+        counts[c.key] = counts.value(c.key, 0) + 1;
+        ordered_json& u = by_unit[c.unit];
+        if (!u.is_object()) u = ordered_json::object();
+        u[c.key] = u.value(c.key, 0) + 1;
+    }
     o["comm_counts"] = std::move(counts);
+    o["unit_comm_counts"] = std::move(by_unit);
     return o;
 }
 

@@ -179,6 +179,12 @@ TEST(Lifecycle, CleanRunHasNoFindingAndTheReferenceTraceEvidence) {
     auto j = to_json(r);
     EXPECT_EQ(j["window"], "from_start");
     EXPECT_EQ(j["micro_steps"][1]["comm_counts"]["c10d.reduce_scatter"], 4);
+    // Each unit's forward and backward all-gather, and on the synced micro-step its reduce-scatter.
+    for (const auto& u : kUnits) {
+        EXPECT_EQ(j["micro_steps"][1]["unit_comm_counts"][u]["c10d.all_gather"], 2) << u;
+        EXPECT_EQ(j["micro_steps"][1]["unit_comm_counts"][u]["c10d.reduce_scatter"], 1) << u;
+        EXPECT_FALSE(j["micro_steps"][0]["unit_comm_counts"][u].contains("c10d.reduce_scatter")) << u;
+    }
     EXPECT_NE(render_section(r).find("no violation"), std::string::npos);
 }
 
