@@ -47,9 +47,7 @@ int finish_check(TraceSession& s, std::optional<int> wstatus, const TraceCliOpti
     SessionOutput out = render_session(s, trace.noise_level, wants);
     std::string verdict = out.fsdp.verdict;
     if (out.fsdp.processes > 0)
-        verdict += "commdbg check: " + std::to_string(out.fsdp.violations) + " violation(s), " +
-                   std::to_string(out.fsdp.warnings) + " warning(s) in " + std::to_string(out.fsdp.processes) +
-                   " process(es)\n";
+        verdict += lifecycle::render_summary(out.fsdp.violations, out.fsdp.warnings, out.fsdp.processes);
     if (int rc = write_outputs(out, trace, &verdict); rc != 0) return rc;
     std::cerr << no_lifecycle_note(out);
     if (out.fsdp.violations > 0) return kViolationsFound;
@@ -69,9 +67,15 @@ Result<nlohmann::json> read_dump(const std::string& path) {
 
 struct DumpProcess {
     std::string name;
-    nlohmann::json fsdp;
     lifecycle::Report report;
 };
+
+// The dump says how the process ended (an exit status or a signal).
+bool ended(const nlohmann::json& p) {
+    if (!p.contains("process") || !p["process"].is_object()) return false;
+    const auto& proc = p["process"];
+    return (proc.contains("exit_code") && !proc["exit_code"].is_null()) || proc.contains("signal");
+}
 
 int rank_in(const nlohmann::json& p) {
     for (const auto& c : p.value("communicators", nlohmann::json::array()))
@@ -98,14 +102,14 @@ Result<std::vector<DumpProcess>> checked_dumps(const std::vector<std::string>& f
             const int rank = rank_in(p);
             DumpProcess dp{f + (rank >= 0 ? " rank " + std::to_string(rank) : std::string()) + " (pid " +
                                std::to_string(pid) + ")",
-                           {}, lifecycle::analyse(items, *prof, {.from_start = lifecycle::from_start_of(p),
-                                                          .records_lost = p.value("dropped_records", uint64_t{0})})};
+                           lifecycle::analyse(items, *prof, {.from_start = lifecycle::from_start_of(p),
+                                                          .records_lost = p.value("dropped_records", uint64_t{0}),
+                                                          .process_ended = ended(p)})};
             found.emplace_back(rank, std::move(dp));
         }
     }
-    std::stable_sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
-        return static_cast<unsigned>(a.first) < static_cast<unsigned>(b.first);
-    });
+    std::stable_sort(found.begin(), found.end(),
+                     [](const auto& a, const auto& b) { return lifecycle::rank_before(a.first, b.first); });
     std::vector<DumpProcess> out;
     for (auto& [rank, dp] : found) out.push_back(std::move(dp));
     return out;
@@ -134,13 +138,10 @@ int check_from(const CheckOptions& o) {
     }
     auto cross = lifecycle::cross_rank(views);
     violations += cross.size();
-    if (procs->size() > 1)
-        std::cout << (cross.empty() ? "FSDP across " + std::to_string(procs->size()) + " ranks: the same unit orders and collectives\n"
-                                    : "FSDP across ranks:\n" + lifecycle::render_findings(cross, "violations"));
+    std::cout << lifecycle::render_cross_rank(cross, procs->size());
     j["cross_rank"] = nlohmann::ordered_json::array();
     for (const auto& f : cross) j["cross_rank"].push_back(lifecycle::to_json(f));
-    std::cout << "commdbg check: " << violations << " violation(s), " << warnings << " warning(s) in "
-              << procs->size() << " process(es)\n";
+    std::cout << lifecycle::render_summary(violations, warnings, procs->size());
     if (!o.trace.json_file.empty()) {
         try {
             write_output(o.trace.targets.front(), j.dump(2) + "\n");

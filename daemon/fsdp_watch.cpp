@@ -76,23 +76,13 @@ bool maps_show(uint32_t pid, bool& torch, bool& python) {
     return true;
 }
 
-// The window's last micro-step when no optimizer step followed it: it may
-// have been cut by the window's end.  Unless the process exited, its
-// findings go (it is not checked, nor compared across ranks).  Returns
-// whether the next window begins between two steps; nullopt: unknown from
-// this window (it saw no lifecycle event).
-std::optional<bool> trim_open_tail(lifecycle::Report& r, bool exited) {
+// Whether the next window begins between two steps: the window's last
+// micro-step was followed by its optimizer step (the lifecycle itself marks
+// one cut by the window's end partial: unchecked, not compared across
+// ranks); nullopt: unknown from this window (it saw no lifecycle event).
+std::optional<bool> next_at_boundary(const lifecycle::Report& r) {
     if (r.micro_steps.empty()) return r.optimizer_steps > 0 ? std::optional<bool>(true) : std::nullopt;
-    lifecycle::MicroStep& last = r.micro_steps.back();
-    if (last.global_step < static_cast<int>(r.optimizer_steps)) return true;
-    if (exited) return false;
-    auto in_last = [&](const lifecycle::Finding& f) {
-        return f.global_step == last.global_step && f.micro_step == last.micro_step;
-    };
-    std::erase_if(r.violations, in_last);
-    std::erase_if(r.warnings, in_last);
-    last.partial = true;
-    return false;
+    return r.micro_steps.back().global_step < static_cast<int>(r.optimizer_steps);
 }
 
 }  // namespace
@@ -269,7 +259,11 @@ void FsdpWatch::end_window() {
 
 std::vector<FsdpWatch::Analysed> FsdpWatch::analyse_all(uint64_t& held) {
     std::vector<Analysed> out;
-    for (const ProcessReport& r : session_->reports()) {
+    // The session analyses each process's lifecycle in reports(); its first
+    // step is checked where this window began between two steps.
+    for (const auto& [pid, w] : watched_)
+        if (session_->processes().count(pid)) session_->mark_from_start(static_cast<int>(pid), w.at_boundary);
+    for (ProcessReport& r : session_->reports()) {
         auto it = watched_.find(r.pid);
         if (it == watched_.end() || !r.tree) continue;
         Watched& w = it->second;
@@ -277,15 +271,13 @@ std::vector<FsdpWatch::Analysed> FsdpWatch::analyse_all(uint64_t& held) {
         held += r.tree->records().size();
         const bool lost = r.tree->dropped_total() > 0 || r.kernel_dropped_records > w.kernel_drops;
         w.kernel_drops = r.kernel_dropped_records;
-        auto items = lifecycle::items_from_tree(*r.tree, session_->symbols());
-        const lifecycle::Profile* prof = lifecycle::detect_profile(items);
-        if (!prof) {
+        if (!r.fsdp) {
             if (lost) w.at_boundary = false;
             continue;
         }
         const bool began_at_boundary = w.at_boundary;
-        Analysed a{r.pid, lifecycle::analyse(items, *prof, {.from_start = began_at_boundary}), !lost};
-        if (auto next = trim_open_tail(a.report, r.exit_code.has_value())) w.at_boundary = *next;
+        Analysed a{r.pid, std::move(*r.fsdp), !lost};
+        if (auto next = next_at_boundary(a.report)) w.at_boundary = *next;
         if (lost) w.at_boundary = false;  // the window's end state is not known
         // Steps numbered from the process's first window, so that ranks cut
         // at different points are still compared step by step; the first

@@ -116,7 +116,9 @@ struct Finding {
 // evidence), with the collectives issued in it.
 struct MicroStep {
     int global_step = 0, micro_step = 0;
-    bool partial = false;  // began before the window: its orders may be incomplete
+    // Began before the window, or was cut by its end: its orders may be
+    // incomplete (not checked, not compared across ranks).
+    bool partial = false;
     std::vector<std::string> forward, backward;
     std::vector<Evidence> forward_at, backward_at;  // each unit's pre-forward / pre-backward
     struct Coll {
@@ -141,6 +143,7 @@ struct Report {
 struct Options {
     bool from_start = false;  // false: the first step may have begun before the window
     uint64_t records_lost = 0;  // records of the process dropped (ring buffer, budget, depth)
+    bool process_ended = false;  // the window ends with the process (else its end may cut a step)
 };
 // The first profile that recognises any of the items' scopes, `first`
 // before the built-in ones; nullptr: none.  Points into `first` or the
@@ -155,6 +158,10 @@ struct RankView {
     const Report* report = nullptr;
 };
 std::vector<Finding> cross_rank(const std::vector<RankView>& ranks);
+// The order of the ranks of a job: by rank, an unknown one (-1) last.
+inline bool rank_before(int a, int b) { return static_cast<unsigned>(a) < static_cast<unsigned>(b); }
+// "rank 1 (pid 4242)", or `who` alone when the rank is unknown (-1).
+std::string rank_view_name(int rank, const std::string& who);
 
 nlohmann::ordered_json to_json(const Report& r);
 nlohmann::ordered_json to_json(const Finding& f);
@@ -163,5 +170,9 @@ bool from_start_of(const nlohmann::json& process);
 // The "FSDP lifecycle" table section: per micro-step orders, then findings.
 std::string render_section(const Report& r);
 std::string render_findings(const std::vector<Finding>& fs, std::string_view title);
+// The cross-rank verdict over `ranks` processes ("" for fewer than two).
+std::string render_cross_rank(const std::vector<Finding>& cross, size_t ranks);
+// "commdbg check: V violation(s), W warning(s) in P process(es)\n".
+std::string render_summary(size_t violations, size_t warnings, size_t processes);
 
 }  // namespace commdbg::lifecycle

@@ -57,6 +57,7 @@ public:
         out_.profile = p.name;
         out_.from_start = o.from_start;
         lost_ = o.records_lost;
+        process_ended_ = o.process_ended;
         step_complete_ = o.from_start;
     }
 
@@ -72,9 +73,11 @@ public:
             }
         }
         // Cut by the window's end (or by lost records): what it did not reach
-        // is not a finding.
+        // is not a finding, and ranks cut at different points are not
+        // compared there.  Ended by the process, it is whole as far as it went.
         if (open_ && !prefetches_.empty())
             out_.notes.push_back("the last micro-step did not end in the window: its prefetches were not checked");
+        if (open_ && !process_ended_) out_.micro_steps.back().partial = true;
         end_micro_step(/*complete=*/false);
         if (!out_.micro_steps.empty() && (out_.micro_steps.back().global_step == global_step_))
             out_.notes.push_back(out_.optimizer_steps == 0
@@ -211,6 +214,7 @@ private:
     std::vector<std::optional<Match>> matches_;
     std::set<std::string> units_;
     uint64_t lost_ = 0;
+    bool process_ended_ = false;
     int global_step_ = 0, micro_in_step_ = 0;
     bool open_ = false;
     bool step_complete_ = false;  // this step was seen from its start

@@ -313,7 +313,9 @@ void TraceSession::reset_window() {
     }
 }
 
-void TraceSession::mark_from_start(int pid) { track(static_cast<uint32_t>(pid)).from_start = true; }
+void TraceSession::mark_from_start(int pid, bool from_start) {
+    track(static_cast<uint32_t>(pid)).from_start = from_start;
+}
 
 void TraceSession::mark_exited(int pid, int wait_status) {
     auto& p = track(static_cast<uint32_t>(pid));
@@ -354,7 +356,8 @@ std::vector<ProcessReport> TraceSession::reports() const {
             if (const lifecycle::Profile* prof = lifecycle::detect_profile(items, opts_.lifecycle_profiles))
                 r.fsdp = lifecycle::analyse(items, *prof,
                                             {.from_start = p.from_start,
-                                             .records_lost = r.kernel_dropped_records + r.tree->dropped_total()});
+                                             .records_lost = r.kernel_dropped_records + r.tree->dropped_total(),
+                                             .process_ended = p.exited});
         }
         if (p.libraries.empty()) {
             // Each pattern once: two torch specs name the same library.

@@ -79,8 +79,10 @@ public:
     void drain();
 
     void mark_exited(int pid, int wait_status);
-    // `pid` was added before it ran anything (a `run`'s held child).
-    void mark_from_start(int pid);
+    // `pid` was added before it ran anything (a `run`'s held child), or --
+    // after a reset_window() -- its next window begins between two steps:
+    // the lifecycle in reports() then checks that window's first step.
+    void mark_from_start(int pid, bool from_start = true);
     bool exited(int pid) const;
     const std::map<uint32_t, TracedProcess>& processes() const { return procs_; }
 

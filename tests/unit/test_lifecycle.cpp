@@ -480,6 +480,15 @@ TEST(Lifecycle, MicroStepCutByTheWindowsEndIsNotChecked) {
     bool said = false;
     for (const auto& n : r.notes) said = said || n.find("prefetches were not checked") != std::string::npos;
     EXPECT_TRUE(said) << to_json(r).dump(2);
+    EXPECT_TRUE(r.micro_steps.back().partial) << "cut by the window: not compared across ranks";
+    // Another rank's window ended later in the same micro-step: no divergence there.
+    Stream later = s;
+    later.begin("FSDP::pre_forward (layers.1)").end();
+    Report rl = check(later);
+    EXPECT_TRUE(cross_rank({{"rank 0", &r}, {"rank 1", &rl}}).empty());
+    // Ended by the process, the micro-step is whole as far as it went.
+    Report ended = analyse(s.items, fsdp2(), Options{.from_start = true, .process_ended = true});
+    EXPECT_FALSE(ended.micro_steps.back().partial);
     // The same prefetch in a micro-step that ended is checked.
     s.leaf("Optimizer.step#SGD.step");
     r = check(s);
