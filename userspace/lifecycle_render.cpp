@@ -91,6 +91,21 @@ std::string render_findings(const std::vector<Finding>& fs, std::string_view tit
     return s;
 }
 
+std::string rank_view_name(int rank, const std::string& who) {
+    return rank >= 0 ? "rank " + std::to_string(rank) + " (" + who + ")" : who;
+}
+
+std::string render_cross_rank(const std::vector<Finding>& cross, size_t ranks) {
+    if (ranks < 2) return {};
+    if (cross.empty()) return "FSDP across " + std::to_string(ranks) + " ranks: the same unit orders and collectives\n";
+    return "FSDP across ranks:\n" + render_findings(cross, "violations");
+}
+
+std::string render_summary(size_t violations, size_t warnings, size_t processes) {
+    return "commdbg check: " + std::to_string(violations) + " violation(s), " + std::to_string(warnings) +
+           " warning(s) in " + std::to_string(processes) + " process(es)\n";
+}
+
 std::string render_section(const Report& r) {
     std::string s = "FSDP lifecycle (" + r.profile + "): " + std::to_string(r.units.size()) + " units, " +
                     std::to_string(r.optimizer_steps) + " optimizer steps, " +

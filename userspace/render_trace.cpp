@@ -44,7 +44,8 @@ public:
 
 private:
     // Each lifecycle violation and warning as an instant event on the thread
-    // of its first record, when it happened.
+    // of its last record, when that began (a pending all-gather: at the
+    // optimizer step that found it).
     void render_findings(const lifecycle::Report& r) {
         for (const auto* list : {&r.violations, &r.warnings})
             for (const lifecycle::Finding& f : *list) {

@@ -35,9 +35,7 @@ void fsdp_verdict(const std::vector<ProcessReport>& reports, const std::vector<l
         out.verdict += "== pid " + std::to_string(r->pid) + ": " + r->command + " ==\n" + lifecycle::render_section(*r->fsdp);
     }
     out.violations += cross.size();
-    if (out.processes > 1)
-        out.verdict += cross.empty() ? "FSDP across " + std::to_string(out.processes) + " ranks: the same unit orders and collectives\n"
-                                     : "FSDP across ranks:\n" + lifecycle::render_findings(cross, "violations");
+    out.verdict += lifecycle::render_cross_rank(cross, out.processes);
 }
 
 }  // namespace
@@ -46,15 +44,11 @@ std::vector<lifecycle::Finding> fsdp_cross_rank(const std::vector<ProcessReport>
     std::vector<const ProcessReport*> ranks;
     for (const auto* r : report_detail::by_pid(reports))
         if (r->fsdp && !r->fsdp->empty()) ranks.push_back(r);
-    std::stable_sort(ranks.begin(), ranks.end(), [](const auto* a, const auto* b) {
-        return static_cast<unsigned>(rank_of(*a)) < static_cast<unsigned>(rank_of(*b));  // unknown (-1) last
-    });
+    std::stable_sort(ranks.begin(), ranks.end(),
+                     [](const auto* a, const auto* b) { return lifecycle::rank_before(rank_of(*a), rank_of(*b)); });
     std::vector<lifecycle::RankView> views;
-    for (const auto* r : ranks) {
-        const int rank = rank_of(*r);
-        const std::string pid = "pid " + std::to_string(r->pid);
-        views.push_back({rank >= 0 ? "rank " + std::to_string(rank) + " (" + pid + ")" : pid, &*r->fsdp});
-    }
+    for (const auto* r : ranks)
+        views.push_back({lifecycle::rank_view_name(rank_of(*r), "pid " + std::to_string(r->pid)), &*r->fsdp});
     return lifecycle::cross_rank(views);
 }
 
@@ -82,7 +76,7 @@ SessionOutput render_session(TraceSession& s, int noise_level, const OutputWants
     const auto cross = fsdp_cross_rank(reports);
     fsdp_verdict(reports, cross, out.fsdp);
     if (!cross.empty()) {
-        std::string section = "FSDP across ranks:\n" + lifecycle::render_findings(cross, "violations");
+        std::string section = lifecycle::render_cross_rank(cross, out.fsdp.processes);
         out.table += section;
         if (wants.table_color) out.table_color += section;
     }
