@@ -407,6 +407,7 @@ struct entry {
 	__u32 group_depth;
 	__u32 frame_depth;
 	__u32 nested; /* a collective inside an open collective of its thread (cd_count_val) */
+	__u32 entry_flags; /* CD_ENTRY_* */
 };
 
 static __always_inline bool wants_records(const struct entry *en)
@@ -439,12 +440,14 @@ static __always_inline bool read_entry(struct pt_regs *ctx, struct entry *en)
 	en->ip = PT_REGS_IP(ctx);
 	en->sp = PT_REGS_SP(ctx);
 	cd_read_reg_args(ctx, en->args);
-	/* A user-memory read costs more than the rest of a counted entry: only
-	 * for a slot that is a stack word. */
-	stack = wants_records(en) ? CD_COOKIE_STACK_RECORD(en->cookie) : CD_COOKIE_STACK_COUNT(en->cookie);
+	/* A user-memory read costs more than the rest of a recorded entry: only
+	 * for a slot that is a stack word, and one only a record shows (NCCL's
+	 * stream) only where the process asked for it. */
+	stack = CD_COOKIE_STACK_COUNT(en->cookie) ||
+		(wants_records(en) && (en->flags & CD_TRACE_STACK_ARGS) && CD_COOKIE_STACK_RECORD(en->cookie));
 	if (stack && bpf_probe_read_user(&en->args[CD_REG_SLOTS], (CD_NUM_ARGS - CD_REG_SLOTS) * sizeof(__u64),
-					 (void *)(en->sp + CD_STACK_ARGS_OFFSET)))
-		en->args[6] = en->args[7] = 0;
+					 (void *)(en->sp + CD_STACK_ARGS_OFFSET)) == 0)
+		en->entry_flags |= CD_ENTRY_STACK_ARGS;
 	return true;
 }
 
@@ -598,7 +601,7 @@ static __always_inline bool push_inflight(struct cd_thread *st, const struct ent
 	s->counted = counted;
 	s->flags = en->flags;
 	s->entry_sent = entry_sent;
-	s->pad = 0;
+	s->entry_flags = en->entry_flags;
 	st->depth = d + 1;
 	if (CD_COOKIE_TAIL(en->cookie) == CD_TAIL_UNIQUE_ID &&
 	    bpf_probe_read_user(st->unique_id, CD_UNIQUE_ID_BYTES, (void *)(en->sp + CD_STACK_ARGS_OFFSET)))
@@ -621,15 +624,25 @@ static __always_inline struct cd_inflight *pop_inflight(struct cd_thread *st)
 
 /* ---- call probes: emission --------------------------------------------------- */
 
+/* A thread looks at the watermark once per this many of its records: a
+ * helper call costs as much as the rest of a record's emission, and the
+ * watermark leaves 7/8 of the buffer free (a few records late is nothing). */
+#define CD_WAKE_CHECK_EVERY 16
+
 /* A thread's first record wakes the consumer at once, batching or not:
  * userspace reads the thread's name when it first sees it, and a short-lived
  * worker would be gone by the time the watermark is reached. */
 static __always_inline __u64 call_wakeup(struct cd_thread *st)
 {
-	if (st && !st->announced) {
+	if (!st)
+		return record_wakeup();
+	if (!st->announced) {
 		st->announced = 1;
 		return BPF_RB_FORCE_WAKEUP;
 	}
+	if (++st->unchecked < CD_WAKE_CHECK_EVERY)
+		return BPF_RB_NO_WAKEUP;
+	st->unchecked = 0;
 	return record_wakeup();
 }
 
@@ -646,6 +659,7 @@ static __always_inline void fill_enter(struct cd_call_enter *e, const struct ent
 	e->sp = en->sp;
 	__builtin_memcpy(e->args, en->args, sizeof(e->args));
 	e->group_depth = en->group_depth;
+	e->entry_flags = en->entry_flags;
 	e->frame_depth = en->frame_depth;
 }
 
@@ -678,6 +692,7 @@ static __always_inline void fill_call(struct cd_call *e, const struct cd_infligh
 	e->sp = s->sp;
 	__builtin_memcpy(e->args, s->args, sizeof(e->args));
 	e->group_depth = s->group_depth;
+	e->entry_flags = s->entry_flags;
 	e->frame_depth = s->frame_depth;
 	e->enter_ts_ns = s->ts;
 	e->ret = r->ret;
@@ -956,21 +971,19 @@ static __always_inline bool emit_call_ctx(const struct cd_inflight *s, __u32 tid
 	return true;
 }
 
+/* Built on the stack and copied out: one helper call, not a reservation
+ * and a submission. */
 static __always_inline void emit_call(const struct cd_inflight *s, struct cd_thread *st, __u32 tid,
 				      const struct ret_info *r)
 {
 	__u64 wakeup = call_wakeup(st);
-	struct cd_call *e;
+	struct cd_call e;
 
 	if (emit_call_ctx(s, tid, r, wakeup))
 		return;
-	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
+	fill_call(&e, s, tid, r, 0);
+	if (bpf_ringbuf_output(&events, &e, sizeof(e), wakeup))
 		count_ringbuf_drop(s->ckey.tgid);
-		return;
-	}
-	fill_call(e, s, tid, r, 0);
-	bpf_ringbuf_submit(e, wakeup);
 }
 
 
@@ -1165,7 +1178,7 @@ static __always_inline void emit_open_call(const struct cd_inflight *s, __u32 ti
 	struct entry en = {
 		.cookie = s->cookie, .ts = s->ts, .ip = s->ip, .sp = s->sp, .tgid = s->ckey.tgid, .tid = tid,
 		.flags = s->flags, .role = CD_COOKIE_ROLE(s->cookie), .group_depth = s->group_depth,
-		.frame_depth = s->frame_depth,
+		.frame_depth = s->frame_depth, .entry_flags = s->entry_flags,
 	};
 
 	__builtin_memcpy(en.args, s->args, sizeof(en.args));

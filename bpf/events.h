@@ -242,8 +242,9 @@ struct cd_call_enter {
 	__u64 cookie;
 	__u64 ip;		  /* probed address in the process */
 	__u64 sp;		  /* user stack pointer at entry: nesting */
-	__u64 args[CD_NUM_ARGS]; /* 6 registers, then sp+8, sp+16 */
-	__u32 group_depth;	  /* ncclGroupStart nesting of this thread */
+	__u64 args[CD_NUM_ARGS]; /* 6 registers, then sp+8, sp+16 (CD_ENTRY_STACK_ARGS) */
+	__u16 group_depth;	  /* ncclGroupStart nesting of this thread */
+	__u16 entry_flags;	  /* CD_ENTRY_* */
 	__u32 frame_depth;	  /* open entry-only frames of this thread, or CD_DEPTH_UNKNOWN */
 	/* tail follows */
 };
@@ -276,7 +277,8 @@ struct cd_call {
 	__u64 ip;
 	__u64 sp;
 	__u64 args[CD_NUM_ARGS];
-	__u32 group_depth;
+	__u16 group_depth;
+	__u16 entry_flags; /* CD_ENTRY_* */
 	__u32 frame_depth;
 	__u64 enter_ts_ns;
 	__s64 ret;	 /* raw return register */
@@ -311,6 +313,14 @@ struct cd_proc {
 #define CD_TRACE_DL_STOP (1u << 3) /* stop at loader changes until resumed */
 #define CD_TRACE_NOTE_FORK (1u << 4) /* report forks without tracing the children */
 #define CD_TRACE_PYTHON (1u << 5)    /* has a cd_py_cfg: records walk its Python frames */
+/* Records also read the stack words that only a record shows (NCCL's
+ * stream): a user-memory read costs more than the rest of a recorded entry
+ * (README, "What a record costs").  Stack words a counter needs (ncclReduce's
+ * comm) are read regardless. */
+#define CD_TRACE_STACK_ARGS (1u << 6)
+
+/* cd_call_enter.entry_flags */
+#define CD_ENTRY_STACK_ARGS (1u << 0) /* args[6], args[7] are the caller's stack words */
 
 /* Exact per-process counters: never depend on ring-buffer delivery. */
 struct cd_count_key {
@@ -422,7 +432,7 @@ struct cd_inflight {
 	__u32 counted;	  /* where the entry counted it: CD_COUNTED_* */
 	__u32 flags;	  /* CD_TRACE_* of the process at entry */
 	__u32 entry_sent; /* its entry went out as a cd_call_enter: the return sends a cd_call_exit */
-	__u32 pad;
+	__u32 entry_flags; /* CD_ENTRY_* */
 };
 
 /* Where the entry counted a call, so that its return adds an error there. */
@@ -455,7 +465,7 @@ struct cd_thread {
 	__u32 nframes;	   /* open entry-only frames */
 	__u32 announced;   /* its first record woke the consumer */
 	__u32 coll_frames; /* bit i: frames[i] is a framework collective's (cd_count_val.nested) */
-	__u32 pad;
+	__u32 unchecked;   /* records since it last looked at the wake-up watermark */
 	struct cd_inflight s[CD_MAX_INFLIGHT];
 	struct cd_frame frames[CD_MAX_FRAMES];
 	__u8 unique_id[CD_UNIQUE_ID_BYTES]; /* of the open CommInitRank */

@@ -48,6 +48,7 @@ nlohmann::json attach_request(const AttachOptions& o) {
                           {"max_records", o.trace.max_records},
                           {"max_depth", o.trace.max_depth},
                           {"counts_only", o.trace.counts_only},
+                          {"stack_args", o.trace.stack_args},
                           {"follow", !o.no_follow},
                           {"ringbuf_kb", o.trace.ringbuf_kb},
                           {"py_stack", o.trace.py_stack},

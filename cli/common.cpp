@@ -57,6 +57,9 @@ void add_trace_options(CLI::App* app, TraceCliOptions& o) {
                     "Probe specs to use: built-in names (see `commdbg probes list`) or JSON files; default: all built-ins")
         ->delimiter(',');
     app->add_flag("--counts-only", o.counts_only, "Exact counters only, no per-call records (lowest overhead)");
+    app->add_flag("--stack-args", o.stack_args,
+                  "Records also show the arguments passed on the caller's stack that nothing counts (NCCL's "
+                  "stream): one user-memory read more per recorded call");
     app->add_option("--py-stack", o.py_stack,
                     "Python stacks in records: off, default (collectives, c10d calls, record_function scopes) "
                     "or ops (also every ATen op)")
@@ -75,6 +78,7 @@ SessionOptions session_options(const TraceCliOptions& o) {
     s.limits.max_depth = o.max_depth;
     s.probes = o.probes;
     s.records = !o.counts_only;
+    s.stack_args = o.stack_args;
     s.py_stack = parse_py_stack_mode(o.py_stack).value_or(PyStackMode::Default);
     s.py_depth = o.py_depth;
     s.lifecycle_profiles = o.lifecycle_profiles;

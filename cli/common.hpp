@@ -26,6 +26,7 @@ struct TraceCliOptions {
     size_t ringbuf_kb = limits::kDefaultRingbufKb;
     std::vector<std::string> probes;
     bool counts_only = false;
+    bool stack_args = false;
     std::string py_stack = "default";
     uint32_t py_depth = CD_DEFAULT_PY_FRAMES;
     std::vector<lifecycle::Profile> lifecycle_profiles;  // commdbg check --profile

@@ -267,6 +267,7 @@ SessionOptions session_options(const Request& req) {
     so.limits.max_depth = req.max_depth;
     so.probes = req.probes;
     so.records = !req.counts_only;
+    so.stack_args = req.stack_args;
     so.ringbuf_bytes = req.ringbuf_kb * 1024;
     so.py_stack = req.py_stack;
     so.py_depth = req.py_depth;

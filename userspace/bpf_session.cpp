@@ -246,6 +246,7 @@ std::vector<CallEnter> BpfSession::open_calls() const {
             std::memcpy(e.args.data(), s.args, sizeof(s.args));
             e.group_depth = s.group_depth;
             e.frame_depth = s.frame_depth;
+            e.stack_args = s.entry_flags & CD_ENTRY_STACK_ARGS;
         }
     }
     std::sort(out.begin(), out.end(), [](const CallEnter& a, const CallEnter& b) { return a.ts_ns < b.ts_ns; });

@@ -126,7 +126,7 @@ const OpFields kOpFields[] = {
     {"status", {}},
     {"counts", {"pid", "by_comm"}},
     {"attach", {"pid", "duration_s", "noise_level", "max_records", "max_depth", "probes",
-                "counts_only", "ringbuf_kb", "outputs", "follow", "py_stack", "py_depth"}},
+                "counts_only", "stack_args", "ringbuf_kb", "outputs", "follow", "py_stack", "py_depth"}},
     {"sessions", {}},
     {"detach", {"id"}},
 };
@@ -137,9 +137,13 @@ std::optional<std::string> fill_field(Request& r, const std::string& key, const 
         auto n = get_uint(v, 1, INT_MAX);
         if (!n) return field_error(op, key, "must be a positive integer");
         r.pid = static_cast<int>(*n);
-    } else if (key == "by_comm" || key == "counts_only" || key == "follow") {
+    } else if (key == "by_comm" || key == "counts_only" || key == "follow" || key == "stack_args") {
         if (!v.is_boolean()) return field_error(op, key, "must be true or false");
-        (key == "by_comm" ? r.by_comm : key == "follow" ? r.follow : r.counts_only) = v.get<bool>();
+        bool& field = key == "by_comm"       ? r.by_comm
+                      : key == "follow"      ? r.follow
+                      : key == "stack_args"  ? r.stack_args
+                                             : r.counts_only;
+        field = v.get<bool>();
     } else if (key == "duration_s") {
         if (!v.is_number()) return field_error(op, key, "must be a number of seconds");
         double d = v.get<double>();

@@ -59,6 +59,7 @@ struct Request {
     size_t max_depth = limits::kDefaultMaxDepth;      // <= limits::kMaxDepthCeiling
     std::vector<std::string> probes;
     bool counts_only = false;
+    bool stack_args = false;  // records read stack-passed arguments only they show
     bool follow = true;  // trace the children the target forks (false: note each fork)
     size_t ringbuf_kb = limits::kDefaultRingbufKb;  // the session's kernel ring buffer
     PyStackMode py_stack = PyStackMode::Default;

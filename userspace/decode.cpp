@@ -64,6 +64,7 @@ void entry_fields(const cd_header& h, const Rec& e, uint64_t enter_ts, CallEnter
     std::memcpy(out.args.data(), e.args, sizeof(e.args));
     out.group_depth = e.group_depth;
     out.frame_depth = e.frame_depth;
+    out.stack_args = e.entry_flags & CD_ENTRY_STACK_ARGS;
 }
 
 // The return half of cd_call_exit and cd_call.

@@ -28,6 +28,7 @@ struct CallEnter {
     std::array<uint64_t, CD_NUM_ARGS> args{};
     uint32_t group_depth = 0;
     uint32_t frame_depth = CD_DEPTH_UNKNOWN;  // kernel's open-frame count after popping
+    bool stack_args = true;                   // args[6], args[7] hold the caller's stack words (CD_ENTRY_STACK_ARGS)
     bool has_unique_id = false;
     std::array<uint8_t, CD_UNIQUE_ID_BYTES> unique_id{};
     // CD_TAIL_CONTEXT (events.h, cd_context): framework context.

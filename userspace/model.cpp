@@ -54,8 +54,9 @@ RecordKind kind_of(cd_role role) {
     }
 }
 
+// A stack word the kernel did not read (CD_TRACE_STACK_ARGS) has no value.
 bool slot_value(const CallEnter& e, uint8_t slot, uint64_t& out) {
-    if (slot >= CD_NUM_ARGS) return false;
+    if (slot >= CD_NUM_ARGS || (slot >= CD_REG_SLOTS && !e.stack_args)) return false;
     out = e.args[slot];
     return true;
 }

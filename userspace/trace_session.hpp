@@ -29,6 +29,7 @@ struct SessionOptions {
     ModelLimits limits;
     std::vector<std::string> probes;  // spec names or files; empty: every built-in
     bool records = true;              // ring-buffer records (off: counters only)
+    bool stack_args = false;          // records also read stack-passed arguments only they show (NCCL's stream)
     PyStackMode py_stack = PyStackMode::Default;  // where records carry the Python stack
     uint32_t py_depth = CD_DEFAULT_PY_FRAMES;     // frames walked per record, innermost first
     std::vector<lifecycle::Profile> lifecycle_profiles;  // tried before the built-in ones

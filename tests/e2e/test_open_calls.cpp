@@ -19,7 +19,7 @@ lib = ctypes.CDLL(sys.argv[1])
 print("ready pid=%d" % os.getpid(), flush=True)
 while not os.path.exists(sys.argv[2]):
     time.sleep(0.001)
-rc = lib.ncclAllReduce(None, None, ctypes.c_size_t(8), 7, 0, ctypes.c_void_p(0x1000), None)
+rc = lib.ncclAllReduce(None, None, ctypes.c_size_t(8), 7, 0, ctypes.c_void_p(0x1000), ctypes.c_void_p(0x7777))
 print("reduced rc=%d" % rc, flush=True)
 print("receiving", flush=True)
 lib.ncclRecv(ctypes.c_void_p(0x2000), ctypes.c_size_t(60000), 7, -1000, ctypes.c_void_p(0x1000),
@@ -31,9 +31,15 @@ struct Traced {
     Background work;
     Background dbg;
 
-    Traced()
-        : work({"/usr/bin/python3", "-c", kWaitingRank, lib_path(false), tmp.path("go")}),
-          dbg({commdbg_bin(), "attach", "--no-daemon", "--json", tmp.path("out.json"), pid_arg()}) {}
+    explicit Traced(bool stack_args = false)
+        : work({"/usr/bin/python3", "-c", kWaitingRank, lib_path(false), tmp.path("go")}), dbg(attach_argv(stack_args)) {}
+
+    std::vector<std::string> attach_argv(bool stack_args) {
+        std::vector<std::string> argv = {commdbg_bin(), "attach", "--no-daemon", "--json", tmp.path("out.json")};
+        if (stack_args) argv.push_back("--stack-args");
+        argv.push_back(pid_arg());
+        return argv;
+    }
 
     std::string pid_arg() {
         std::string ready = work.wait_for_line("ready pid=");
@@ -79,11 +85,32 @@ TEST(OpenCalls, ACallStillInFlightWhenTheWindowClosesIsReportedOpen) {
     ASSERT_NE(open, nullptr) << "the call in flight is missing: " << j["records"].dump();
     EXPECT_TRUE(open->at("end_ns").is_null()) << open->dump();
     EXPECT_FALSE(open->contains("ret")) << open->dump();
-    // Its arguments are the entry's, the stack word (stream) included.
+    // Its arguments are the entry's (ncclRecv's stream is a register).
     EXPECT_EQ(open->value("peer", 0), -1000) << open->dump();
     EXPECT_EQ(open->value("output_elements", 0L), 60000L) << open->dump();
     EXPECT_EQ(open->value("stream", ""), "0x5555") << open->dump();
     EXPECT_GT(open->value("start_ns", 0UL), done->value("start_ns", 0UL));
+    // ncclAllReduce's stream is its 7th argument, a stack word: not read
+    // without --stack-args, and then not shown (never as a made-up 0).
+    EXPECT_FALSE(done->contains("stream")) << done->dump();
+}
+
+TEST(OpenCalls, StackArgsShowTheStackWordsOfACompletedAndAnOpenCall) {
+    REQUIRE_BPF();
+    Traced t(/*stack_args=*/true);
+    ASSERT_TRUE(t.start());
+    kill(t.dbg.pid(), SIGINT);
+    auto d = t.dbg.wait(60);
+    ASSERT_EQ(d.status, 0) << d.err;
+    kill(t.work.pid(), SIGKILL);
+
+    auto j = read_json(t.tmp.path("out.json"));
+    const nlohmann::json* done = find_record(j, "ncclAllReduce");
+    ASSERT_NE(done, nullptr) << j["records"].dump();
+    EXPECT_EQ(done->value("stream", ""), "0x7777") << done->dump();
+    const nlohmann::json* open = find_record(j, "ncclRecv");
+    ASSERT_NE(open, nullptr) << j["records"].dump();
+    EXPECT_EQ(open->value("stream", ""), "0x5555") << open->dump();
 }
 
 TEST(OpenCalls, AProcessKilledInsideACallStillShowsTheCall) {

@@ -121,6 +121,7 @@ TEST(ParseRequest, AttachWithOnlyPidGetsTheDefaults) {
     EXPECT_EQ(r.max_depth, 128u);
     EXPECT_TRUE(r.probes.empty());
     EXPECT_FALSE(r.counts_only);
+    EXPECT_FALSE(r.stack_args);
     EXPECT_EQ(r.ringbuf_kb, 8192u);
     EXPECT_TRUE(r.want_json && r.want_trace && r.want_table_color);
     EXPECT_FALSE(r.id);
@@ -146,8 +147,9 @@ TEST(ParseRequest, AttachOutputsNameWhatTheReplyCarries) {
 TEST(ParseRequest, AttachTakesEveryField) {
     auto r = parse_ok(R"({"op":"attach","pid":9,"duration_s":2.5,"noise_level":3,)"
                       R"("max_records":10,"max_depth":4,"probes":["nccl","torch"],"counts_only":true,)"
-                      R"("ringbuf_kb":64})");
+                      R"("ringbuf_kb":64,"stack_args":true})");
     EXPECT_EQ(r.pid, 9);
+    EXPECT_TRUE(r.stack_args);
     EXPECT_DOUBLE_EQ(r.duration_s, 2.5);
     EXPECT_EQ(r.noise_level, 3);
     EXPECT_EQ(r.max_records, 10u);
@@ -245,6 +247,8 @@ TEST(ParseRequest, ProbesMustBeAnArrayOfNonEmptyStrings) {
 TEST(ParseRequest, BooleansMustBeBooleans) {
     EXPECT_EQ(parse_err(R"({"op":"attach","pid":1,"counts_only":1})"),
               "attach: field \"counts_only\" must be true or false");
+    EXPECT_EQ(parse_err(R"({"op":"attach","pid":1,"stack_args":"yes"})"),
+              "attach: field \"stack_args\" must be true or false");
     EXPECT_EQ(parse_err(R"({"op":"counts","by_comm":"yes"})"),
               "counts: field \"by_comm\" must be true or false");
 }

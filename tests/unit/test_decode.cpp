@@ -59,6 +59,31 @@ TEST(Decode, CallEnterCopiesEveryField) {
     EXPECT_FALSE(e.has_unique_id);
 }
 
+// Whether args[6], args[7] are the caller's stack words is the record's own
+// flag (CD_ENTRY_STACK_ARGS), for both record kinds.
+TEST(Decode, StackArgsFlagSaysWhetherTheStackWordsWereRead) {
+    auto rec = enter_rec();
+    rec.entry_flags = 0;
+    auto r = decode(bytes_of(rec));
+    ASSERT_TRUE(r.event);
+    EXPECT_FALSE(std::get<CallEnter>(*r.event).stack_args);
+    rec.entry_flags = CD_ENTRY_STACK_ARGS;
+    r = decode(bytes_of(rec));
+    ASSERT_TRUE(r.event);
+    EXPECT_TRUE(std::get<CallEnter>(*r.event).stack_args);
+
+    cd_call c{};
+    c.h = header(CD_EV_CALL, sizeof(c));
+    c.entry_flags = 0;
+    r = decode(bytes_of(c));
+    ASSERT_TRUE(r.event);
+    EXPECT_FALSE(std::get<Call>(*r.event).enter.stack_args);
+    c.entry_flags = CD_ENTRY_STACK_ARGS;
+    r = decode(bytes_of(c));
+    ASSERT_TRUE(r.event);
+    EXPECT_TRUE(std::get<Call>(*r.event).enter.stack_args);
+}
+
 TEST(Decode, CallEnterWithUniqueIdTailCopiesTheId) {
     auto rec = enter_rec();
     rec.h = header(CD_EV_CALL_ENTER, sizeof(rec) + 128, CD_TAIL_UNIQUE_ID, 128);

@@ -220,6 +220,29 @@ TEST(Model, StreamAndBuffersAreDecodedWhenTheirSlotsAreSet) {
     EXPECT_EQ(recs[2].sendbuf, 0u);
 }
 
+// A stack word the kernel did not read (no --stack-args: CD_ENTRY_STACK_ARGS
+// clear) is no value: the record has no stream, not a stream of 0.  Register
+// slots are values either way.
+TEST(Model, StackSlotsTheKernelDidNotReadAreNotShown) {
+    Fixture f;
+    TraceModel m(f.t);
+    auto e = f.enter(f.allreduce, 100, 1000);
+    e.args = {0x7f0000200000, 0x7f0000400000, 1024, 7, 0, 0xc0ffee, 0, 0};
+    e.stack_args = false;
+    m.on_event(e);
+    e = f.enter(f.send, 200, 1000);
+    e.args = {0x7f0000600000, 16, 7, 1, 0xc0ffee, 0x77, 0, 0};  // stream: a register
+    e.stack_args = false;
+    m.on_event(e);
+    const auto& recs = m.process(kPid)->records();
+    ASSERT_EQ(recs.size(), 2u);
+    EXPECT_FALSE(recs[0].has(kHasStream));
+    EXPECT_TRUE(recs[0].has(kHasSendBuf) && recs[0].has(kHasRecvBuf) && recs[0].has(kHasComm));
+    EXPECT_EQ(recs[0].count, 1024u);
+    EXPECT_TRUE(recs[1].has(kHasStream));
+    EXPECT_EQ(recs[1].stream, 0x77u);
+}
+
 TEST(Model, CommInitExitRecordsTheNewCommunicator) {
     Fixture f;
     TraceModel m(f.t);
