@@ -44,6 +44,14 @@ const volatile __u64 wakeup_bytes = 0;
  * would open at another instant.  Calls count and record only while set. */
 volatile __u32 armed = 0;
 
+/* Bumped by userspace after each change it makes to `traced`: a thread's
+ * state keeps its process's flags with the generation they were read at, so
+ * a return-probed call (the thread's state is looked up anyway) skips the
+ * `traced` lookup.  The kernel only adds processes that have no thread state
+ * yet (count-all, fork) and removes them with their threads.  Starts at 1: a
+ * new thread state (generation 0) never matches. */
+volatile __u32 traced_gen = 1;
+
 struct {
 	__uint(type, BPF_MAP_TYPE_CGROUP_ARRAY);
 	__uint(max_entries, 1);
@@ -408,6 +416,7 @@ struct entry {
 	__u32 frame_depth;
 	__u32 nested; /* a collective inside an open collective of its thread (cd_count_val) */
 	__u32 entry_flags; /* CD_ENTRY_* */
+	__u32 gen;	   /* traced_gen when flags were read */
 };
 
 static __always_inline bool wants_records(const struct entry *en)
@@ -420,18 +429,30 @@ static __always_inline __u64 slot_arg(const __u64 *args, __u32 slot)
 	return slot < CD_NUM_ARGS ? args[slot & 7] : 0;
 }
 
-/* Fills `en`; returns false when the call is neither counted nor recorded. */
-static __always_inline bool read_entry(struct pt_regs *ctx, struct entry *en)
+/* The process's flags: kept in the thread's state while `traced` is
+ * unchanged, else read from it (the generation first: a change made after
+ * the read bumps it). */
+static __always_inline __u32 entry_trace_flags(const struct cd_thread *st, __u32 tgid, __u32 *gen)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	*gen = traced_gen;
+	if (st && st->flags_gen == *gen)
+		return st->flags;
+	return trace_flags(tgid);
+}
+
+/* Fills `en`; returns false when the call is neither counted nor recorded.
+ * `st`: the thread's state where already looked up. */
+static __always_inline bool read_entry(struct pt_regs *ctx, struct entry *en, __u64 pid_tgid, __u64 cookie,
+				       const struct cd_thread *st)
+{
 	bool stack;
 
 	en->tgid = pid_tgid >> 32;
 	en->tid = (__u32)pid_tgid;
-	en->flags = trace_flags(en->tgid);
+	en->flags = entry_trace_flags(st, en->tgid, &en->gen);
 	if (!en->flags)
 		return false;
-	en->cookie = bpf_get_attach_cookie(ctx);
+	en->cookie = cookie;
 	en->role = CD_COOKIE_ROLE(en->cookie);
 	en->frame_depth = CD_DEPTH_UNKNOWN;
 	/* A time only where it is kept: records, and communicators' creation. */
@@ -1026,14 +1047,26 @@ int call_enter(struct pt_regs *ctx)
 	struct entry en = {};
 	struct cd_count_key key;
 	struct cd_thread *st = 0;
-	__u64 wakeup;
-	__u32 counted;
+	__u64 pid_tgid, cookie, wakeup;
+	__u32 counted, tid;
 	bool first;
 
-	if (!armed || !read_entry(ctx, &en))
+	if (!armed)
 		return 0;
-	if (wants_thread(&en))
+	pid_tgid = bpf_get_current_pid_tgid();
+	tid = (__u32)pid_tgid;
+	cookie = bpf_get_attach_cookie(ctx);
+	/* A return-probed call needs its thread's state, which holds the flags. */
+	if (CD_COOKIE_RET(cookie))
+		st = bpf_map_lookup_elem(&threads, &tid);
+	if (!read_entry(ctx, &en, pid_tgid, cookie, st))
+		return 0;
+	if (!st && wants_thread(&en))
 		st = thread_get(en.tid);
+	if (st) {
+		st->flags = en.flags;
+		st->flags_gen = en.gen;
+	}
 	if (st && wants_frames(&en))
 		track_frames(st, &en);
 	counted = count_entry(&en, &key);

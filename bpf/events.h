@@ -466,6 +466,8 @@ struct cd_thread {
 	__u32 announced;   /* its first record woke the consumer */
 	__u32 coll_frames; /* bit i: frames[i] is a framework collective's (cd_count_val.nested) */
 	__u32 unchecked;   /* records since it last looked at the wake-up watermark */
+	__u32 flags;	   /* its process's CD_TRACE_* as of traced_gen flags_gen (commdbg.bpf.c) */
+	__u32 flags_gen;
 	struct cd_inflight s[CD_MAX_INFLIGHT];
 	struct cd_frame frames[CD_MAX_FRAMES];
 	__u8 unique_id[CD_UNIQUE_ID_BYTES]; /* of the open CommInitRank */

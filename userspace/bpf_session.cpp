@@ -146,11 +146,18 @@ void BpfSession::set_armed(bool on) {
     __atomic_store_n(&skel_->bss->armed, on ? 1u : 0u, __ATOMIC_SEQ_CST);
 }
 
+void BpfSession::traced_changed() {
+    // After the map's change: threads that cached their process's flags
+    // read them again (bpf/commdbg.bpf.c, traced_gen).
+    __atomic_add_fetch(&skel_->data->traced_gen, 1u, __ATOMIC_SEQ_CST);
+}
+
 bool BpfSession::armed() const { return __atomic_load_n(&skel_->bss->armed, __ATOMIC_SEQ_CST) != 0; }
 
 Result<bool> BpfSession::trace_process(uint32_t tgid, uint32_t flags) {
     if (bpf_map__update_elem(skel_->maps.traced, &tgid, sizeof(tgid), &flags, sizeof(flags), BPF_ANY))
         return Result<bool>::fail(bpf_error_message("commdbg: adding pid " + std::to_string(tgid) + " to the trace filter", errno));
+    traced_changed();
     // Its own counters, where no other process can take their room; kept if
     // it has them already (the kernel may have been first).
     static const cd_proc_counts zero{};
@@ -160,6 +167,7 @@ Result<bool> BpfSession::trace_process(uint32_t tgid, uint32_t flags) {
 
 void BpfSession::untrace_process(uint32_t tgid) {
     bpf_map__delete_elem(skel_->maps.traced, &tgid, sizeof(tgid), 0);
+    traced_changed();
 }
 
 Result<bool> BpfSession::set_python(uint32_t tgid, const cd_py_cfg& cfg) {
@@ -172,6 +180,7 @@ Result<bool> BpfSession::set_python(uint32_t tgid, const cd_py_cfg& cfg) {
         !(flags & CD_TRACE_PYTHON)) {
         flags |= CD_TRACE_PYTHON;
         bpf_map__update_elem(skel_->maps.traced, &tgid, sizeof(tgid), &flags, sizeof(flags), BPF_EXIST);
+        traced_changed();
     }
     return true;
 }

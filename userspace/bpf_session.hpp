@@ -123,6 +123,7 @@ public:
 
 private:
     BpfSession() = default;
+    void traced_changed();
     static int on_ring_record(void* ctx, void* data, size_t size) noexcept;
 
     commdbg_bpf* skel_ = nullptr;
