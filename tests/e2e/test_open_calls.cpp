@@ -57,6 +57,16 @@ struct Traced {
         usleep(300 * 1000);  // inside ncclRecv by now (it sleeps 60 s)
         return ::testing::AssertionSuccess();
     }
+
+    // Ends the window with Ctrl-C while the rank still waits, then the rank;
+    // the dump commdbg wrote.
+    nlohmann::json close_window() {
+        kill(dbg.pid(), SIGINT);
+        auto d = dbg.wait(60);
+        EXPECT_EQ(d.status, 0) << d.err;
+        kill(work.pid(), SIGKILL);
+        return read_json(tmp.path("out.json"));
+    }
 };
 
 const nlohmann::json* find_record(const nlohmann::json& j, const std::string& name) {
@@ -69,12 +79,8 @@ TEST(OpenCalls, ACallStillInFlightWhenTheWindowClosesIsReportedOpen) {
     REQUIRE_BPF();
     Traced t;
     ASSERT_TRUE(t.start());
-    kill(t.dbg.pid(), SIGINT);
-    auto d = t.dbg.wait(60);
-    ASSERT_EQ(d.status, 0) << d.err;
-    kill(t.work.pid(), SIGKILL);
-
-    auto j = read_json(t.tmp.path("out.json"));
+    auto j = t.close_window();
+    if (HasFailure()) return;
     EXPECT_EQ(j["comm_counts"].value("nccl.all_reduce", 0), 1) << j["comm_counts"].dump();
     EXPECT_EQ(j["comm_counts"].value("nccl.recv", 0), 1) << j["comm_counts"].dump();
     const nlohmann::json* done = find_record(j, "ncclAllReduce");
@@ -99,12 +105,8 @@ TEST(OpenCalls, StackArgsShowTheStackWordsOfACompletedAndAnOpenCall) {
     REQUIRE_BPF();
     Traced t(/*stack_args=*/true);
     ASSERT_TRUE(t.start());
-    kill(t.dbg.pid(), SIGINT);
-    auto d = t.dbg.wait(60);
-    ASSERT_EQ(d.status, 0) << d.err;
-    kill(t.work.pid(), SIGKILL);
-
-    auto j = read_json(t.tmp.path("out.json"));
+    auto j = t.close_window();
+    if (HasFailure()) return;
     const nlohmann::json* done = find_record(j, "ncclAllReduce");
     ASSERT_NE(done, nullptr) << j["records"].dump();
     EXPECT_EQ(done->value("stream", ""), "0x7777") << done->dump();
