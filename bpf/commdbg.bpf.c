@@ -174,6 +174,16 @@ struct {
 	__type(value, struct cd_py_cfg);
 } py_procs SEC(".maps");
 
+/* tgid -> its code objects' kinds (events.h, cd_py_codes), from userspace
+ * as it names frames; a process without one reads every frame's type. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct cd_py_codes);
+} py_codes SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
@@ -189,12 +199,33 @@ struct {
  * before the context so that body and tail are contiguous whatever its kind. */
 #define CTX_BODY sizeof(struct cd_call)
 #define CTX_WINDOW 128 /* bytes of a frame read at once: every field but 3.10's localsplus */
+/* A frame's field is loaded at (offset & (CTX_WINDOW - 1)) past the frame's
+ * start in a copy: 8 bytes past the window's end stay in bounds. */
+#define CTX_PAD (CTX_WINDOW + 8)
+/* Bytes of a 3.11+ data stack copied in one read: the innermost ~40 frames
+ * of a torch job, more of smaller ones.  Frames below the copy refill it. */
+#define CTX_STACK 8192
+
+struct walk_state {
+	__u64 frame;
+	__u64 chunk, limit; /* the data stack chunk the copy is from; 0: none */
+	__u64 base;	    /* user address of stk[0] */
+	__u32 len;	    /* bytes valid in stk */
+	__u32 n;
+	__u32 status;
+	__u32 flags;
+	__u32 typed; /* frames [0, typed) may run inside the autograd engine */
+	__u32 need;  /* some frame needs its type */
+};
 
 struct ctx_buf {
+	struct walk_state ws;
 	__u8 body[CTX_BODY];
 	struct cd_context ctx;
 	struct cd_py_frame frames[CD_MAX_PY_FRAMES];
-	__u8 win[CTX_WINDOW];
+	__u8 kinds[CD_MAX_PY_FRAMES]; /* enum cd_py_code_kind per frame, during the walk */
+	__u8 stk[CTX_STACK + CTX_PAD];
+	__u8 win[CD_PY_TS_WINDOW + CTX_PAD]; /* the thread state, then a frame outside the copy */
 };
 
 struct {
@@ -733,9 +764,17 @@ static __always_inline __u64 read_u64(__u64 addr)
 	return v;
 }
 
-static __always_inline __u64 win_u64(const struct ctx_buf *b, __u32 off)
+/* 8 bytes at `off` of a frame or thread state copied to `p` (ctx_buf.stk
+ * or .win, each followed by CTX_PAD bytes); offsets come from userspace,
+ * which keeps them under CTX_WINDOW (py_config.cpp). */
+static __always_inline __u64 at_u64(const __u8 *p, __u32 off)
 {
-	if (off > CTX_WINDOW - 8)
+	return *(const __u64 *)(p + (off & (CTX_WINDOW - 1)));
+}
+
+static __always_inline __u64 ts_u64(const struct ctx_buf *b, __u32 off)
+{
+	if (off >= CD_PY_TS_WINDOW)
 		return 0;
 	return *(const __u64 *)(b->win + off);
 }
@@ -748,46 +787,174 @@ static __always_inline const struct cd_py_cfg *py_cfg_for(__u64 cookie, __u32 tg
 	return (flags & CD_TRACE_PYTHON) && CD_COOKIE_PY_STACK(cookie) ? bpf_map_lookup_elem(&py_procs, &tgid) : 0;
 }
 
+/* A walk: its pointers on the stack, its progress in the thread's buffer
+ * (ctx_buf.ws), where the verifier does not track values: kept on the
+ * stack, each frame's known constants made states it could not prune. */
+struct walk {
+	struct ctx_buf *b;
+	struct walk_state *s; /* &b->ws */
+	const struct cd_py_cfg *cfg;
+	const struct cd_py_codes *codes; /* 0: every code object is unknown */
+};
+
+/* stk = the CTX_STACK bytes of the data stack below `hi` (not below the
+ * chunk): the frames there in one read, the outer ones at lower addresses. */
+static __always_inline void copy_stack(struct walk *w, __u64 hi)
+{
+	__u64 lo = hi - w->s->chunk > CTX_STACK ? hi - CTX_STACK : w->s->chunk, len = hi - lo;
+
+	w->s->len = 0;
+	if (len == 0 || len > CTX_STACK)
+		return;
+	if (bpf_probe_read_user(w->b->stk, len, (void *)lo))
+		return;
+	w->s->base = lo;
+	w->s->len = len;
+}
+
 /* The thread's innermost Python frame, through its thread state in the
  * interpreter's autoTSSkey slot: the GIL is usually released at a native
- * probe, so "the thread holding the GIL" would be another thread. */
-static __always_inline __u32 py_top_frame(const struct cd_py_cfg *c, __u64 *frame)
+ * probe, so "the thread holding the GIL" would be another thread.  On
+ * 3.11+ the top of the thread's data stack is copied as well. */
+static __always_inline __u32 py_top_frame(const struct cd_py_cfg *c, struct walk *w)
 {
-	__u64 fs = cd_thread_pointer(), ts, f;
+	struct ctx_buf *b = w->b;
+	__u64 fs = cd_thread_pointer(), ts, f, top;
+	__u32 span = c->ts_span;
 
 	ts = read_u64(fs + c->tls_base + (__u64)c->tls_stride * c->key + c->tls_data);
-	if (!ts || read_u64(ts + c->ts_thread_id) != fs)
+	if (!ts || span == 0 || span > CD_PY_TS_WINDOW || bpf_probe_read_user(b->win, span, (void *)(ts + c->ts_lo)))
+		return CD_PY_NO_TSTATE;
+	if (ts_u64(b, c->ts_thread_id - c->ts_lo) != fs)
 		return CD_PY_NO_TSTATE; /* no Python on this thread, or another thread's state */
-	f = read_u64(ts + c->ts_frame);
+	f = ts_u64(b, c->ts_frame - c->ts_lo);
+	if (c->ts_stack != 0xffffffffu) {
+		w->s->chunk = ts_u64(b, c->ts_stack - c->ts_lo);
+		top = ts_u64(b, c->ts_stack + 8 - c->ts_lo);
+		w->s->limit = ts_u64(b, c->ts_stack + 16 - c->ts_lo);
+		/* The copy is the target's memory, whatever these say: a wrong
+		 * bound costs reads, never a wrong frame. */
+		if (w->s->chunk && w->s->chunk < top && top <= w->s->limit)
+			copy_stack(w, top + CTX_WINDOW < w->s->limit ? top + CTX_WINDOW : w->s->limit);
+		else
+			w->s->chunk = 0;
+	}
 	if (f && c->ts_frame_inner != 0xffffffffu)
 		f = read_u64(f + c->ts_frame_inner);
-	*frame = f;
+	w->s->frame = f;
 	return CD_PY_OK;
 }
 
-struct walk {
-	struct ctx_buf *b;
-	const struct cd_py_cfg *cfg;
-	__u64 frame;
-	__u32 n;
-	__u32 status;
-	__u32 flags;
-	__u32 pad;
-};
-
-/* `self`: the frame's first local, a cell's contents when a closure
- * captured it; its type is read now (the instance may die before userspace
- * looks; types live long).  Userspace decides from the code object whether
- * the slot is really a first argument. */
-static __always_inline void read_self(const struct cd_py_cfg *c, const struct ctx_buf *b, __u64 frame,
-				      struct cd_py_frame *f)
+/* The kind userspace gave `code`'s slot, with direct loads: no helper. */
+static __always_inline __u32 code_kind(const struct cd_py_codes *t, __u64 code)
 {
-	__u64 self, type = 0;
+	return t ? cd_py_code_lookup(t, code) : CD_CODE_UNKNOWN;
+}
 
-	if (c->frame_localsplus <= CTX_WINDOW - 8)
-		self = win_u64(b, c->frame_localsplus);
+/* Where the frame's fields are: in the data stack's copy (refilled when
+ * the frame is below it), else read into win; 0 when unreadable. */
+static __always_inline const __u8 *frame_at(struct walk *w, __u64 frame, __u32 span)
+{
+	struct ctx_buf *b = w->b;
+	__u64 rel = frame - w->s->base;
+
+	if (w->s->chunk && frame >= w->s->chunk && frame + span <= w->s->limit && (frame < w->s->base || rel + span > w->s->len))
+		copy_stack(w, frame + span);
+	rel = frame - w->s->base;
+	if (w->s->len && frame >= w->s->base && rel + span <= w->s->len && rel < CTX_STACK)
+		return b->stk + rel;
+	/* One read per frame; a shorter one where a frame ends a mapping. */
+	if (bpf_probe_read_user(b->win, CTX_WINDOW, (void *)frame) &&
+	    bpf_probe_read_user(b->win, CTX_WINDOW / 2 + 16, (void *)frame))
+		return 0;
+	return b->win;
+}
+
+/* One frame; C-stack trampolines are skipped.  Per frame: the code object,
+ * the instruction, localsplus[0] and the code's kind; `self`'s type waits
+ * for the whole stack (read_type).  1: the walk is over. */
+static __always_inline long walk_frame(struct walk *w)
+{
+	struct ctx_buf *b = w->b;
+	const struct cd_py_cfg *c = w->cfg;
+	__u64 frame = w->s->frame, code, self;
+	const __u8 *fp;
+	struct cd_py_frame *f;
+	__u32 n = w->s->n, owner = c->frame_owner, instr = c->frame_instr, ls = c->frame_localsplus, kind;
+
+	if (!frame)
+		return 1;
+	if (n >= c->max_frames || n >= CD_MAX_PY_FRAMES) {
+		w->s->flags |= CD_CTX_TRUNCATED;
+		return 1;
+	}
+	fp = frame_at(w, frame, c->frame_span > CTX_WINDOW ? CTX_WINDOW : c->frame_span);
+	if (!fp) {
+		w->s->status = CD_PY_FAULT;
+		return 1;
+	}
+	code = at_u64(fp, c->frame_code);
+	w->s->frame = at_u64(fp, c->frame_previous);
+	if (owner < CTX_WINDOW && fp[owner & (CTX_WINDOW - 1)] == c->frame_owner_cstack)
+		return 0;
+	if (!code || ((c->flags & CD_PYCFG_SKIP_NONE_CODE) && code == c->none_addr))
+		return 0;
+	f = &b->frames[n & (CD_MAX_PY_FRAMES - 1)];
+	f->code = code;
+	if (c->flags & CD_PYCFG_LASTI_INT)
+		f->instr = instr < CTX_WINDOW - 4 ? *(const __s32 *)(fp + (instr & (CTX_WINDOW - 1))) : 0;
 	else
-		self = read_u64(frame + c->frame_localsplus);
+		f->instr = at_u64(fp, instr);
+	self = ls <= CTX_WINDOW - 8 ? at_u64(fp, ls) : read_u64(frame + ls);
+	f->self = self;
+	f->self_type = 0;
+	kind = code_kind(w->codes, code);
+	b->kinds[n & (CD_MAX_PY_FRAMES - 1)] = kind;
+	if (kind == CD_CODE_UNKNOWN || kind == CD_CODE_BACKWARD) {
+		w->s->typed = n; /* the frames inside it may run on behalf of gradients */
+		if (n)
+			w->s->need = 1;
+	}
+	if (kind == CD_CODE_UNKNOWN || kind == CD_CODE_SELF)
+		w->s->need = 1;
+	w->s->n = n + 1;
+	return 0;
+}
+
+/* WALK_BATCH frames per bpf_loop iteration: its call of the callback costs
+ * as much as the rest of a frame's walk here (a return under the CPU's
+ * return-stack mitigation). */
+#define WALK_BATCH 8
+
+static long walk_frames(__u64 i, void *data)
+{
+	struct walk *w = data;
+
+	for (int k = 0; k < WALK_BATCH; k++)
+		if (walk_frame(w))
+			return 1;
+	return 0;
+}
+
+/* `self`'s type, read now (the instance may die before userspace looks;
+ * types live long), a cell's contents when a closure captured it.
+ * Userspace decides from the code object whether the slot is really a
+ * first argument. */
+static long read_type(__u64 i, void *data)
+{
+	struct walk *w = data;
+	const struct cd_py_cfg *c = w->cfg;
+	struct cd_py_frame *f;
+	__u64 self, type = 0;
+	__u32 kind;
+
+	if (i >= w->s->n || i >= CD_MAX_PY_FRAMES)
+		return 1;
+	kind = w->b->kinds[i & (CD_MAX_PY_FRAMES - 1)];
+	if (kind == CD_CODE_NO_ARGS || kind == CD_CODE_BACKWARD || (kind == CD_CODE_PLAIN && i >= w->s->typed))
+		return 0;
+	f = &w->b->frames[i & (CD_MAX_PY_FRAMES - 1)];
+	self = f->self;
 	if (self)
 		type = read_u64(self + c->ob_type);
 	if (type && type == c->cell_type) {
@@ -796,44 +963,6 @@ static __always_inline void read_self(const struct cd_py_cfg *c, const struct ct
 	}
 	f->self = self;
 	f->self_type = type;
-}
-
-/* One frame per iteration (bpf_loop); C-stack trampolines are skipped. */
-static long walk_frame(__u64 i, void *data)
-{
-	struct walk *w = data;
-	struct ctx_buf *b = w->b;
-	const struct cd_py_cfg *c = w->cfg;
-	__u64 frame = w->frame, code;
-	struct cd_py_frame *f;
-	__u32 n = w->n, owner = c->frame_owner, instr = c->frame_instr;
-
-	if (!frame)
-		return 1;
-	if (n >= c->max_frames || n >= CD_MAX_PY_FRAMES) {
-		w->flags |= CD_CTX_TRUNCATED;
-		return 1;
-	}
-	/* One read per frame; a shorter one where a frame ends a mapping. */
-	if (bpf_probe_read_user(b->win, CTX_WINDOW, (void *)frame) &&
-	    bpf_probe_read_user(b->win, CTX_WINDOW / 2 + 16, (void *)frame)) {
-		w->status = CD_PY_FAULT;
-		return 1;
-	}
-	code = win_u64(b, c->frame_code);
-	w->frame = win_u64(b, c->frame_previous);
-	if (owner < CTX_WINDOW && b->win[owner] == c->frame_owner_cstack)
-		return 0;
-	if (!code || ((c->flags & CD_PYCFG_SKIP_NONE_CODE) && code == c->none_addr))
-		return 0;
-	f = &b->frames[n & (CD_MAX_PY_FRAMES - 1)];
-	f->code = code;
-	if (c->flags & CD_PYCFG_LASTI_INT)
-		f->instr = instr <= CTX_WINDOW - 4 ? *(const __s32 *)(b->win + instr) : 0;
-	else
-		f->instr = win_u64(b, instr);
-	read_self(c, b, frame, f);
-	w->n = n + 1;
 	return 0;
 }
 
@@ -888,11 +1017,14 @@ static __always_inline void read_py_label(struct ctx_buf *b, const struct cd_py_
 }
 
 /* The label and stack of a record into b; returns the tail's length. */
-static __always_inline __u32 fill_context(struct ctx_buf *b, __u64 cookie, const __u64 *args,
+static __always_inline __u32 fill_context(struct ctx_buf *b, __u32 tgid, __u64 cookie, const __u64 *args,
 					  const struct cd_py_cfg *cfg)
 {
-	struct walk w = {.b = b, .cfg = cfg, .status = CD_PY_OK};
+	struct walk w = {.b = b, .s = &b->ws, .cfg = cfg};
 	__u32 n;
+
+	__builtin_memset(&b->ws, 0, sizeof(b->ws));
+	b->ws.status = CD_PY_OK;
 
 	b->ctx.label_len = 0;
 	b->ctx.nframes = 0;
@@ -901,14 +1033,17 @@ static __always_inline __u32 fill_context(struct ctx_buf *b, __u64 cookie, const
 	if (CD_COOKIE_TAIL(cookie) == CD_TAIL_LABEL)
 		read_label(b, slot_arg(args, CD_COOKIE_OUT(cookie)));
 	if (cfg) {
-		b->ctx.py_status = py_top_frame(cfg, &w.frame);
+		b->ctx.py_status = py_top_frame(cfg, &w);
 		if (b->ctx.py_status == CD_PY_OK) {
-			bpf_loop(2 * CD_MAX_PY_FRAMES, walk_frame, &w, 0);
-			b->ctx.py_status = w.status;
-			b->ctx.flags |= w.flags;
+			w.codes = bpf_map_lookup_elem(&py_codes, &tgid);
+			bpf_loop(2 * CD_MAX_PY_FRAMES / WALK_BATCH, walk_frames, &w, 0);
+			if (b->ws.need)
+				bpf_loop(CD_MAX_PY_FRAMES, read_type, &w, 0);
+			b->ctx.py_status = b->ws.status;
+			b->ctx.flags |= b->ws.flags;
 		}
 	}
-	n = w.n > CD_MAX_PY_FRAMES ? CD_MAX_PY_FRAMES : w.n;
+	n = b->ws.n > CD_MAX_PY_FRAMES ? CD_MAX_PY_FRAMES : b->ws.n;
 	b->ctx.nframes = n;
 	if (cfg && cfg->rf_type && !b->ctx.label_len && CD_COOKIE_ROLE(cookie) == CD_ROLE_SCOPE_BEGIN)
 		read_py_label(b, cfg, n);
@@ -965,7 +1100,7 @@ static __always_inline bool emit_enter_ctx(const struct entry *en, __u64 wakeup)
 
 	if (!b)
 		return false;
-	tail = fill_context(b, en->cookie, en->args, cfg);
+	tail = fill_context(b, en->tgid, en->cookie, en->args, cfg);
 	fill_enter((struct cd_call_enter *)(b->body + CTX_ENTER_OFF), en, tail);
 	wakeup = ctx_wakeup(wakeup, en->cookie, cfg);
 	if (bpf_ringbuf_output(&events, b->body + CTX_ENTER_OFF, sizeof(struct cd_call_enter) + tail, wakeup))
@@ -984,7 +1119,7 @@ static __always_inline bool emit_call_ctx(const struct cd_inflight *s, __u32 tid
 
 	if (!b)
 		return false;
-	tail = fill_context(b, s->cookie, s->args, cfg);
+	tail = fill_context(b, s->ckey.tgid, s->cookie, s->args, cfg);
 	fill_call((struct cd_call *)b->body, s, tid, r, tail);
 	wakeup = ctx_wakeup(wakeup, s->cookie, cfg);
 	if (bpf_ringbuf_output(&events, b->body, sizeof(struct cd_call) + tail, wakeup))

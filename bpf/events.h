@@ -145,8 +145,9 @@ enum cd_py_status {
 
 struct cd_py_frame {
 	__u64 code;	 /* PyCodeObject* of the frame */
-	__u64 self;	 /* localsplus[0] (a cell's contents when it holds a cell); may be garbage */
-	__u64 self_type; /* ob_type of `self`, read in the kernel (instances may die before userspace looks); 0: unreadable */
+	__u64 self;	 /* localsplus[0] (a cell's contents when it holds a cell and was read); may be garbage */
+	__u64 self_type; /* ob_type of `self`, read in the kernel (instances may die before userspace looks);
+			  * 0: unreadable, or not read: the frame's code needs none (cd_py_codes) */
 	__u64 instr;	 /* 3.11+: the frame's instruction pointer; 3.10: f_lasti */
 };
 
@@ -208,7 +209,60 @@ struct cd_py_cfg {
 	__u32 str_length;     /* PyASCIIObject: length, state, data of a compact ASCII str */
 	__u32 str_state;
 	__u32 str_ascii_data;
+	/* The thread state is read in one piece: ts_span bytes from ts + ts_lo
+	 * (<= CD_PY_TS_WINDOW), every ts_* offset above inside it. */
+	__u32 ts_lo;
+	__u32 ts_span;
+	/* 3.11+: datastack_chunk; datastack_top and datastack_limit follow it
+	 * (cpython/pystate.h of 3.11-3.13).  The frames in the chunk are read in
+	 * bulk from that copy, the others one by one.  0xffffffff: no data stack
+	 * (3.10). */
+	__u32 ts_stack;
+	__u32 frame_span; /* bytes of a frame the walker reads (its fields' end), <= 128 */
 };
+
+#define CD_PY_TS_WINDOW 272
+
+/* What userspace learnt of a process's code objects (`py_codes`, key:
+ * tgid), so that `self`'s type -- a user-memory read per frame, the most
+ * expensive part of a walk -- is read only where a record can use it: in an
+ * nn.Module call frame, a record_function's __enter__, and frames inside the
+ * autograd engine's entry (a module's backward hooks).  A code object not
+ * in the table, or freed and its address reused by one that needs more,
+ * costs a read it might not have needed, never a wrong type: the kind only
+ * ever skips a read.  2-way buckets of slots `code | kind`, 0: empty. */
+#define CD_PY_CODE_SLOTS 1024
+enum cd_py_code_kind {
+	CD_CODE_UNKNOWN = 0,  /* not in the table: read; may be an autograd entry */
+	CD_CODE_NO_ARGS = 1,  /* no arguments: localsplus[0] is no `self` */
+	CD_CODE_PLAIN = 2,    /* `self` is used only inside the autograd engine */
+	CD_CODE_SELF = 3,     /* nn.Module._call_impl & co, record_function.__enter__ */
+	CD_CODE_BACKWARD = 4, /* the autograd engine's entry from Python */
+};
+#define CD_CODE_KIND_MASK 7ull
+
+struct cd_py_codes {
+	__u64 slot[CD_PY_CODE_SLOTS];
+};
+
+static inline __u32 cd_py_code_bucket(__u64 code)
+{
+	return (__u32)(((code >> 4) ^ (code >> 15)) & (CD_PY_CODE_SLOTS / 2 - 1));
+}
+
+/* The kind of `code` in t (the walker's lookup, and userspace's view of it). */
+static inline __u32 cd_py_code_lookup(const struct cd_py_codes *t, __u64 code)
+{
+	__u32 i = 2 * cd_py_code_bucket(code), k;
+
+	for (k = 0; k < 2; k++) {
+		__u64 v = t->slot[(i + k) & (CD_PY_CODE_SLOTS - 1)];
+
+		if (v != 0 && (v & ~CD_CODE_KIND_MASK) == code)
+			return (__u32)(v & CD_CODE_KIND_MASK);
+	}
+	return CD_CODE_UNKNOWN;
+}
 
 #define CD_UNIQUE_ID_BYTES 128
 #define CD_MAX_COMM_LIST 16
@@ -496,7 +550,7 @@ CD_STATIC_ASSERT(sizeof(struct cd_inflight) == 8 * 5 + 8 * CD_NUM_ARGS + 24 + 24
 CD_STATIC_ASSERT(sizeof(struct cd_py_frame) == 32, "cd_py_frame");
 CD_STATIC_ASSERT(sizeof(struct cd_scope_key) == 16, "cd_scope_key");
 CD_STATIC_ASSERT(sizeof(struct cd_context) == 8 + CD_LABEL_MAX, "cd_context");
-CD_STATIC_ASSERT(sizeof(struct cd_py_cfg) == 16 + 4 * 17 + 4 + 8 + 16, "cd_py_cfg");
+CD_STATIC_ASSERT(sizeof(struct cd_py_cfg) == 16 + 4 * 17 + 4 + 8 + 16 + 16, "cd_py_cfg");
 CD_STATIC_ASSERT(sizeof(struct cd_proc_counts) == 32 + CD_COARSE_SLOTS * 56, "cd_proc_counts");
 
 #endif /* COMMDBG_EVENTS_H */

@@ -185,7 +185,17 @@ Result<bool> BpfSession::set_python(uint32_t tgid, const cd_py_cfg& cfg) {
     return true;
 }
 
-void BpfSession::clear_python(uint32_t tgid) { bpf_map__delete_elem(skel_->maps.py_procs, &tgid, sizeof(tgid), 0); }
+void BpfSession::clear_python(uint32_t tgid) {
+    bpf_map__delete_elem(skel_->maps.py_procs, &tgid, sizeof(tgid), 0);
+    set_py_codes(tgid, nullptr);
+}
+
+void BpfSession::set_py_codes(uint32_t tgid, const cd_py_codes* codes) {
+    if (codes == nullptr)
+        bpf_map__delete_elem(skel_->maps.py_codes, &tgid, sizeof(tgid), 0);
+    else
+        bpf_map__update_elem(skel_->maps.py_codes, &tgid, sizeof(tgid), codes, sizeof(*codes), BPF_ANY);
+}
 
 bool BpfSession::scope_open(uint32_t tgid, uint64_t self) const {
     cd_scope_key k{tgid, 0, self};

@@ -82,6 +82,9 @@ public:
     // symbols then carry its stack); cleared when it exits.
     Result<bool> set_python(uint32_t tgid, const cd_py_cfg& cfg);
     void clear_python(uint32_t tgid);
+    // The kinds of `tgid`'s code objects (events.h, cd_py_codes); null: none
+    // (every frame's type is read).  Best effort: a full map costs reads.
+    void set_py_codes(uint32_t tgid, const cd_py_codes* codes);
     // A USER_SCOPE RecordFunction `self` of `tgid` has begun and not ended:
     // its Python record_function object still lives.
     bool scope_open(uint32_t tgid, uint64_t self) const;

@@ -5,6 +5,10 @@
 
 namespace commdbg {
 
+namespace {
+constexpr uint32_t kFrameWindow = 128;  // commdbg.bpf.c's CTX_WINDOW
+}  // namespace
+
 Result<cd_py_cfg> py_walk_config(const PyLayout& l, uint32_t max_frames) {
     using R = Result<cd_py_cfg>;
     if (l.tls_stride == 0 || l.key >= l.tls_keys)
@@ -36,6 +40,25 @@ Result<cd_py_cfg> py_walk_config(const PyLayout& l, uint32_t max_frames) {
     c.str_length = l.unicode_length;
     c.str_state = l.unicode_state;
     c.str_ascii_data = l.unicode_ascii_data;
+
+    // The thread state in one read; the data stack's three words with it.
+    c.ts_stack = l.ts_datastack;
+    uint32_t lo = std::min(l.ts_frame, l.ts_thread_id), hi = std::max(l.ts_frame, l.ts_thread_id) + 8;
+    if (c.ts_stack != kPyNoOffset) lo = std::min(lo, c.ts_stack), hi = std::max(hi, c.ts_stack + 24);
+    if (hi - lo > CD_PY_TS_WINDOW)
+        return R::fail("its thread state's fields span " + std::to_string(hi - lo) + " bytes, more than the " +
+                       std::to_string(CD_PY_TS_WINDOW) + " the kernel-side walker reads; stacks are not captured for it");
+    c.ts_lo = lo, c.ts_span = hi - lo;
+
+    // A frame's fields are loaded from a 128-byte window (3.10's localsplus
+    // is past it: read apart).
+    uint32_t span = std::max({l.frame_code, l.frame_previous, l.frame_instr}) + 8;
+    if (l.frame_owner != kPyNoOffset) span = std::max(span, l.frame_owner + 1);
+    if (l.frame_localsplus + 8 <= kFrameWindow) span = std::max(span, l.frame_localsplus + 8);
+    if (span > kFrameWindow)
+        return R::fail("its frames' fields span " + std::to_string(span) + " bytes, more than the " +
+                       std::to_string(kFrameWindow) + " the kernel-side walker reads; stacks are not captured for it");
+    c.frame_span = span;
     return c;
 }
 

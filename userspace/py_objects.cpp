@@ -298,6 +298,7 @@ public:
     uint64_t attr(uint64_t obj, std::string_view name);
     std::optional<std::string> str(uint64_t obj);
     void set_epoch(uint64_t e) { epoch_ = e; }
+    PyCodeTable& code_table() { return table_; }
     std::optional<uint32_t> values_index(uint64_t type_ptr, std::string_view name);
 
 private:
@@ -354,6 +355,7 @@ private:
     uint64_t serials_ = 0;
     uint64_t epoch_ = 1;  // LivePyResolver::begin_batch()
     std::unordered_map<uint64_t, Code> codes_;
+    PyCodeTable table_;  // what the kernel is told of codes_
     std::unordered_map<uint64_t, Type> types_;
     std::map<FrameKey, PyFrameInfo> frames_;  // node-stable: frame() hands out references
     struct Tree {
@@ -696,6 +698,7 @@ LivePyResolver::Process::Code* LivePyResolver::Process::code(uint64_t ptr) {
         if (code_head(ptr, now) && now.name == c.name && now.filename == c.filename && now.linetable == c.linetable &&
             now.varnames == c.varnames && now.argcount == c.argcount && now.firstlineno == c.firstlineno) {
             c.checked = epoch_;
+            table_.note(ptr, py_code_kind(c.kind, c.argcount), epoch_);
             return &c;
         }
         // Unreadable now, not changed: the process exited (or is exiting)
@@ -703,10 +706,12 @@ LivePyResolver::Process::Code* LivePyResolver::Process::code(uint64_t ptr) {
         // validated stands; records read after a fast exit keep their names.
         if (uint64_t w = 0; !mem_.get(ptr, w) && mem_.gone()) return &c;
         codes_.erase(it);
+        table_.drop(ptr);
     }
     Code c;
     if (!read_code(ptr, c)) return nullptr;
     c.checked = epoch_;
+    table_.note(ptr, py_code_kind(c.kind, c.argcount), epoch_);
     return &codes_.insert_or_assign(ptr, std::move(c)).first->second;
 }
 
@@ -852,6 +857,11 @@ std::optional<std::string> LivePyResolver::module_path(uint32_t pid, uint64_t ro
 }
 
 void LivePyResolver::forget(uint32_t pid) { procs_.erase(pid); }
+
+void LivePyResolver::take_code_tables(const std::function<void(uint32_t, const cd_py_codes&)>& fn) {
+    for (auto& [pid, p] : procs_)
+        if (p->code_table().take_changed()) fn(pid, p->code_table().slots());
+}
 
 std::optional<PyTypeFacts> LivePyResolver::type(uint32_t pid, uint64_t type_ptr) {
     Process& p = process(pid);

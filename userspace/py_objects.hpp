@@ -9,12 +9,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 
+#include "py_code_table.hpp"
 #include "py_context.hpp"
 #include "python_runtime.hpp"
 
@@ -48,6 +50,10 @@ public:
     // capture).  A code object freed and its address reused within one batch
     // keeps its old name for the rest of that batch.
     void begin_batch() { ++epoch_; }
+    // The kinds of the code objects named so far (py_code_table.hpp), for
+    // each process whose table changed since the last call: the kernel then
+    // reads `self`'s type only where a record can use it.
+    void take_code_tables(const std::function<void(uint32_t pid, const cd_py_codes&)>& fn);
 
     // Hands over a discovery already made (the session discovers each
     // process once for the kernel's walker); otherwise the first use of a

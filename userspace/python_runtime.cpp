@@ -325,6 +325,7 @@ void fill_table(PyLayout& l) {
         l.frame_code = 32, l.frame_previous = 48, l.frame_localsplus = 72, l.frame_owner = 69;
         l.frame_instr = 56, l.code_localsplusnames = 96, l.unicode_ascii_data = 48;
         l.unicode_compact_data = 72, l.rt_interpreters_head = 40, l.interp_threads_head = 16;
+        l.ts_datastack = 296;
         break;
     default:  // 12, 13
         l.ts_frame = l.minor == 12 ? 56 : 72, l.ts_frame_inner = l.minor == 12 ? 0 : kPyNoOffset;
@@ -334,6 +335,7 @@ void fill_table(PyLayout& l) {
         l.unicode_ascii_data = 40, l.unicode_compact_data = 56;
         l.rt_interpreters_head = l.minor == 12 ? 40 : 632, l.interp_threads_head = l.minor == 12 ? 72 : 7344;
         l.skip_none_code = l.minor == 13;
+        l.ts_datastack = 232;
         break;
     }
 }
@@ -610,6 +612,7 @@ std::string apply_debug_offsets(const TargetMemory& mem, PyDiscovery& d, Status&
     take(l.ts_frame, o.ts_current_frame, "tstate.current_frame", d);
     take(l.ts_thread_id, o.ts_thread_id, "tstate.thread_id", d);
     take(l.ts_native_thread_id, o.ts_native_thread_id, "tstate.native_thread_id", d);
+    take(l.ts_datastack, o.ts_datastack_chunk, "tstate.datastack_chunk", d);
     take(l.frame_previous, o.fr_previous, "frame.previous", d);
     take(l.frame_code, o.fr_executable, "frame.f_executable", d);
     take(l.frame_instr, o.fr_instr_ptr, "frame.instr_ptr", d);

@@ -75,7 +75,8 @@ struct PyLayout {
     uint8_t minor = 0;
     uint8_t skip_none_code = 0;  // 3.13: skip frames whose code is &_Py_NoneStruct
     uint8_t tls_derived = 0;     // 1: decoded from the target's libc; 0: glibc 2.36 default
-    uint32_t pad_ = 0;
+    // 3.11+: tstate.datastack_chunk, datastack_top and datastack_limit after it.
+    uint32_t ts_datastack = kPyNoOffset;
 };
 static_assert(sizeof(PyLayout) % 8 == 0, "PyLayout: a BPF map value with no tail padding");
 

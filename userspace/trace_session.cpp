@@ -176,6 +176,7 @@ void TraceSession::setup_python(TracedProcess& p) {
         return;
     }
     auto cfg = py_walk_config(d.layout, opts_.py_depth);
+    bpf_->set_py_codes(p.pid, nullptr);  // what an earlier image of the pid taught
     if (cfg) {
         if (auto set = bpf_->set_python(p.pid, *cfg); !set) cfg = Result<cd_py_cfg>::fail(set.error());
     }
@@ -288,7 +289,18 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
 
 int TraceSession::poll(int timeout_ms) {
     resolver_.begin_batch();
-    return bpf_->poll(timeout_ms);
+    const int n = bpf_->poll(timeout_ms);
+    tell_code_kinds();
+    return n;
+}
+
+// What the batch's frames taught of code objects goes to the kernel, for the
+// processes it walks (a process is told nothing before its config is set).
+void TraceSession::tell_code_kinds() {
+    resolver_.take_code_tables([&](uint32_t pid, const cd_py_codes& t) {
+        auto it = procs_.find(pid);
+        if (it != procs_.end() && it->second.python_ready && !it->second.exited) bpf_->set_py_codes(pid, &t);
+    });
 }
 
 void TraceSession::drain() {

@@ -111,6 +111,7 @@ private:
     TracedProcess& track(uint32_t pid);
     void setup_python(TracedProcess& p);
     void learn_scope_labels(TracedProcess& p, const CallEnter& e);
+    void tell_code_kinds();
 
     std::unique_ptr<ResumeGuard> guard_;  // forked before the BPF object exists
     std::unique_ptr<BpfSession> bpf_;
