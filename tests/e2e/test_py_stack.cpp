@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "e2e_util.hpp"
+#include "events.h"
 
 namespace commdbg::e2e {
 namespace {
@@ -32,6 +33,7 @@ const std::string kWorkloadName = "py_stack_workload.py";
 constexpr int kRecursion = 200;  // frames of recurse() at the deepest call
 constexpr int kPyDepth = 40;     // the --py-depth the tests ask for
 constexpr int kDefaultPyDepth = 64;
+constexpr int kMaxPyDepth = CD_MAX_PY_FRAMES;  // the deepest --py-depth
 // The root-side paths the trixie job sees (bound read-only by trixie_run.sh).
 const std::string kInRootProgs = "/opt/commdbg-testprogs";
 const std::string kInRootStub = "/opt/commdbg-stub";
@@ -224,6 +226,22 @@ const nlohmann::json* plan_of(const SitesRun& s, const std::string& site) {
     return nullptr;
 }
 
+// The main thread's recursion record: its `depth` innermost frames exact,
+// flagged truncated, nothing failed to read.
+void expect_main_recursion_cut_at(const SitesRun& s, int depth) {
+    int checked = 0;
+    for (auto [rec, call] : pairs_on(s, s.report["pid"].get<int>())) {
+        if ((*call)["call"] != "recursion") continue;
+        const auto& got = (*rec)["py_stack"];
+        ASSERT_EQ(got.size(), static_cast<size_t>(depth)) << got.dump(1).substr(0, 3000);
+        EXPECT_TRUE(rec->value("py_stack_truncated", false)) << "a cut stack says so";
+        EXPECT_FALSE(rec->value("py_stack_partial", false));
+        expect_frames(got, (*call)["stack"], depth, "recursion");
+        ++checked;
+    }
+    EXPECT_EQ(checked, 1);
+}
+
 class PyStack : public ::testing::TestWithParam<Interp> {};
 
 // Every site but the recursion: the whole stack, exactly as the interpreter
@@ -287,6 +305,19 @@ TEST_P(PyStack, DeepRecursionTruncatedAtPyDepth) {
     EXPECT_EQ(checked, 1);
 }
 
+// The same recursion under the deepest --py-depth: 128 recurse() frames
+// are more than one copy of the data stack (the walker refills it from
+// below) and, past the thread's first 16 KiB chunk, frames of an older chunk
+// read one by one: the same exact frames whichever way each was read.
+TEST_P(PyStack, DeepestWalkReadsFramesBeyondOneStackCopy) {
+    const Interp& in = GetParam();
+    REQUIRE_INTERP(in);
+    auto s = run_sites(in, {"--py-depth", std::to_string(kMaxPyDepth)});
+    expect_clean_run(s);
+    if (HasFatalFailure()) return;
+    expect_main_recursion_cut_at(s, kMaxPyDepth);
+}
+
 // A thread that never ran Python (pthread_create straight into
 // ncclCommDestroy, like an NCCL proxy or gloo worker) has no thread state:
 // its record says "py_stack": [], not garbage and not absent.
@@ -332,16 +363,7 @@ TEST(PyStackDefaults, RecursionTruncatedAt64FramesByDefault) {
     auto s = run_sites(in, {});
     expect_clean_run(s);
     if (HasFatalFailure()) return;
-    int checked = 0;
-    for (auto [rec, call] : pairs_on(s, s.report["pid"].get<int>())) {  // the main thread
-        if ((*call)["call"] != "recursion") continue;
-        const auto& got = (*rec)["py_stack"];
-        ASSERT_EQ(got.size(), static_cast<size_t>(kDefaultPyDepth)) << got.dump(1).substr(0, 3000);
-        EXPECT_TRUE(rec->value("py_stack_truncated", false));
-        expect_frames(got, (*call)["stack"], kDefaultPyDepth, "recursion");
-        ++checked;
-    }
-    EXPECT_EQ(checked, 1);
+    expect_main_recursion_cut_at(s, kDefaultPyDepth);
 }
 
 // A container's libraries often live on its own mounts (a volume, a bind

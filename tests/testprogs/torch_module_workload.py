@@ -54,6 +54,7 @@ import json
 import os
 import socket
 import sys
+import time
 from collections import defaultdict
 
 import torch
@@ -223,6 +224,12 @@ def rank_main(rank, world, port, steps, profiler):
             step(model, opt, x)
             if i == 0:
                 per_step = TALLY.snapshot()
+                # A tracer learns the code objects of the first step's frames
+                # from its records (named within a few ms): the later steps
+                # then run with commdbg's kernel side reading `self` only
+                # where a module or a backward hook can be (events.h,
+                # cd_py_codes), the first with every frame read.
+                time.sleep(0.3)
     extra = {"profiler": True, "profiler_ops": profiled_ops(prof)} if profiler else {}
     caught = TALLY.scopes.pop("failing_phase_caught", 0)
     # Optimizer.step / zero_grad open record_function scopes of their own.

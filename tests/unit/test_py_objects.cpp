@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "py_config.hpp"
 #include "py_objects.hpp"
 #include "test_proc.hpp"
 
@@ -555,6 +556,54 @@ TEST_P(PyObjectsOn, RecordFunctionBackwardAndPlainFramesAreClassified) {
     EXPECT_EQ(pi.line, init["first"].get<uint32_t>());
     EXPECT_EQ(pi.module, 0u) << "Plain is not a module";
     EXPECT_FALSE(pi.library);
+
+    // What the kernel is then told: read `self` in a scope's __enter__, mark
+    // the autograd entry, read a method's `self` only inside it.
+    cd_py_codes told{};
+    int tables = 0;
+    res_.take_code_tables([&](uint32_t pid, const cd_py_codes& t) { tables += pid == pid_, told = t; });
+    ASSERT_EQ(tables, 1);
+    EXPECT_EQ(cd_py_code_lookup(&told, u(enter["code"])), static_cast<uint32_t>(CD_CODE_SELF));
+    EXPECT_EQ(cd_py_code_lookup(&told, u(self_["backward"]["code"])), static_cast<uint32_t>(CD_CODE_BACKWARD));
+    EXPECT_EQ(cd_py_code_lookup(&told, u(init["code"])), static_cast<uint32_t>(CD_CODE_PLAIN));
+    res_.take_code_tables([&](uint32_t, const cd_py_codes&) { ++tables; });
+    EXPECT_EQ(tables, 1) << "unchanged since: not sent again";
+}
+
+// The walker reads the thread state in one window and, on 3.11+, copies the
+// data stack the frames live in: on the live interpreter, its tstate's
+// datastack_chunk / top / limit are where the config says, the chunk's own
+// size agrees, and the innermost frame lies below the top.
+TEST_P(PyObjectsOn, WalkConfigCoversTheThreadStateAndItsDataStack) {
+    const PyLayout& l = layout();
+    auto cfg = py_walk_config(l, CD_DEFAULT_PY_FRAMES);
+    ASSERT_TRUE(cfg) << cfg.error();
+    std::vector<uint32_t> fields = {cfg->ts_thread_id, cfg->ts_frame};
+    if (cfg->ts_stack != kPyNoOffset) fields.insert(fields.end(), {cfg->ts_stack, cfg->ts_stack + 8, cfg->ts_stack + 16});
+    for (uint32_t f : fields) {
+        EXPECT_GE(f, cfg->ts_lo);
+        EXPECT_LE(f + 8, cfg->ts_lo + cfg->ts_span);
+    }
+    EXPECT_LE(cfg->ts_span, static_cast<uint32_t>(CD_PY_TS_WINDOW));
+    EXPECT_GE(cfg->frame_span, std::max(cfg->frame_code, cfg->frame_previous) + 8);
+    EXPECT_LE(cfg->frame_span, 128u);
+    if (l.minor == 10) {
+        EXPECT_EQ(cfg->ts_stack, kPyNoOffset) << "3.10's frames are objects on the heap";
+        return;
+    }
+    ASSERT_NE(cfg->ts_stack, kPyNoOffset);
+    const int pid = static_cast<int>(pid_);
+    const uint64_t ts = u(self_["tstate"]);
+    const uint64_t chunk = peek<uint64_t>(pid, ts + cfg->ts_stack), top = peek<uint64_t>(pid, ts + cfg->ts_stack + 8),
+                   limit = peek<uint64_t>(pid, ts + cfg->ts_stack + 16);
+    ASSERT_NE(chunk, 0u);
+    EXPECT_LT(chunk, top);
+    EXPECT_LE(top, limit);
+    EXPECT_EQ(peek<uint64_t>(pid, chunk + 8), limit - chunk) << "_PyStackChunk.size: the chunk ends at the limit";
+    uint64_t f = peek<uint64_t>(pid, ts + l.ts_frame);
+    if (l.ts_frame_inner != kPyNoOffset && f != 0) f = peek<uint64_t>(pid, f + l.ts_frame_inner);
+    EXPECT_GE(f, chunk);
+    EXPECT_LT(f, top) << "the innermost frame is on the data stack, below its top";
 }
 
 TEST_P(PyObjectsFakeOn, StdlibAndFrozenFilesAreLibraryFiles) {
@@ -631,6 +680,12 @@ TEST_P(PyObjectsFakeOn, AFreedCodeObjectIsNotNamedAfterItsOldSelf) {
     const PyFrameInfo& big_after = res_.frame(pid_, big);
     EXPECT_FALSE(big_after.known) << big_after.qualname;
     EXPECT_EQ(big_after.qualname, "<unknown>");
+    // Nor does the kernel keep a kind for the freed code: its frames' types
+    // are read again (or the kind is the new code's, where one lives there).
+    cd_py_codes told{};
+    res_.take_code_tables([&](uint32_t pid, const cd_py_codes& t) { if (pid == pid_) told = t; });
+    EXPECT_EQ(cd_py_code_lookup(&told, big.code), static_cast<uint32_t>(CD_CODE_UNKNOWN));
+    if (!after.known) EXPECT_EQ(cd_py_code_lookup(&told, doomed.code), static_cast<uint32_t>(CD_CODE_UNKNOWN));
 }
 
 TEST_P(PyObjectsFakeOn, ForgetDropsTheProcessAndALaterUseDiscoversItAgain) {
