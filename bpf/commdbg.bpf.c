@@ -198,7 +198,7 @@ struct {
  * be preempted, the thread is the only writer.  The body goes right-aligned
  * before the context so that body and tail are contiguous whatever its kind. */
 #define CTX_BODY sizeof(struct cd_call)
-#define CTX_WINDOW 128 /* bytes of a frame read at once: every field but 3.10's localsplus */
+#define CTX_WINDOW CD_PY_FRAME_WINDOW /* every field but 3.10's localsplus */
 /* A frame's field is loaded at (offset & (CTX_WINDOW - 1)) past the frame's
  * start in a copy: 8 bytes past the window's end stay in bounds. */
 #define CTX_PAD (CTX_WINDOW + 8)

@@ -218,10 +218,12 @@ struct cd_py_cfg {
 	 * bulk from that copy, the others one by one.  0xffffffff: no data stack
 	 * (3.10). */
 	__u32 ts_stack;
-	__u32 frame_span; /* bytes of a frame the walker reads (its fields' end), <= 128 */
+	__u32 frame_span; /* bytes of a frame the walker reads (its fields' end), <= CD_PY_FRAME_WINDOW */
 };
 
 #define CD_PY_TS_WINDOW 272
+/* Bytes of a frame the walker reads at once: cd_py_cfg.frame_span at most. */
+#define CD_PY_FRAME_WINDOW 128
 
 /* What userspace learnt of a process's code objects (`py_codes`, key:
  * tgid), so that `self`'s type -- a user-memory read per frame, the most
@@ -250,8 +252,9 @@ static inline __u32 cd_py_code_bucket(__u64 code)
 	return (__u32)(((code >> 4) ^ (code >> 15)) & (CD_PY_CODE_SLOTS / 2 - 1));
 }
 
-/* The kind of `code` in t (the walker's lookup, and userspace's view of it). */
-static inline __u32 cd_py_code_lookup(const struct cd_py_codes *t, __u64 code)
+/* The slot holding `code` in t, CD_PY_CODE_SLOTS when none (the walker's
+ * lookup, and userspace's view of it). */
+static inline __u32 cd_py_code_slot(const struct cd_py_codes *t, __u64 code)
 {
 	__u32 i = 2 * cd_py_code_bucket(code), k;
 
@@ -259,9 +262,17 @@ static inline __u32 cd_py_code_lookup(const struct cd_py_codes *t, __u64 code)
 		__u64 v = t->slot[(i + k) & (CD_PY_CODE_SLOTS - 1)];
 
 		if (v != 0 && (v & ~CD_CODE_KIND_MASK) == code)
-			return (__u32)(v & CD_CODE_KIND_MASK);
+			return (i + k) & (CD_PY_CODE_SLOTS - 1);
 	}
-	return CD_CODE_UNKNOWN;
+	return CD_PY_CODE_SLOTS;
+}
+
+/* The kind of `code` in t. */
+static inline __u32 cd_py_code_lookup(const struct cd_py_codes *t, __u64 code)
+{
+	__u32 i = cd_py_code_slot(t, code);
+
+	return i < CD_PY_CODE_SLOTS ? (__u32)(t->slot[i] & CD_CODE_KIND_MASK) : CD_CODE_UNKNOWN;
 }
 
 #define CD_UNIQUE_ID_BYTES 128

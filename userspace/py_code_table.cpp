@@ -17,10 +17,8 @@ cd_py_code_kind py_code_kind(PyFrameKind kind, int32_t argcount) {
 }
 
 int PyCodeTable::find(uint64_t code) const {
-    const uint32_t b = 2 * cd_py_code_bucket(code);
-    for (uint32_t i = b; i < b + 2; ++i)
-        if (t_.slot[i] != 0 && (t_.slot[i] & ~CD_CODE_KIND_MASK) == code) return static_cast<int>(i);
-    return -1;
+    const uint32_t i = cd_py_code_slot(&t_, code);
+    return i < CD_PY_CODE_SLOTS ? static_cast<int>(i) : -1;
 }
 
 void PyCodeTable::note(uint64_t code, cd_py_code_kind kind, uint64_t epoch) {

@@ -5,10 +5,6 @@
 
 namespace commdbg {
 
-namespace {
-constexpr uint32_t kFrameWindow = 128;  // commdbg.bpf.c's CTX_WINDOW
-}  // namespace
-
 Result<cd_py_cfg> py_walk_config(const PyLayout& l, uint32_t max_frames) {
     using R = Result<cd_py_cfg>;
     if (l.tls_stride == 0 || l.key >= l.tls_keys)
@@ -50,14 +46,14 @@ Result<cd_py_cfg> py_walk_config(const PyLayout& l, uint32_t max_frames) {
                        std::to_string(CD_PY_TS_WINDOW) + " the kernel-side walker reads; stacks are not captured for it");
     c.ts_lo = lo, c.ts_span = hi - lo;
 
-    // A frame's fields are loaded from a 128-byte window (3.10's localsplus
+    // A frame's fields are loaded from one window (3.10's localsplus
     // is past it: read apart).
     uint32_t span = std::max({l.frame_code, l.frame_previous, l.frame_instr}) + 8;
     if (l.frame_owner != kPyNoOffset) span = std::max(span, l.frame_owner + 1);
-    if (l.frame_localsplus + 8 <= kFrameWindow) span = std::max(span, l.frame_localsplus + 8);
-    if (span > kFrameWindow)
+    if (l.frame_localsplus + 8 <= CD_PY_FRAME_WINDOW) span = std::max(span, l.frame_localsplus + 8);
+    if (span > CD_PY_FRAME_WINDOW)
         return R::fail("its frames' fields span " + std::to_string(span) + " bytes, more than the " +
-                       std::to_string(kFrameWindow) + " the kernel-side walker reads; stacks are not captured for it");
+                       std::to_string(CD_PY_FRAME_WINDOW) + " the kernel-side walker reads; stacks are not captured for it");
     c.frame_span = span;
     return c;
 }
