@@ -2,7 +2,9 @@
 // ns per NCCL call (stub libnccl) in one process, four ways:
 //   unprobed | uprobe with an empty BPF program | commdbg counters only |
 //   commdbg counters + records (entry and return probes, ring buffer drained)
-// and the ratios against the unprobed call and the empty program.
+// and the ratios against the unprobed call and the empty program; then the
+// time to load (verify) commdbg's BPF programs against the empty program's,
+// which every attach waits for, with the verifier's instruction counts.
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -68,6 +70,31 @@ double traced(AllReduceFn fn, long n, uint32_t flags) {
     return ns;
 }
 
+double ms_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Best of 3 loads of each; prints both and commdbg's per-program verifier work.
+void print_load_times() {
+    double empty = 1e18, full = 1e18;
+    std::vector<std::pair<std::string, uint32_t>> insns;
+    for (int r = 0; r < 3; ++r) {
+        auto t0 = std::chrono::steady_clock::now();
+        if (auto* skel = empty_bpf__open_and_load()) {
+            empty = std::min(empty, ms_since(t0));
+            empty_bpf__destroy(skel);
+        }
+        t0 = std::chrono::steady_clock::now();
+        if (auto bpf = BpfSession::open(BpfOptions{})) {
+            full = std::min(full, ms_since(t0));
+            insns = (*bpf)->verified_insns();
+        }
+    }
+    std::printf("%-44s %10.1f ms      ratio 1.00\n", "load: empty BPF program", empty);
+    std::printf("%-44s %10.1f ms      ratio %.1f vs empty\n", "load: commdbg's BPF programs", full, full / empty);
+    for (const auto& [name, n] : insns) std::printf("  %-42s %10u instructions verified\n", name.c_str(), n);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -107,5 +134,6 @@ int main(int argc, char** argv) {
                 counts, counts / base, counts / empty);
     std::printf("%-44s %10.1f ns/call  ratio %.2f vs unprobed, %.2f vs empty\n", "commdbg counters + records", full,
                 full / base, full / empty);
+    print_load_times();
     return 0;
 }

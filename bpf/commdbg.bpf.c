@@ -318,38 +318,41 @@ static __always_inline void add_count(struct cd_count_val *v, __u64 elements, __
 	}
 }
 
+/* A call no counter took. */
+static __always_inline __u32 count_uncounted(struct cd_proc_counts *pc)
+{
+	if (pc)
+		__sync_fetch_and_add(&pc->uncounted, 1);
+	count_drop(CD_DROP_UNCOUNTED);
+	return CD_COUNTED_NONE;
+}
+
 /* A collective whose fine key was refused: counted in the process's own slot
- * for its symbol (open addressing, claimed with a compare-and-swap). */
-static __always_inline __u32 count_coarse(struct cd_proc_counts *pc, __u32 sym, __u32 role, __u64 elements,
-					  __u64 bytes, bool nested)
+ * for its symbol (open addressing, claimed with a compare-and-swap).  Global,
+ * verified once on its own, like pop_returned_frames. */
+__noinline __u32 count_coarse(struct cd_proc_counts *pc, __u32 sym, __u64 elements, __u64 bytes, bool nested)
 {
 	__u32 start = (sym * 2654435761u) >> 26; /* top 6 bits: CD_COARSE_SLOTS */
 
-	if (!pc) {
-		count_drop(CD_DROP_UNCOUNTED);
-		return CD_COUNTED_NONE;
-	}
-	if (role == CD_ROLE_COLLECTIVE) {
-		for (__u32 i = 0; i < CD_COARSE_SLOTS; i++) {
-			__u32 idx = (start + i) & (CD_COARSE_SLOTS - 1);
-			struct cd_coarse_slot *s = &pc->coarse[idx];
-			__u32 cur = s->sym1;
+	if (!pc)
+		return count_uncounted(pc);
+	for (__u32 i = 0; i < CD_COARSE_SLOTS; i++) {
+		__u32 idx = (start + i) & (CD_COARSE_SLOTS - 1);
+		struct cd_coarse_slot *s = &pc->coarse[idx];
+		__u32 cur = s->sym1;
 
-			if (cur == 0) {
-				cur = __sync_val_compare_and_swap(&s->sym1, 0, sym + 1);
-				if (cur == 0)
-					cur = sym + 1;
-			}
-			if (cur != sym + 1)
-				continue;
-			add_count(&s->val, elements, bytes, nested);
-			__sync_fetch_and_add(&pc->breakdown_lost, 1);
-			return CD_COUNTED_COARSE + idx;
+		if (cur == 0) {
+			cur = __sync_val_compare_and_swap(&s->sym1, 0, sym + 1);
+			if (cur == 0)
+				cur = sym + 1;
 		}
+		if (cur != sym + 1)
+			continue;
+		add_count(&s->val, elements, bytes, nested);
+		__sync_fetch_and_add(&pc->breakdown_lost, 1);
+		return CD_COUNTED_COARSE + idx;
 	}
-	__sync_fetch_and_add(&pc->uncounted, 1);
-	count_drop(CD_DROP_UNCOUNTED);
-	return CD_COUNTED_NONE;
+	return count_uncounted(pc);
 }
 
 /* Counts one call; returns where (CD_COUNTED_*).  A new fine key is taken
@@ -379,7 +382,8 @@ static __always_inline __u32 count_call(struct cd_count_key *key, __u32 role, __
 		count_drop(CD_DROP_COUNTER_SHARE);
 	}
 	if (!v)
-		return count_coarse(pc, key->sym, role, elements, bytes, nested);
+		return role == CD_ROLE_COLLECTIVE ? count_coarse(pc, key->sym, elements, bytes, nested)
+						  : count_uncounted(pc);
 	add_count(v, elements, bytes, nested);
 	return CD_COUNTED_FINE;
 }
@@ -511,10 +515,16 @@ static __always_inline struct cd_thread *thread_get(__u32 tid)
 }
 
 /* Pops the frames that returned before an entry at `sp`; returns the depth
- * left, the parent level of the new call. */
-static __always_inline __u32 pop_returned_frames(struct cd_thread *st, __u64 sp)
+ * left, the parent level of the new call.  A global function, verified once
+ * on its own: inlined, its loop was verified again on each of call_enter's
+ * paths, most of the program's load time. */
+__noinline __u32 pop_returned_frames(struct cd_thread *st, __u64 sp)
 {
-	__u32 n = st->nframes;
+	__u32 n;
+
+	if (!st)
+		return 0;
+	n = st->nframes;
 
 	for (int i = 0; i < CD_MAX_FRAMES; i++) {
 		struct cd_frame *f;
@@ -1018,13 +1028,21 @@ static __always_inline void read_py_label(struct ctx_buf *b, const struct cd_py_
 	copy_label(b, str + c->str_ascii_data, len);
 }
 
-/* The label and stack of a record into b; returns the tail's length. */
-static __always_inline __u32 fill_context(struct ctx_buf *b, __u32 tgid, __u64 cookie, const __u64 *args,
-					  const struct cd_py_cfg *cfg)
+#define CTX_TAIL_MAX (sizeof(struct cd_context) + CD_MAX_PY_FRAMES * sizeof(struct cd_py_frame))
+
+/* The label (the std::string at `label`, for a label tail) and stack of a
+ * record into b; returns the tail's length.  A global function: the verifier
+ * checks it once, on its own, rather than once per path of each caller that
+ * reaches it (call_enter has hundreds), which made loading take 0.5 s. */
+__noinline __u32 fill_context(struct ctx_buf *b, __u32 tgid, __u64 cookie, __u64 label,
+			      const struct cd_py_cfg *cfg)
 {
-	struct walk w = {.b = b, .s = &b->ws, .cfg = cfg};
+	struct walk w = {.b = b, .s = 0, .cfg = cfg};
 	__u32 n;
 
+	if (!b)
+		return 0;
+	w.s = &b->ws;
 	__builtin_memset(&b->ws, 0, sizeof(b->ws));
 	b->ws.status = CD_PY_OK;
 
@@ -1033,7 +1051,7 @@ static __always_inline __u32 fill_context(struct ctx_buf *b, __u32 tgid, __u64 c
 	b->ctx.flags = 0;
 	b->ctx.py_status = CD_PY_NONE;
 	if (CD_COOKIE_TAIL(cookie) == CD_TAIL_LABEL)
-		read_label(b, slot_arg(args, CD_COOKIE_OUT(cookie)));
+		read_label(b, label);
 	if (cfg) {
 		b->ctx.py_status = py_top_frame(cfg, &w);
 		if (b->ctx.py_status == CD_PY_OK) {
@@ -1102,7 +1120,10 @@ static __always_inline bool emit_enter_ctx(const struct entry *en, __u64 wakeup)
 
 	if (!b)
 		return false;
-	tail = fill_context(b, en->tgid, en->cookie, en->args, cfg);
+	tail = fill_context(b, en->tgid, en->cookie, slot_arg(en->args, CD_COOKIE_OUT(en->cookie)), cfg);
+	barrier_var(tail); /* the verifier, unlike clang, cannot see the bound */
+	if (tail > CTX_TAIL_MAX)
+		return false;
 	fill_enter((struct cd_call_enter *)(b->body + CTX_ENTER_OFF), en, tail);
 	wakeup = ctx_wakeup(wakeup, en->cookie, cfg);
 	if (bpf_ringbuf_output(&events, b->body + CTX_ENTER_OFF, sizeof(struct cd_call_enter) + tail, wakeup))
@@ -1121,7 +1142,10 @@ static __always_inline bool emit_call_ctx(const struct cd_inflight *s, __u32 tid
 
 	if (!b)
 		return false;
-	tail = fill_context(b, s->ckey.tgid, s->cookie, s->args, cfg);
+	tail = fill_context(b, s->ckey.tgid, s->cookie, slot_arg(s->args, CD_COOKIE_OUT(s->cookie)), cfg);
+	barrier_var(tail); /* the verifier, unlike clang, cannot see the bound */
+	if (tail > CTX_TAIL_MAX)
+		return false;
 	fill_call((struct cd_call *)b->body, s, tid, r, tail);
 	wakeup = ctx_wakeup(wakeup, s->cookie, cfg);
 	if (bpf_ringbuf_output(&events, b->body, sizeof(struct cd_call) + tail, wakeup))

@@ -123,6 +123,10 @@ public:
     bpf_program* exit_program() const;
     bpf_program* dl_program() const;
     size_t ringbuf_bytes() const { return ringbuf_bytes_; }
+    // Instructions the verifier processed to load each of the loaded programs
+    // (name -> count; 0 where the kernel does not say): its work, which every
+    // attach waits for.
+    std::vector<std::pair<std::string, uint32_t>> verified_insns() const;
 
 private:
     BpfSession() = default;
