@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_args.hpp"
 #include "test_proc.hpp"
 #include "torch_loop.hpp"
 
@@ -278,8 +279,9 @@ void bench_torch(const std::string& commdbg, const std::optional<std::string>& b
 }  // namespace
 
 int main(int argc, char** argv) {
-    long n = argc > 1 ? std::atol(argv[1]) : 200000;
-    int rounds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 5;
+    auto a = commdbg::bench::bench_args(argc, argv, {{"calls", 200000, 10}, {"rounds", 5, 1}});
+    long n = a[0];
+    int rounds = static_cast<int>(a[1]);
     if (geteuid() != 0) {
         std::printf("bench_anchor: skipped — needs root to attach uprobes\n");
         return 0;

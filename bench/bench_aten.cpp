@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "bench_args.hpp"
 #include "torch_loop.hpp"
 #include "trace_session.hpp"
 
@@ -34,7 +35,7 @@ double round_seconds(bench::TorchLoop& py, long n, TraceSession* s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    long n = argc > 1 ? std::atol(argv[1]) : 100000;
+    long n = bench::bench_args(argc, argv, {{"calls", 100000, 10}})[0];
     if (geteuid() != 0) {
         std::printf("bench_aten: skipped — needs root to attach uprobes\n");
         return 0;

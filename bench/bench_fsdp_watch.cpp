@@ -31,6 +31,8 @@
 #include <thread>
 #include <vector>
 
+#include "bench_args.hpp"
+
 extern char** environ;
 
 namespace {
@@ -127,8 +129,9 @@ pid_t start_daemon(const fs::path& bin) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    const int rounds = argc > 1 ? atoi(argv[1]) : 3;
-    const std::string root = argc > 2 ? argv[2] : "/var/cache/commdbg/trixie-root";
+    std::string root = "/var/cache/commdbg/trixie-root";
+    const auto args = commdbg::bench::bench_args(argc, argv, {{"rounds", 3, 1}}, "trixie-root", &root);
+    const int rounds = static_cast<int>(args[0]);
     const fs::path bin = fs::canonical("/proc/self/exe").parent_path();
     const fs::path src = bin.parent_path().parent_path();  // build/bin -> the source tree
     if (geteuid() != 0 || !fs::exists(root + "/.commdbg-trixie-root")) {

@@ -15,6 +15,7 @@
 
 #include <bpf/libbpf.h>
 
+#include "bench_args.hpp"
 #include "bpf_session.hpp"
 #include "elf_symbols.hpp"
 #include "empty_bpf.skel.h"
@@ -98,7 +99,7 @@ void print_load_times() {
 }  // namespace
 
 int main(int argc, char** argv) {
-    long n = argc > 1 ? std::atol(argv[1]) : 300000;
+    long n = bench::bench_args(argc, argv, {{"calls", 300000, 10}})[0];
     if (geteuid() != 0) {
         std::printf("bench_probe: skipped — needs root to attach uprobes\n");
         return 0;

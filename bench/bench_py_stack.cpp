@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.hpp"
 #include "test_proc.hpp"
 
 namespace {
@@ -120,8 +121,9 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    long n = argc > 1 ? std::atol(argv[1]) : 100000;
-    int rounds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 5;
+    auto a = commdbg::bench::bench_args(argc, argv, {{"calls", 100000, 10}, {"rounds", 5, 1}});
+    long n = a[0];
+    int rounds = static_cast<int>(a[1]);
     if (geteuid() != 0) {
         std::printf("bench_py_stack: skipped — needs root to attach uprobes\n");
         return 0;

@@ -272,7 +272,7 @@ static inline __u32 cd_py_code_lookup(const struct cd_py_codes *t, __u64 code)
 {
 	__u32 i = cd_py_code_slot(t, code);
 
-	return i < CD_PY_CODE_SLOTS ? (__u32)(t->slot[i] & CD_CODE_KIND_MASK) : CD_CODE_UNKNOWN;
+	return i < CD_PY_CODE_SLOTS ? (__u32)(t->slot[i] & CD_CODE_KIND_MASK) : (__u32)CD_CODE_UNKNOWN;
 }
 
 #define CD_UNIQUE_ID_BYTES 128

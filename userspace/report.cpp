@@ -127,7 +127,7 @@ std::string_view record_name(const Record& r, const ProcessReport& p, const Symb
     return record_name(r, syms);
 }
 
-std::string_view record_layer(const Record& r, const ProcessReport& p, const SymbolTable& syms) {
+std::string_view record_layer(const Record& r, const ProcessReport& /*p*/, const SymbolTable& syms) {
     if (r.kind == RecordKind::Module && r.ctx != kNoCtx) return "python";
     return record_layer(r, syms);
 }

@@ -685,7 +685,9 @@ TEST_P(PyObjectsFakeOn, AFreedCodeObjectIsNotNamedAfterItsOldSelf) {
     cd_py_codes told{};
     res_.take_code_tables([&](uint32_t pid, const cd_py_codes& t) { if (pid == pid_) told = t; });
     EXPECT_EQ(cd_py_code_lookup(&told, big.code), static_cast<uint32_t>(CD_CODE_UNKNOWN));
-    if (!after.known) EXPECT_EQ(cd_py_code_lookup(&told, doomed.code), static_cast<uint32_t>(CD_CODE_UNKNOWN));
+    if (!after.known) {
+        EXPECT_EQ(cd_py_code_lookup(&told, doomed.code), static_cast<uint32_t>(CD_CODE_UNKNOWN));
+    }
 }
 
 TEST_P(PyObjectsFakeOn, ForgetDropsTheProcessAndALaterUseDiscoversItAgain) {
