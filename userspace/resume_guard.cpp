@@ -6,12 +6,13 @@
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <bpf/bpf.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <vector>
@@ -23,9 +24,38 @@ namespace {
 constexpr int32_t kDone = 0;  // sentinel: clean shutdown, resume nothing
 constexpr size_t kMaxWatched = 8192;
 
+// /proc/<pid>/stat's state is 'T' (stopped), or it cannot be read (then a
+// SIGCONT is the safe side).  Async-signal-safe.
+bool maybe_stopped(pid_t pid) {
+    char path[32] = "/proc/", digits[12];
+    int nd = 0;
+    for (unsigned v = static_cast<unsigned>(pid); nd == 0 || v != 0; v /= 10)
+        digits[nd++] = static_cast<char>('0' + v % 10);
+    size_t at = 6;
+    while (nd > 0) path[at++] = digits[--nd];
+    for (const char* t = "/stat"; *t; ++t) path[at++] = *t;
+    path[at] = '\0';
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno != ENOENT;
+    char buf[512];
+    ssize_t n = read(fd, buf, sizeof(buf));
+    close(fd);
+    for (ssize_t i = n - 1; i > 0; --i)  // the state follows the last ')': comm may hold one
+        if (buf[i] == ')') return i + 2 < n && buf[i + 2] == 'T';
+    return false;
+}
+
+// Until the process that forked the guard is gone (at most ~10 s): the
+// guard is reparented only once that process has closed all its files, BPF
+// links included.
+void wait_parent_gone(pid_t parent) {
+    const timespec step = {0, 5 * 1000 * 1000};
+    for (int i = 0; i < 2000 && getppid() == parent; ++i) nanosleep(&step, nullptr);
+}
+
 // Runs in a child forked from a possibly multi-threaded process: only
 // async-signal-safe calls here (no malloc, no stdio).
-[[noreturn]] void guard_main(int rfd, int map_fd) {
+[[noreturn]] void guard_main(int rfd, int map_fd, pid_t parent) {
     // Detach from the terminal's signals so Ctrl-C on commdbg does not kill
     // the guard before it could do its job.
     setsid();
@@ -54,6 +84,14 @@ constexpr size_t kMaxWatched = 8192;
         break;  // EOF: commdbg is gone without saying done
     }
     for (size_t i = 0; i < n; ++i) kill(pids[i], SIGCONT);
+    if (map_fd >= 0) resume_all_in_map(map_fd);
+    // The pipe closes as commdbg starts to exit, before its BPF links do: a
+    // process resumed now may reach the loader probe again (dlopen calls it
+    // twice) and be stopped by it once more.  Once commdbg is gone nothing
+    // can stop it: resume what is stopped again.
+    wait_parent_gone(parent);
+    for (size_t i = 0; i < n; ++i)
+        if (maybe_stopped(pids[i])) kill(pids[i], SIGCONT);
     if (map_fd >= 0) resume_all_in_map(map_fd);
     _exit(0);
 }
@@ -87,6 +125,7 @@ bool ResumeGuard::start_with_map(int stopped_map_fd) { return start_impl(stopped
 bool ResumeGuard::start_impl(int keep_fd) {
     int p[2];
     if (pipe2(p, O_CLOEXEC) != 0) return false;
+    const pid_t self = getpid();
     pid_t pid = fork();
     if (pid < 0) {
         close(p[0]);
@@ -95,7 +134,7 @@ bool ResumeGuard::start_impl(int keep_fd) {
     }
     if (pid == 0) {
         close_all_but(p[0], keep_fd);
-        guard_main(p[0], keep_fd);
+        guard_main(p[0], keep_fd, self);
     }
     close(p[0]);
     fd_ = p[1];

@@ -3,7 +3,8 @@
 // libraries are attached.  If commdbg dies in that window the process must
 // not stay stopped: a tiny forked guard holds the read end of a pipe, learns
 // each pid that may be stopped, and sends SIGCONT to all of them when the pipe
-// closes without a clean "done".
+// closes without a clean "done" — and once more to those stopped again when
+// commdbg is gone: the pipe closes before the probes do.
 #pragma once
 
 #include <sys/types.h>

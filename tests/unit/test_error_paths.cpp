@@ -89,6 +89,40 @@ TEST(CallbackBoundary, AThrowFromInsideBecomesAMessage) {
     EXPECT_FALSE(run_without_throwing([] {}));
 }
 
+// commdbg's files close in order as it dies: the guard's pipe before the
+// BPF links, so a process resumed at the pipe's close can be stopped again
+// by the loader probe (dlopen calls it twice) while commdbg is still going.
+// The guard resumes it again once commdbg is gone.
+TEST(ResumeGuardDeath, APidStoppedAgainBeforeCommdbgIsGoneIsResumedAgain) {
+    pid_t target = stopped_sleeper();
+    ASSERT_TRUE(wait_for_state(target, 'T', 2000));
+    int go[2];
+    ASSERT_EQ(pipe(go), 0);
+    pid_t dying = fork();
+    if (dying == 0) {  // a stand-in for commdbg: its pipe closes, then it lingers
+        ResumeGuard g;
+        if (!g.start()) _exit(1);
+        g.watch(target);
+        for (int fd = 3; fd < 1024; ++fd)
+            if (fd != go[0]) close(fd);
+        char c;
+        (void)!read(go[0], &c, 1);  // lives until the test has stopped the target again
+        _exit(0);
+    }
+    close(go[0]);
+    EXPECT_TRUE(wait_for_state(target, 'S', 5000)) << "not resumed at the pipe's close: state " << state_of(target);
+    kill(target, SIGSTOP);  // the probe, still attached, stops it again
+    EXPECT_TRUE(wait_for_state(target, 'T', 2000));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the guard is waiting, not done
+    EXPECT_EQ(state_of(target), 'T') << "resumed before commdbg was gone";
+    close(go[1]);
+    int st = 0;
+    ASSERT_EQ(waitpid(dying, &st, 0), dying);
+    EXPECT_TRUE(wait_for_state(target, 'S', 5000)) << "left stopped after commdbg was gone: state " << state_of(target);
+    kill(target, SIGKILL);
+    waitpid(target, nullptr, 0);
+}
+
 TEST(ResumeGuardUnwatch, AnUnwatchedPidIsNotResumedWhenCommdbgDies) {
     pid_t kept = stopped_sleeper(), dropped = stopped_sleeper();
     ASSERT_TRUE(wait_for_state(kept, 'T', 2000));
