@@ -1070,6 +1070,18 @@ __noinline __u32 fill_context(struct ctx_buf *b, __u32 tgid, __u64 cookie, __u64
 	return sizeof(struct cd_context) + n * sizeof(struct cd_py_frame);
 }
 
+/* fill_context for a record with these args; its length, to be checked
+ * against CTX_TAIL_MAX: the verifier, unlike clang, cannot see the bound
+ * of a global function's result (barrier_var keeps clang's check). */
+static __always_inline __u32 context_tail(struct ctx_buf *b, __u32 tgid, __u64 cookie, const __u64 *args,
+					  const struct cd_py_cfg *cfg)
+{
+	__u32 tail = fill_context(b, tgid, cookie, slot_arg(args, CD_COOKIE_OUT(cookie)), cfg);
+
+	barrier_var(tail);
+	return tail;
+}
+
 /* The per-thread buffer a record with context is built in; 0 when the
  * record needs none. */
 static __always_inline struct ctx_buf *context_buf(__u64 cookie, __u32 tgid, __u32 tid, __u32 flags,
@@ -1120,8 +1132,7 @@ static __always_inline bool emit_enter_ctx(const struct entry *en, __u64 wakeup)
 
 	if (!b)
 		return false;
-	tail = fill_context(b, en->tgid, en->cookie, slot_arg(en->args, CD_COOKIE_OUT(en->cookie)), cfg);
-	barrier_var(tail); /* the verifier, unlike clang, cannot see the bound */
+	tail = context_tail(b, en->tgid, en->cookie, en->args, cfg);
 	if (tail > CTX_TAIL_MAX)
 		return false;
 	fill_enter((struct cd_call_enter *)(b->body + CTX_ENTER_OFF), en, tail);
@@ -1142,8 +1153,7 @@ static __always_inline bool emit_call_ctx(const struct cd_inflight *s, __u32 tid
 
 	if (!b)
 		return false;
-	tail = fill_context(b, s->ckey.tgid, s->cookie, slot_arg(s->args, CD_COOKIE_OUT(s->cookie)), cfg);
-	barrier_var(tail); /* the verifier, unlike clang, cannot see the bound */
+	tail = context_tail(b, s->ckey.tgid, s->cookie, s->args, cfg);
 	if (tail > CTX_TAIL_MAX)
 		return false;
 	fill_call((struct cd_call *)b->body, s, tid, r, tail);
