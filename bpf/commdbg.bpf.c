@@ -72,6 +72,23 @@ struct {
 	__type(value, __u32);
 } known_files SEC(".maps");
 
+/* Real uids (not root) that hold their share of known_files (commdbgd,
+ * daemon/node_files.hpp): a new library file of theirs is neither stopped
+ * for nor probed, so one user cannot fill the map and leave every other
+ * user's processes stopped at each start. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u32);
+} capped_uids SEC(".maps");
+
+/* Set by commdbgd: the users other than root together hold their share of
+ * known_files; and, at shutdown, stop no process at all any more (nothing
+ * would attach to its file; the hook's link goes next). */
+volatile __u32 others_capped = 0;
+volatile __u32 stop_on_new_file = 1;
+
 /* tgids stopped by on_mmap_file and not resumed yet: the daemon's guard
  * process holds this map and resumes them if the daemon dies. */
 struct {
@@ -1434,7 +1451,7 @@ int dl_debug_state(struct pt_regs *ctx)
 	fill_header(&e->h, CD_EV_DL_CHANGE, sizeof(*e), CD_TAIL_NONE, 0, tgid, (__u32)pid_tgid,
 		    bpf_ktime_get_ns());
 	e->stopped = stopped;
-	e->pad = 0;
+	e->uid = (__u32)bpf_get_current_uid_gid();
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP); /* the thread waits for it */
 	return 0;
 }
@@ -1527,12 +1544,19 @@ int BPF_PROG(on_mmap_file, struct pt_regs *regs, long ret)
 	struct vma_match m = {};
 	struct cd_dl_change *e;
 	__u64 pid_tgid;
+	__u32 uid;
 
-	if (!count_all || CD_SYSCALL_NR(regs) != CD_NR_MMAP || (unsigned long)ret >= (unsigned long)-4095L)
+	if (!count_all || !stop_on_new_file || CD_SYSCALL_NR(regs) != CD_NR_MMAP ||
+	    (unsigned long)ret >= (unsigned long)-4095L)
 		return 0;
 	bpf_find_vma(bpf_get_current_task_btf(), (__u64)ret, check_vma, &m, 0);
 	if (!m.hit || bpf_map_lookup_elem(&known_files, &m.k) || !in_scope())
 		return 0;
+	uid = (__u32)bpf_get_current_uid_gid();
+	if (uid != 0 && (others_capped || bpf_map_lookup_elem(&capped_uids, &uid))) {
+		count_drop(CD_DROP_FILE_SHARE);
+		return 0;
+	}
 	pid_tgid = bpf_get_current_pid_tgid();
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
@@ -1547,7 +1571,7 @@ int BPF_PROG(on_mmap_file, struct pt_regs *regs, long ret)
 	}
 	fill_header(&e->h, CD_EV_DL_CHANGE, sizeof(*e), CD_TAIL_NONE, 0, pid_tgid >> 32, (__u32)pid_tgid,
 		    bpf_ktime_get_ns());
-	e->pad = 0;
+	e->uid = uid;
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP); /* the process waits for it */
 	return 0;
 }

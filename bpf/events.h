@@ -355,7 +355,7 @@ struct cd_call {
 struct cd_dl_change {
 	struct cd_header h;
 	__u32 stopped; /* 1: the process was sent SIGSTOP and waits for SIGCONT */
-	__u32 pad;
+	__u32 uid;     /* the process's real uid: whose share a new library file takes */
 };
 
 struct cd_proc {
@@ -476,7 +476,8 @@ enum cd_drop_cause {
 	CD_DROP_COUNTER_SHARE = 8,  /* fine key refused: the process holds its share (counted coarsely) */
 	CD_DROP_UNCOUNTED = 9,	    /* call not counted: no fine key and no coarse slot */
 	CD_DROP_PY_CONTEXT = 10,    /* record sent without its label / Python stack: no scratch buffer */
-	CD_DROP_MAX = 11,
+	CD_DROP_FILE_SHARE = 11,    /* new library file not stopped for: its user holds its share of probed files */
+	CD_DROP_MAX = 12,
 };
 
 #define CD_MAX_INFLIGHT 8

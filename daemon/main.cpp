@@ -146,6 +146,10 @@ std::optional<int> parse_args(int argc, char** argv, DaemonArgs& a) {
         ->check(CLI::Range(1L, 7L * 24 * 3600));
     app.add_option("--max-series", opts.max_series, "Cap on exported series; past it an overflow counter counts")
         ->check(integer_in(1, 10'000'000));
+    app.add_option("--max-files-per-uid", opts.library_files_per_uid,
+                   "Library files (libnccl copies) probed for one user other than root; past it that user's new "
+                   "files are neither probed nor stopped for (all such users together: 3/4 of the kernel's 4096)")
+        ->check(integer_in(1, 3072));
     bool no_count_errors = false;
     app.add_flag("--no-count-errors", no_count_errors,
                  "Count collectives with entry probes only: each call traps once, not twice (about 40% less per call), "
@@ -257,6 +261,7 @@ int main(int argc, char** argv) {
         return 1;
     }
     (*control)->start();
+    (*counter)->watch_stop_flag(g_stop);
 
     std::unique_ptr<FsdpWatch> fsdp;
     std::thread fsdp_thread;
@@ -282,6 +287,9 @@ int main(int argc, char** argv) {
     say_ready(a);
     while (!g_stop) (*counter)->step(100);
     notify_systemd("STOPPING=1");
+    // First: no process is stopped at a new library file from now on, and
+    // those stopped are resumed; the sessions and the rest end after.
+    (*counter)->stop_stopping_processes();
     if (fsdp_thread.joinable()) fsdp_thread.join();
     (*control)->stop();
     if (http_thread.joinable()) {

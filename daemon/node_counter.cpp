@@ -70,14 +70,39 @@ Result<bool> NodeCounter::open_bpf(std::vector<ProbeSpec> specs) {
     guard_ = std::make_unique<ResumeGuard>();
     guard_->start_with_map(bpf_->stopped_pids_fd());
     attacher_ = std::make_unique<ProbeAttacher>(*bpf_, symbols_, std::move(specs));
+    // 3/4 of the kernel's map of probed files for the users other than
+    // root; the rest is root's.
+    shares_ = FileShares(opts_.library_files_per_uid, bpf_->known_files_capacity() / 4 * 3);
     bpf_->set_event_handler([this](std::span<const uint8_t> b) { on_record(b); });
     return true;
 }
 
+NodeCounter::NodeCounter(const NodeCounterOptions& opts)
+    : opts_(opts), metrics_(opts.max_series, opts.series_ttl), shares_(opts.library_files_per_uid, 0) {}
+
+void NodeCounter::resume_stopped() {
+    // Every process the hook stopped (the map's keys), each out of the map
+    // once resumed: a pid left there could be another process's later.
+    resume_and_clear_map(bpf_->stopped_pids_fd());
+}
+
+void NodeCounter::stop_stopping_processes() {
+    if (!bpf_ || stopping_.exchange(true)) return;
+    bpf_->stop_stopping_at_new_files();
+    resume_stopped();
+}
+
 NodeCounter::~NodeCounter() {
     if (!bpf_) return;
-    // Nothing may stay stopped by us after a clean shutdown.
-    resume_all_in_map(bpf_->stopped_pids_fd());
+    // Nothing may stay stopped by us after a clean shutdown: the hook goes
+    // first, then what it stopped is resumed, then the probes go.  A stop
+    // made by a hook run still in flight meanwhile is resumed by the guard
+    // once this process is wholly gone.
+    stop_stopping_processes();
+    attacher_.reset();
+    resume_stopped();
+    bpf_.reset();
+    guard_->release();
 }
 
 void NodeCounter::log_notes(uint32_t pid, const std::vector<std::string>& notes) {
@@ -87,10 +112,30 @@ void NodeCounter::log_notes(uint32_t pid, const std::vector<std::string>& notes)
 void NodeCounter::scan_proc() {
     for (uint32_t pid : other_pids()) {
         if (!scope_.contains(pid)) continue;
-        auto r = attacher_->scan_process(static_cast<int>(pid));
-        if (r && !r->libraries.empty()) adopt(pid);
-        if (r) log_notes(pid, r->notes);
+        auto info = read_process(static_cast<int>(pid));
+        const uint32_t uid = info ? info->uid : 0;
+        auto r = attacher_->scan_process(static_cast<int>(pid), {shares_.room(uid), stop_flag_});
+        if (!r) continue;
+        charge_files(uid, pid, *r);
+        if (!r->libraries.empty()) adopt(pid);
+        log_notes(pid, r->notes);
     }
+}
+
+void NodeCounter::charge_files(uint32_t uid, uint32_t pid, const ScanResult& scan) {
+    const bool was_capped = shares_.capped(uid), others_were = shares_.others_capped();
+    for (const auto& f : scan.attached_files) shares_.charge(uid, f);
+    if (scan.files_over_limit) {
+        shares_.refused(uid, scan.files_over_limit);
+        if (!was_capped || others_were != shares_.others_capped())
+            std::cerr << "commdbgd: pid " << pid << " (uid " << uid << "): " << scan.files_over_limit
+                      << " new library file(s) not probed: uid " << uid << " holds " << shares_.held(uid)
+                      << " probed files (at most " << opts_.library_files_per_uid
+                      << " per user other than root); its further new files are neither probed nor stopped for "
+                         "(commdbg status: library_file_shares)\n";
+    }
+    if (uid != 0 && shares_.capped(uid) != was_capped) bpf_->set_uid_capped(uid, shares_.capped(uid));
+    if (shares_.others_capped() != others_were) bpf_->set_others_capped(shares_.others_capped());
 }
 
 void NodeCounter::adopt(uint32_t pid) {
@@ -146,6 +191,8 @@ void NodeCounter::handle_record(std::span<const uint8_t> bytes) {
     }
     if (auto* dl = std::get_if<DlChange>(&*d.event)) {
         on_loader_change(*dl);
+    } else if (stopping()) {
+        return;  // a shutdown only resumes what is stopped: no counts are read any more
     } else if (auto* seen = std::get_if<ProcSeen>(&*d.event)) {
         adopt(seen->tgid);  // its labels, while it still runs
     } else if (auto* x = std::get_if<ProcExit>(&*d.event)) {
@@ -167,9 +214,13 @@ void NodeCounter::on_loader_change(const DlChange& dl) {
             ++n.resumed_;
         }
     } resume{*this, dl};
-    auto r = attacher_->scan_process(static_cast<int>(dl.tgid));
-    if (r) log_notes(dl.tgid, r->notes);
-    if (r && !r->libraries.empty() && scope_.contains(dl.tgid)) adopt(dl.tgid);
+    if (stopping()) return;  // resumed at once: a shutdown waits on no scan
+    const ScanLimits limits{shares_.room(dl.uid), stop_flag_ ? stop_flag_ : &stopping_};
+    auto r = attacher_->scan_process(static_cast<int>(dl.tgid), limits);
+    if (!r) return;
+    charge_files(dl.uid, dl.tgid, *r);
+    log_notes(dl.tgid, r->notes);
+    if (!r->libraries.empty() && scope_.contains(dl.tgid)) adopt(dl.tgid);
 }
 
 void NodeCounter::step(int timeout_ms) {
@@ -202,7 +253,16 @@ void NodeCounter::refresh() {
     series_->export_node(bpf_->drops(), now);
     for (uint32_t pid : gone) retire(pid);
     metrics_.expire(now);
-    detach_deleted_files(*attacher_, *bpf_);
+    for (const auto& f : detach_deleted_files(*attacher_, *bpf_)) uncharge_file({f.dev, f.inode});
+}
+
+void NodeCounter::uncharge_file(FileShares::FileId f) {
+    const std::optional<uint32_t> uid = shares_.owner(f);
+    if (!uid) return;
+    const bool was_capped = shares_.capped(*uid), others_were = shares_.others_capped();
+    shares_.uncharge(f);
+    if (was_capped && !shares_.capped(*uid)) bpf_->set_uid_capped(*uid, false);
+    if (others_were && !shares_.others_capped()) bpf_->set_others_capped(false);
 }
 
 // What the control and HTTP threads read: the snapshot for counts and
@@ -213,6 +273,8 @@ void NodeCounter::publish(const CounterSnapshot& snapshot, std::vector<CommEntry
     counter_loss_ = snapshot.loss;
     comms_ = std::move(comms);
     files_ = attacher_->files();  // the attacher itself is the main thread's
+    shares_json_ = shares_.to_json();
+    known_files_ = {bpf_->known_files(), bpf_->known_files_capacity(), bpf_->known_files_full()};
     series_->export_counts(snapshot, comms_, procs_, now);
 }
 
@@ -275,6 +337,19 @@ nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, st
     return out;
 }
 
+nlohmann::json NodeCounter::status_errors() const {
+    nlohmann::json errors = nlohmann::json::array();
+    if (known_files_.full)
+        errors.push_back("the kernel's map of probed library files is full (" + std::to_string(known_files_.used) +
+                         " of " + std::to_string(known_files_.capacity) +
+                         "): a process that maps a library file probed since is stopped for it at every mapping — "
+                         "restart commdbgd once unused NCCL copies are gone");
+    if (shares_json_.value("others_capped", false))
+        errors.push_back("users other than root hold their whole share of probed library files: new library files "
+                         "of theirs are neither probed nor stopped for (library_file_shares)");
+    return errors;
+}
+
 nlohmann::json NodeCounter::status() {
     std::lock_guard lock(mu_);
     nlohmann::json files = nlohmann::json::array();
@@ -295,7 +370,10 @@ nlohmann::json NodeCounter::status() {
             {"resumed_after_new_library", resumed_},
             {"drops", drops},
             {"series", metrics_.series()},
-            {"series_overflow", metrics_.overflowed()}};
+            {"series_overflow", metrics_.overflowed()},
+            {"known_files", {{"used", known_files_.used}, {"capacity", known_files_.capacity}}},
+            {"library_file_shares", shares_json_},
+            {"errors", status_errors()}};
 }
 
 }  // namespace commdbg

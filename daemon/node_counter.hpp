@@ -3,6 +3,7 @@
 // node (or in one cgroup) that calls libnccl, labelled for Prometheus.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "events.hpp"
 #include "limits.hpp"
 #include "metrics.hpp"
+#include "node_files.hpp"
 #include "node_process.hpp"
 #include "node_scope.hpp"
 #include "node_series.hpp"
@@ -41,6 +43,9 @@ struct NodeCounterOptions {
     // dtype, comm, rank and nranks empty, so no process, nor many, can take
     // the --max-series of the others.  The first ones seen stay.
     size_t metric_label_sets_per_process = 256;
+    // Library files probed for one user other than root (FileShares); all
+    // such users together hold at most 3/4 of the kernel's known_files.
+    size_t library_files_per_uid = limits::kLibraryFilesPerUid;
     // Return probes on the collectives, only to count their errors
     // (commdbg_collective_errors_total).  Off (commdbgd --no-count-errors):
     // entry probes alone, ~45% cheaper per call here (README, Costs);
@@ -51,7 +56,16 @@ struct NodeCounterOptions {
 class NodeCounter {
 public:
     static Result<std::unique_ptr<NodeCounter>> create(const NodeCounterOptions& opts);
+    // Resumes every process it stopped, unprobes nothing, and leaves the
+    // guard to resume once more those stopped again before it was gone.
     ~NodeCounter();
+
+    // Set when the daemon is asked to stop: from then on a loader event only
+    // resumes its process, and a scan attaches no further file.
+    void watch_stop_flag(const std::atomic<bool>& stop) { stop_flag_ = &stop; }
+    // The first step of a shutdown: no process is stopped at a new library
+    // file any more (the hook is detached), and every one stopped is resumed.
+    void stop_stopping_processes();
 
     // Handles ring-buffer events for up to timeout_ms, then refreshes the
     // counts and metrics at most once per refresh period.
@@ -65,12 +79,18 @@ public:
     MetricsRegistry& metrics() { return metrics_; }
 
 private:
-    NodeCounter(const NodeCounterOptions& opts) : opts_(opts), metrics_(opts.max_series, opts.series_ttl) {}
+    explicit NodeCounter(const NodeCounterOptions& opts);
     Result<bool> open_bpf(std::vector<ProbeSpec> specs);
     // Ring-buffer records: loader changes, first calls, exits.
     void on_record(std::span<const uint8_t> bytes) noexcept;
     void handle_record(std::span<const uint8_t> bytes);
     void on_loader_change(const DlChange& dl);
+    bool stopping() const { return stopping_ || (stop_flag_ && stop_flag_->load()); }
+    // Charges the files a scan attached to `uid` and tells the kernel whose
+    // share is used up.
+    void charge_files(uint32_t uid, uint32_t pid, const ScanResult& scan);
+    void resume_stopped();
+    void uncharge_file(FileShares::FileId f);  // its probes are gone
     // Process registry: adopted when seen calling a probed library, retired
     // when gone (its series stay for --series-ttl).
     void scan_proc();
@@ -81,6 +101,7 @@ private:
     void publish(const CounterSnapshot& snapshot, std::vector<CommEntry> comms,
                  std::chrono::steady_clock::time_point now);
     void log_notes(uint32_t pid, const std::vector<std::string>& notes);
+    nlohmann::json status_errors() const;  // with mu_ held
 
     NodeCounterOptions opts_;
     CgroupScope scope_;
@@ -89,6 +110,9 @@ private:
     SymbolTable symbols_;
     std::unique_ptr<ProbeAttacher> attacher_;
     MetricsRegistry metrics_;
+    FileShares shares_;
+    std::atomic<bool> stopping_{false};
+    const std::atomic<bool>* stop_flag_ = nullptr;
 
     std::mutex mu_;  // guards the fields below (control and HTTP threads read them)
     std::map<uint32_t, CountedProcess> procs_;
@@ -97,6 +121,11 @@ private:
     std::unique_ptr<SeriesExporter> series_;
     std::vector<CommEntry> comms_;
     std::vector<AttachedFile> files_;
+    nlohmann::json shares_json_ = nlohmann::json::object();  // FileShares, as of the last publish
+    struct KnownFiles {
+        size_t used = 0, capacity = 0;
+        bool full = false;
+    } known_files_;
     uint64_t events_ = 0, decode_errors_ = 0, resumed_ = 0, failed_records_ = 0, untraced_ = 0;
     std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
     std::chrono::steady_clock::time_point last_refresh_{};

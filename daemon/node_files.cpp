@@ -4,6 +4,8 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <set>
 
@@ -37,7 +39,7 @@ std::set<uint64_t> mapped_inodes() {
 
 }  // namespace
 
-void detach_deleted_files(ProbeAttacher& attacher, BpfSession& bpf) {
+std::vector<AttachedFile> detach_deleted_files(ProbeAttacher& attacher, BpfSession& bpf) {
     // Cheap test first: is each probed file still there under its path?
     auto replaced = [](const AttachedFile& f) {
         struct stat st {};
@@ -45,11 +47,58 @@ void detach_deleted_files(ProbeAttacher& attacher, BpfSession& bpf) {
     };
     bool any = false;
     for (const auto& f : attacher.files()) any = any || replaced(f);
-    if (!any) return;
+    if (!any) return {};
     // Only then the costly one: which files does any process still map?
     const std::set<uint64_t> mapped = mapped_inodes();
     auto gone = attacher.detach_files([&](const AttachedFile& f) { return replaced(f) && !mapped.count(f.inode); });
     for (const auto& f : gone) bpf.forget_known_file(f.dev, f.inode);
+    return gone;
+}
+
+std::optional<uint32_t> FileShares::owner(FileId f) const {
+    auto it = owner_.find(f);
+    if (it == owner_.end()) return std::nullopt;
+    return it->second;
+}
+
+size_t FileShares::held(uint32_t uid) const {
+    auto it = held_.find(uid);
+    return it == held_.end() ? 0 : it->second;
+}
+
+size_t FileShares::room(uint32_t uid) const {
+    if (uid == 0) return SIZE_MAX;  // bounded by the kernel's map alone
+    const size_t mine = held(uid);
+    const size_t left_mine = mine >= per_uid_ ? 0 : per_uid_ - mine;
+    const size_t left_others = others_ >= others_max_ ? 0 : others_max_ - others_;
+    return std::min(left_mine, left_others);
+}
+
+void FileShares::charge(uint32_t uid, FileId f) {
+    if (!owner_.emplace(f, uid).second) return;  // charged once, to the first user
+    ++held_[uid];
+    if (uid != 0) ++others_;
+}
+
+void FileShares::uncharge(FileId f) {
+    auto it = owner_.find(f);
+    if (it == owner_.end()) return;
+    const uint32_t uid = it->second;
+    owner_.erase(it);
+    if (--held_[uid] == 0) held_.erase(uid);
+    if (uid != 0) --others_;
+}
+
+nlohmann::json FileShares::to_json() const {
+    nlohmann::json held = nlohmann::json::object(), refused = nlohmann::json::object();
+    nlohmann::json capped_uids = nlohmann::json::array();
+    for (const auto& [uid, n] : held_) {
+        held[std::to_string(uid)] = n;
+        if (capped(uid)) capped_uids.push_back(uid);
+    }
+    for (const auto& [uid, n] : refused_) refused[std::to_string(uid)] = n;
+    return {{"per_uid", per_uid_}, {"others", others_max_}, {"held_by_others", others_}, {"held_by_uid", held},
+            {"capped_uids", capped_uids}, {"others_capped", others_capped()}, {"refused_by_uid", refused}};
 }
 
 }  // namespace commdbg

@@ -35,6 +35,7 @@ const char* drop_cause_name(uint32_t cause) {
     case CD_DROP_COUNTER_SHARE: return "counter_keys_per_process";
     case CD_DROP_UNCOUNTED: return "call_not_counted";
     case CD_DROP_PY_CONTEXT: return "py_context_lost";
+    case CD_DROP_FILE_SHARE: return "file_share_per_uid";
     default: return "unknown";
     }
 }
@@ -107,7 +108,8 @@ Result<std::unique_ptr<BpfSession>> BpfSession::open(const BpfOptions& opts) {
         bpf_link* l = bpf_program__attach(p);
         if (!l)
             return R::fail(bpf_error_message(std::string("commdbg: attaching ") + bpf_program__name(p), errno));
-        s->tracepoints_.emplace_back(l);
+        if (p == s->skel_->progs.on_mmap_file) s->mmap_hook_.reset(l);
+        else s->tracepoints_.emplace_back(l);
     }
     s->rb_ = ring_buffer__new(bpf_map__fd(s->skel_->maps.events), &BpfSession::on_ring_record, s.get(), nullptr);
     if (!s->rb_) return R::fail(bpf_error_message("commdbg: opening the ring buffer", errno));
@@ -116,6 +118,7 @@ Result<std::unique_ptr<BpfSession>> BpfSession::open(const BpfOptions& opts) {
 
 BpfSession::~BpfSession() {
     if (rb_) ring_buffer__free(rb_);
+    mmap_hook_.reset();  // first: nothing is stopped once the rest goes
     tracepoints_.clear();
     if (skel_) commdbg_bpf__destroy(skel_);
 }
@@ -301,15 +304,38 @@ FileKey kernel_file_key(uint64_t st_dev, uint64_t inode) {
 }
 }  // namespace
 
-void BpfSession::mark_known_file(uint64_t st_dev, uint64_t inode) {
+bool BpfSession::mark_known_file(uint64_t st_dev, uint64_t inode) {
     FileKey k = kernel_file_key(st_dev, inode);
     uint32_t one = 1;
-    bpf_map__update_elem(skel_->maps.known_files, &k, sizeof(k), &one, sizeof(one), BPF_ANY);
+    if (bpf_map__update_elem(skel_->maps.known_files, &k, sizeof(k), &one, sizeof(one), BPF_ANY) != 0) {
+        known_files_full_ = known_files_full_ || errno == E2BIG;
+        return false;
+    }
+    known_files_.insert({k.dev, k.ino});
+    return true;
 }
 
 void BpfSession::forget_known_file(uint64_t st_dev, uint64_t inode) {
     FileKey k = kernel_file_key(st_dev, inode);
     bpf_map__delete_elem(skel_->maps.known_files, &k, sizeof(k), 0);
+    if (known_files_.erase({k.dev, k.ino})) known_files_full_ = false;
+}
+
+size_t BpfSession::known_files_capacity() const { return bpf_map__max_entries(skel_->maps.known_files); }
+
+void BpfSession::set_uid_capped(uint32_t uid, bool capped) {
+    uint32_t one = 1;
+    if (capped) bpf_map__update_elem(skel_->maps.capped_uids, &uid, sizeof(uid), &one, sizeof(one), BPF_ANY);
+    else bpf_map__delete_elem(skel_->maps.capped_uids, &uid, sizeof(uid), 0);
+}
+
+void BpfSession::set_others_capped(bool capped) {
+    __atomic_store_n(&skel_->bss->others_capped, capped ? 1u : 0u, __ATOMIC_SEQ_CST);
+}
+
+void BpfSession::stop_stopping_at_new_files() {
+    __atomic_store_n(&skel_->data->stop_on_new_file, 0u, __ATOMIC_SEQ_CST);
+    mmap_hook_.reset();
 }
 
 void BpfSession::resumed(uint32_t tgid) { bpf_map__delete_elem(skel_->maps.stopped_pids, &tgid, sizeof(tgid), 0); }

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -113,11 +114,24 @@ public:
     // Removes a process's counters and communicators (e.g. after it exited).
     void forget_process(uint32_t tgid);
     // A probed library file: mapping it needs no stop (count_all mode).
-    void mark_known_file(uint64_t st_dev, uint64_t inode);
+    // False when the kernel's map of them is full: then every process that
+    // maps the file is stopped for it again (known_files_full says so).
+    bool mark_known_file(uint64_t st_dev, uint64_t inode);
     void forget_known_file(uint64_t st_dev, uint64_t inode);
+    size_t known_files() const { return known_files_.size(); }
+    size_t known_files_capacity() const;
+    bool known_files_full() const { return known_files_full_; }
     // count_all mode: a process stopped at a new library mapping was resumed.
     void resumed(uint32_t tgid);
     int stopped_pids_fd() const;
+    // count_all mode: new library files of `uid` (never root's) are not
+    // stopped for while it is capped, nor any user's but root's while
+    // others_capped; a new file of anyone's once stop_on_new_file is off.
+    void set_uid_capped(uint32_t uid, bool capped);
+    void set_others_capped(bool capped);
+    // Shutdown: no process is stopped at a new file from now on, and the
+    // hook that stops them is detached.
+    void stop_stopping_at_new_files();
 
     bpf_program* enter_program() const;
     bpf_program* exit_program() const;
@@ -138,6 +152,9 @@ private:
     std::vector<LinkPtr> tracepoints_;
     EventHandler handler_;
     size_t ringbuf_bytes_ = 0;
+    LinkPtr mmap_hook_;  // count_all: on_mmap_file's link
+    std::set<std::pair<uint64_t, uint64_t>> known_files_;  // what known_files holds (kernel dev, inode)
+    bool known_files_full_ = false;
 };
 
 // "ringbuf_full", "counter_map_full", ...: names of enum cd_drop_cause.

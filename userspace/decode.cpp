@@ -156,7 +156,7 @@ DecodeResult decode(std::span<const uint8_t> bytes) {
     case CD_EV_DL_CHANGE: {
         cd_dl_change e;
         std::memcpy(&e, bytes.data(), sizeof(e));
-        return ok(DlChange{h.tgid, h.tid, h.ts_ns, e.stopped != 0});
+        return ok(DlChange{h.tgid, h.tid, h.ts_ns, e.stopped != 0, e.uid});
     }
     case CD_EV_PROC_FORK: {
         cd_proc e;

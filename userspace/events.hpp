@@ -60,6 +60,7 @@ struct DlChange {
     uint32_t tid = 0;
     uint64_t ts_ns = 0;
     bool stopped = false;
+    uint32_t uid = 0;  // the process's real uid
 };
 
 struct ProcFork {

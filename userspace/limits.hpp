@@ -21,6 +21,11 @@ inline constexpr size_t kDefaultRingbufKb = 8192;
 // per symbol, without that breakdown.  A torch session takes ~3000 (one per op).
 inline constexpr size_t kDefaultCounterKeysPerProcess = 8192;
 
+// commdbgd: library files (libnccl copies) probed for one user other than
+// root.  A node has a few NCCL builds, a container or venv per job a few
+// more; each file takes ~20 uprobes and a stop of the process that maps it.
+inline constexpr size_t kLibraryFilesPerUid = 64;
+
 // Ceilings for anyone (root included): past them a session could take the
 // node's memory (~112 B per retained record in the model, ~3 KB in the outputs).
 inline constexpr size_t kMaxRecordsCeiling = 20'000'000;

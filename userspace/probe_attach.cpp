@@ -9,9 +9,13 @@
 
 #include <bpf/libbpf.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <system_error>
+#include <thread>
 #include <unordered_map>
 
 #include "arch.hpp"
@@ -56,6 +60,9 @@ std::string read_interp(const std::string& exe) {
     ::close(fd);
     return interp;
 }
+
+// Threads that detach a shutting-down attacher's files at once.
+constexpr size_t kDetachThreads = 32;
 
 }  // namespace
 
@@ -118,10 +125,11 @@ ProbeAttacher::Plan ProbeAttacher::plan(const ProbeSpec& spec, const ElfSymbols&
     return p;
 }
 
-Result<ScanResult> ProbeAttacher::scan_process(int pid) {
+Result<ScanResult> ProbeAttacher::scan_process(int pid, const ScanLimits& limits) {
     auto maps = read_maps(pid);
     if (!maps) return Result<ScanResult>::fail(maps.error());
     ScanResult out;
+    size_t examined = 0;  // new named files read, attached or not
     auto files = mapped_files(*maps, pid, [](std::string_view) { return true; });
     for (const auto& f : files) {
         if (f.path.empty() || f.path[0] != '/') continue;
@@ -136,7 +144,13 @@ Result<ScanResult> ProbeAttacher::scan_process(int pid) {
         bool named = false;
         for (const auto& spec : specs_) named = named || spec.matches_library(f.path);
         if (named) out.libraries.push_back(f.path);
-        if (!named || !seen_.insert(key).second) continue;
+        if (!named || seen_.count(key)) continue;
+        if (examined >= limits.max_new_files || (limits.cancel && *limits.cancel)) {
+            ++out.files_over_limit;  // not seen: a later scan (another user's) may take it
+            continue;
+        }
+        seen_.insert(key);
+        ++examined;
         bool failed = false;  // an error, not a file without the spec's symbols
         // Read (and demangle) the file once for all the specs that name it.
         auto elf = ElfSymbols::open(f.open_path);
@@ -181,6 +195,7 @@ Result<ScanResult> ProbeAttacher::scan_process(int pid) {
             bpf_.mark_known_file(f.dev, f.inode);
             files_.push_back(std::move(af));
             ++out.new_files;
+            if (out.attached_files.empty() || out.attached_files.back() != key) out.attached_files.push_back(key);
         }
         // A failed attach is tried again at the next scan, not given up for good.
         if (failed) seen_.erase(key);
@@ -193,7 +208,24 @@ void ProbeAttacher::destroy_last_first(std::vector<LinkPtr>& links) {
 }
 
 ProbeAttacher::~ProbeAttacher() {
-    for (auto& [key, links] : file_links_) destroy_last_first(links);
+    // Each link's release waits on the kernel's uprobe grace period (~50 ms
+    // on a loaded VM here): one after another, a daemon holding a few
+    // hundred files took 15 s to stop.  From several threads the waits
+    // overlap; each file's links still go last first.
+    std::vector<std::vector<LinkPtr>*> files;
+    for (auto& [key, links] : file_links_) files.push_back(&links);
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+        for (size_t i; (i = next++) < files.size();) destroy_last_first(*files[i]);
+    };
+    std::vector<std::thread> threads;
+    try {
+        for (size_t t = 1; t < std::min<size_t>(kDetachThreads, files.size()); ++t) threads.emplace_back(work);
+    } catch (const std::system_error&) {
+        // fewer threads: this one does the rest
+    }
+    work();
+    for (auto& t : threads) t.join();
 }
 
 Result<size_t> ProbeAttacher::attach_multi(bpf_program* prog, const MappedFile& f, std::vector<unsigned long> offsets,

@@ -4,6 +4,7 @@
 // the loader probe that tells us when new libraries appear.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -31,9 +32,19 @@ struct AttachedFile {
 };
 
 struct ScanResult {
-    size_t new_files = 0;               // files attached by this scan
+    size_t new_files = 0;               // (spec, file) pairs attached by this scan
+    std::vector<std::pair<uint64_t, uint64_t>> attached_files;  // (dev, inode) of the files attached
+    size_t files_over_limit = 0;        // new named files left alone: ScanLimits::max_new_files reached
     std::vector<std::string> libraries; // files the process maps that a spec names
     std::vector<std::string> notes;     // skipped symbols, unreadable files, ...
+};
+
+// What one scan may attach: at most max_new_files new library files (the
+// rest are left for a later scan, counted in files_over_limit), and none
+// more once *cancel is set (a daemon shutting down).
+struct ScanLimits {
+    size_t max_new_files = SIZE_MAX;  // new named files read (attached or not)
+    const std::atomic<bool>* cancel = nullptr;
 };
 
 class ProbeAttacher {
@@ -47,7 +58,7 @@ public:
     // Attaches to every library file `pid` maps that a spec names and that is
     // not attached yet, and to its dynamic loader.  Fails only when the
     // process cannot be read at all (gone, permission).
-    Result<ScanResult> scan_process(int pid);
+    Result<ScanResult> scan_process(int pid, const ScanLimits& limits = {});
 
     // Loader probe on the interpreter `exe` will run under, before it runs.
     Result<bool> attach_loader_for(const std::string& exe);

@@ -118,6 +118,16 @@ void resume_all_in_map(int stopped_map_fd) {
     }
 }
 
+void resume_and_clear_map(int stopped_map_fd) {
+    // A hash map's first key again after each delete; bounded however the
+    // map changes meanwhile.
+    uint32_t key = 0;
+    for (int i = 0; i < 1 << 16 && bpf_map_get_next_key(stopped_map_fd, nullptr, &key) == 0; ++i) {
+        kill(static_cast<pid_t>(key), SIGCONT);
+        bpf_map_delete_elem(stopped_map_fd, &key);
+    }
+}
+
 bool ResumeGuard::start() { return start_impl(-1); }
 
 bool ResumeGuard::start_with_map(int stopped_map_fd) { return start_impl(stopped_map_fd); }
@@ -152,6 +162,12 @@ void ResumeGuard::unwatch(pid_t pid) {
     if (fd_ < 0 || pid <= 0) return;
     int32_t v = -pid;
     (void)!write(fd_, &v, sizeof(v));
+}
+
+void ResumeGuard::release() {
+    if (fd_ < 0) return;
+    close(fd_);  // EOF without "done": the guard resumes, waits for us to be gone, resumes again
+    fd_ = -1;
 }
 
 ResumeGuard::~ResumeGuard() {

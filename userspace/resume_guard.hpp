@@ -14,6 +14,9 @@ namespace commdbg {
 // SIGCONT every tgid held in a BPF hash map of stopped processes (keys u32).
 // Async-signal-safe: the guard calls it in a forked child.
 void resume_all_in_map(int stopped_map_fd);
+// The same, taking each tgid out of the map once resumed (commdbgd's own
+// shutdown, while nothing adds to it any more).
+void resume_and_clear_map(int stopped_map_fd);
 
 class ResumeGuard {
 public:
@@ -28,6 +31,11 @@ public:
     bool start_with_map(int stopped_map_fd);
     void watch(pid_t pid); // pid may be stopped by us from now on
     void unwatch(pid_t pid);  // it may not after all (its trace failed)
+    // Clean shutdown of a process that may have stopped others until its
+    // last BPF link is gone (commdbgd): the guard is not told "done" but
+    // left to resume, once this process is wholly gone, what is stopped
+    // again; not waited for.  The destructor then does nothing.
+    void release();
     bool running() const { return fd_ >= 0; }
 
 private:
