@@ -110,6 +110,10 @@ TEST(DaemonStops, SigkillWhileAUserMapsNewFilesLeavesNobodyStopped) {
     EXPECT_TRUE(why.empty()) << "uid 65534's mapper after the daemon's SIGKILL: " << why;
 }
 
+// What status shows of the files is published at the daemon's next refresh
+// (every 0.5 s): wait for two.
+void settle() { sleep_ms(1200); }
+
 long resumed(const Daemon& d) {
     return cli_json({"status", "--socket", d.socket()}).value("resumed_after_new_library", -1L);
 }
@@ -133,6 +137,7 @@ TEST(DaemonStops, AUserPastItsShareOfFilesIsNotStoppedAndAnotherUsersNewFileIsPr
     START_DAEMON(d, tmp, {"--max-files-per-uid", "4"});
     const std::string bin = mapper_for_nobody(tmp);
     ASSERT_TRUE(map_all(mapper_argv(bin, files, true)));
+    settle();
     EXPECT_EQ(resumed(d), 4) << "stops for uid 65534's 12 new files, with a share of 4";
     EXPECT_EQ(attached_under(d, tmp.path("many")), 4u);
     auto st = cli_json({"status", "--socket", d.socket()});
@@ -148,6 +153,7 @@ TEST(DaemonStops, AUserPastItsShareOfFilesIsNotStoppedAndAnotherUsersNewFileIsPr
     const std::vector<std::string> as_other = {"setpriv", "--reuid=65533", "--regid=65533", "--clear-groups"};
     ASSERT_TRUE(map_all(mapper_argv(bin, other, true, 0, as_other)));
     ASSERT_TRUE(map_all(mapper_argv(bin, other, true, 0, as_other)));
+    settle();
     EXPECT_EQ(resumed(d), 5) << "uid 65533's new file, mapped by two processes";
     EXPECT_EQ(attached_under(d, tmp.path("other")), 1u);
 }
