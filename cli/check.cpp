@@ -13,7 +13,6 @@
 
 #include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "commands.hpp"
 
@@ -54,74 +53,50 @@ int finish_check(TraceSession& s, std::optional<int> wstatus, const TraceCliOpti
     return wstatus ? exit_status(*wstatus) : 0;
 }
 
-Result<nlohmann::json> read_dump(const std::string& path) {
-    std::ifstream in(path);
-    if (!in) return Result<nlohmann::json>::fail(path + ": cannot read the file — check the path");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    auto j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object())
-        return Result<nlohmann::json>::fail(path + ": not a commdbg JSON dump (write one with --json)");
-    return j;
-}
-
 struct DumpProcess {
     std::string name;
     lifecycle::Report report;
 };
 
-// The dump says how the process ended (an exit status or a signal).
-bool ended(const nlohmann::json& p) {
-    if (!p.contains("process") || !p["process"].is_object()) return false;
-    const auto& proc = p["process"];
-    return (proc.contains("exit_code") && !proc["exit_code"].is_null()) || proc.contains("signal");
-}
-
-int rank_in(const nlohmann::json& p) {
-    for (const auto& c : p.value("communicators", nlohmann::json::array()))
-        if (c.value("rank", -1) >= 0) return c.value("rank", -1);
-    return -1;
-}
-
 // Every process of every dump whose scopes a lifecycle profile recognises,
-// in rank order where a communicator says the rank.
-Result<std::vector<DumpProcess>> checked_dumps(const std::vector<std::string>& files,
-                                               const std::vector<lifecycle::Profile>& profiles) {
+// in rank order where a communicator says the rank, into `out`; each dump
+// read as it is parsed, keeping only what the checks use.  The exit status:
+// 0, or 1 for a file that cannot be read, 2 for one that is no commdbg dump.
+int checked_dumps(const std::vector<std::string>& files, const std::vector<lifecycle::Profile>& profiles,
+                  std::vector<DumpProcess>& out) {
     std::vector<std::pair<int, DumpProcess>> found;
     for (const auto& f : files) {
-        auto dump = read_dump(f);
-        if (!dump) return Result<std::vector<DumpProcess>>::fail(dump.error());
-        const nlohmann::json& d = *dump;
-        std::vector<nlohmann::json> ps = d.contains("processes") ? d["processes"].get<std::vector<nlohmann::json>>()
-                                                                  : std::vector<nlohmann::json>{d};
-        for (const auto& p : ps) {
-            auto items = lifecycle::items_from_json(p);
-            const lifecycle::Profile* prof = lifecycle::detect_profile(items, profiles);
-            if (!prof) continue;
-            const int pid = p.contains("process") ? p["process"].value("pid", 0) : 0;
-            const int rank = rank_in(p);
-            DumpProcess dp{f + (rank >= 0 ? " rank " + std::to_string(rank) : std::string()) + " (pid " +
-                               std::to_string(pid) + ")",
-                           lifecycle::analyse(items, *prof, {.from_start = lifecycle::from_start_of(p),
-                                                          .records_lost = p.value("dropped_records", uint64_t{0}),
-                                                          .process_ended = ended(p)})};
-            found.emplace_back(rank, std::move(dp));
+        std::ifstream in(f, std::ios::binary);
+        if (!in) {
+            std::cerr << "commdbg check: " << f << ": cannot read the file — check the path\n";
+            return 1;
+        }
+        auto read = lifecycle::read_dump(in, [&](lifecycle::DumpedProcess&& p) {
+            const lifecycle::Profile* prof = lifecycle::detect_profile(p.items, profiles);
+            if (!prof) return;
+            DumpProcess dp{f + (p.rank >= 0 ? " rank " + std::to_string(p.rank) : std::string()) + " (pid " +
+                               std::to_string(p.pid) + ")",
+                           lifecycle::analyse(p.items, *prof,
+                                              {.from_start = p.from_start, .records_lost = p.dropped_records,
+                                               .process_ended = p.ended})};
+            found.emplace_back(p.rank, std::move(dp));
+        });
+        if (!read) {
+            std::cerr << "commdbg check: " << f << ": " << read.error()
+                      << " — not a dump as commdbg writes it (`commdbg check --json F` writes one)\n";
+            return 2;
         }
     }
     std::stable_sort(found.begin(), found.end(),
                      [](const auto& a, const auto& b) { return lifecycle::rank_before(a.first, b.first); });
-    std::vector<DumpProcess> out;
     for (auto& [rank, dp] : found) out.push_back(std::move(dp));
-    return out;
+    return 0;
 }
 
 int check_from(const CheckOptions& o) {
-    auto procs = checked_dumps(o.from, o.profiles);
-    if (!procs) {
-        std::cerr << "commdbg: check --from " << procs.error() << "\n";
-        return 1;
-    }
-    if (procs->empty()) {
+    std::vector<DumpProcess> procs;
+    if (int rc = checked_dumps(o.from, o.profiles, procs); rc != 0) return rc;
+    if (procs.empty()) {
         std::cerr << "commdbg: check --from: no process in these dumps has FSDP lifecycle scopes — write the dumps "
                      "with `commdbg check --json F` (or --noise-level 2: scopes are level 2)\n";
         return 1;
@@ -129,7 +104,7 @@ int check_from(const CheckOptions& o) {
     std::vector<lifecycle::RankView> views;
     size_t violations = 0, warnings = 0;
     nlohmann::ordered_json j = {{"processes", nlohmann::ordered_json::array()}};
-    for (const auto& p : *procs) {
+    for (const auto& p : procs) {
         std::cout << "== " << p.name << " ==\n" << lifecycle::render_section(p.report);
         views.push_back({p.name, &p.report});
         violations += p.report.violations.size();
@@ -138,10 +113,10 @@ int check_from(const CheckOptions& o) {
     }
     auto cross = lifecycle::cross_rank(views);
     violations += cross.size();
-    std::cout << lifecycle::render_cross_rank(cross, procs->size());
+    std::cout << lifecycle::render_cross_rank(cross, procs.size());
     j["cross_rank"] = nlohmann::ordered_json::array();
     for (const auto& f : cross) j["cross_rank"].push_back(lifecycle::to_json(f));
-    std::cout << lifecycle::render_summary(violations, warnings, procs->size());
+    std::cout << lifecycle::render_summary(violations, warnings, procs.size());
     if (!o.trace.json_file.empty()) {
         try {
             write_output(o.trace.targets.front(), j.dump(2) + "\n");
@@ -226,7 +201,8 @@ void register_check(CLI::App& app) {
     // a command's own options come after `--`.
     sub->footer("The JSON dump is written at --noise-level 2 unless given; default probes: nccl, torch-c10d, "
                 "torch-scopes. Exit status: 3 when a violation was found, else the command's status (or 0); "
-                "warnings do not fail.");
+                "warnings do not fail; 2 for a usage error or a --from dump that is not as commdbg writes it "
+                "(the message names the file and the field).");
     sub->callback([opts] { throw CommandDone(run_check(*opts)); });
 }
 

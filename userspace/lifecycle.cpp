@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 
 #include "model.hpp"
@@ -150,25 +151,32 @@ const Profile* detect_profile(const std::vector<TraceItem>& items, const std::ve
     return nullptr;
 }
 
-namespace {
-
-// Items in start order (stable: a parent starts no later than its child),
-// parents renumbered.
-void sort_items(std::vector<TraceItem>& items) {
-    std::vector<uint32_t> order(items.size());
-    for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(),
-                     [&](uint32_t a, uint32_t b) { return items[a].start_ns < items[b].start_ns; });
+// In place: a dump's items can be most of what `check --from` holds.
+void sort_by_start(std::vector<TraceItem>& items) {
+    auto earlier = [](const TraceItem& a, const TraceItem& b) { return a.start_ns < b.start_ns; };
+    if (std::is_sorted(items.begin(), items.end(), earlier)) return;
+    std::vector<uint32_t> order(items.size());  // position i takes the item at order[i]
+    std::iota(order.begin(), order.end(), 0u);
+    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return earlier(items[a], items[b]); });
     std::vector<int32_t> where(items.size());
     for (uint32_t i = 0; i < order.size(); ++i) where[order[i]] = static_cast<int32_t>(i);
-    std::vector<TraceItem> sorted;
-    sorted.reserve(items.size());
-    for (uint32_t i : order) {
-        sorted.push_back(std::move(items[i]));
-        if (sorted.back().parent >= 0) sorted.back().parent = where[sorted.back().parent];
+    for (TraceItem& it : items)
+        if (it.parent >= 0) it.parent = where[it.parent];
+    // Each cycle of the permutation once; a position done points to itself.
+    for (uint32_t i = 0; i < order.size(); ++i) {
+        if (order[i] == i) continue;
+        TraceItem held = std::move(items[i]);
+        uint32_t j = i;
+        for (uint32_t from; (from = order[j]) != i; j = from) {
+            items[j] = std::move(items[from]);
+            order[j] = j;
+        }
+        items[j] = std::move(held);
+        order[j] = j;
     }
-    items = std::move(sorted);
 }
+
+namespace {
 
 struct TreeWalk {
     const ProcessTree& t;
@@ -204,55 +212,14 @@ struct TreeWalk {
     }
 };
 
-uint64_t json_bytes(const nlohmann::json& rec) {
-    if (rec.contains("bytes") && rec["bytes"].is_number_unsigned()) return rec["bytes"].get<uint64_t>();
-    uint64_t sum = 0;
-    if (rec.contains("children") && rec["children"].is_array())
-        for (const auto& c : rec["children"])
-            if (c.is_object() && c.value("type", std::string()) == "collective") sum += json_bytes(c);
-    return sum;
-}
-
-void visit_json(const nlohmann::json& rec, int32_t scope, bool in_coll, std::vector<TraceItem>& out) {
-    if (!rec.is_object()) return;
-    const std::string type = rec.value("type", std::string());
-    auto u64 = [&](const char* k) { return rec.contains(k) && rec[k].is_number_unsigned() ? rec[k].get<uint64_t>() : 0; };
-    if (type == "scope") {
-        out.push_back({.scope = true, .name = rec.value("name", std::string()), .tid = static_cast<uint32_t>(u64("tid")),
-                       .start_ns = u64("start_ns"), .bytes = 0, .parent = scope});
-        scope = static_cast<int32_t>(out.size() - 1);
-    } else if (type == "collective" && rec.contains("collective") && !in_coll) {
-        out.push_back({.scope = false,
-                       .name = rec.value("layer", std::string("?")) + "." + rec.value("collective", std::string("?")),
-                       .tid = static_cast<uint32_t>(u64("tid")), .start_ns = u64("start_ns"),
-                       .bytes = json_bytes(rec), .parent = scope});
-        in_coll = true;
-    }
-    if (rec.contains("children") && rec["children"].is_array())
-        for (const auto& c : rec["children"]) visit_json(c, scope, in_coll, out);
-}
-
 }  // namespace
 
 std::vector<TraceItem> items_from_tree(const ProcessTree& t, const SymbolTable& syms) {
     std::vector<TraceItem> out;
     TreeWalk w{t, syms, out};
     for (uint32_t r : t.roots()) w.visit(r, -1, false);
-    sort_items(out);
+    sort_by_start(out);
     return out;
-}
-
-std::vector<TraceItem> items_from_json(const nlohmann::json& process) {
-    std::vector<TraceItem> out;
-    if (process.is_object() && process.contains("records") && process["records"].is_array())
-        for (const auto& r : process["records"]) visit_json(r, -1, false, out);
-    sort_items(out);
-    return out;
-}
-
-bool from_start_of(const nlohmann::json& process) {
-    if (!process.is_object() || !process.contains("fsdp") || !process["fsdp"].is_object()) return false;
-    return process["fsdp"].value("window", std::string()) == "from_start";
 }
 
 }  // namespace commdbg::lifecycle

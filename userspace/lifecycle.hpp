@@ -13,6 +13,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <iosfwd>
 #include <map>
 #include <optional>
 #include <regex>
@@ -91,9 +93,24 @@ struct TraceItem {
     int32_t parent = -1;            // the enclosing scope item, -1: none
 };
 std::vector<TraceItem> items_from_tree(const ProcessTree& t, const SymbolTable& syms);
-// From one process object of a JSON dump (its "records"); scopes are there
-// at --noise-level 2 and above.
-std::vector<TraceItem> items_from_json(const nlohmann::json& process);
+// Items in start order (stable: a parent starts no later than its child), parents renumbered.
+void sort_by_start(std::vector<TraceItem>& items);
+
+// What the checks read of one process object of a JSON dump.
+struct DumpedProcess {
+    std::vector<TraceItem> items;  // from its "records" (scopes are there at --noise-level 2 and above)
+    uint32_t pid = 0;              // "process": {"pid": N}; 0: not given
+    int rank = -1;                 // the first of its "communicators" with a rank >= 0; -1: none
+    uint64_t dropped_records = 0;
+    bool from_start = false;       // "fsdp": {"window": "from_start"}: the window began with the process
+    bool ended = false;            // "process" says how it ended (an exit status or a signal)
+};
+// Reads a dump -- one process object, or {"processes": [...]} -- calling
+// `each` for each process as its object ends; returns how many.  Only those
+// fields are kept, each checked for its type, and a scope label for its
+// length (commdbg writes at most 2048 bytes); a failure names the field:
+// `field "processes[0].process.pid": expected an unsigned integer, got a string`.
+Result<size_t> read_dump(std::istream& in, const std::function<void(DumpedProcess&&)>& each);
 
 // The record that shows a finding: its name, thread and start.
 struct Evidence {
@@ -165,8 +182,6 @@ std::string rank_view_name(int rank, const std::string& who);
 
 nlohmann::ordered_json to_json(const Report& r);
 nlohmann::ordered_json to_json(const Finding& f);
-// Whether a dump's "fsdp" section says its window began with the process.
-bool from_start_of(const nlohmann::json& process);
 // The "FSDP lifecycle" table section: per micro-step orders, then findings.
 std::string render_section(const Report& r);
 std::string render_findings(const std::vector<Finding>& fs, std::string_view title);

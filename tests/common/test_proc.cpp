@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -133,15 +134,16 @@ ProcResult Background::wait(int timeout_s) {
     int fds[2] = {out_fd_, err_fd_};
     std::string* bufs[2] = {&out_, &err_};
     int ws = 0;
+    struct rusage ru {};
     bool reaped = false;
     while (true) {
         bool open = pump(fds, bufs, 50);
-        if (!reaped && waitpid(pid_, &ws, WNOHANG) == pid_) reaped = true;
+        if (!reaped && wait4(pid_, &ws, WNOHANG, &ru) == pid_) reaped = true;
         if (reaped && !open) break;
         if (std::chrono::steady_clock::now() > deadline) {
             kill(-pid_, SIGKILL);
             kill(pid_, SIGKILL);
-            if (!reaped) waitpid(pid_, &ws, 0);
+            if (!reaped) wait4(pid_, &ws, 0, &ru);
             reaped = true;
             err_ += "\n[test: killed after timeout]";
             break;
@@ -155,7 +157,7 @@ ProcResult Background::wait(int timeout_s) {
     out_fd_ = fds[0];
     err_fd_ = fds[1];
     done_ = true;
-    result_ = {to_status(ws), out_, err_};
+    result_ = {to_status(ws), out_, err_, ru.ru_maxrss};
     return result_;
 }
 

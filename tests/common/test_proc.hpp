@@ -35,6 +35,7 @@ struct ProcResult {
     int status = -1;  // exit status (128+sig when killed)
     std::string out;
     std::string err;
+    long max_rss_kb = 0;  // the child's peak resident set (getrusage's ru_maxrss)
 };
 
 // Runs argv with extra environment, captures stdout/stderr; kills it after timeout_s.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -401,8 +402,22 @@ TEST(Lifecycle, RanksWithTheSameOrderButOtherCollectivesDiverge) {
                              "micro-step where rank 0 issued c10d.all_gather of 1024 bytes (layers.2)");
 }
 
+// The processes read_dump hands over, or its error in place of them.
+struct ReadDump {
+    std::vector<DumpedProcess> ps;
+    std::string error;
+};
+ReadDump read_text(const std::string& text) {
+    ReadDump out;
+    std::istringstream in(text);
+    auto r = read_dump(in, [&](DumpedProcess&& p) { out.ps.push_back(std::move(p)); });
+    if (!r) out.error = r.error();
+    else EXPECT_EQ(*r, out.ps.size());
+    return out;
+}
+
 TEST(Lifecycle, ItemsFromAJsonDumpKeepOnlyOutermostCollectivesUnderTheirScope) {
-    auto dump = nlohmann::json::parse(R"j({"records": [
+    auto d = read_text(R"j({"records": [
       {"type": "scope", "name": "FSDP::all_gather (layers.0)", "tid": 7, "start_ns": 10, "children": [
         {"type": "op", "name": "aten::cat", "tid": 7, "start_ns": 11, "children": [
           {"type": "collective", "layer": "c10d", "collective": "all_gather", "bytes": 64, "tid": 7, "start_ns": 12,
@@ -410,7 +425,9 @@ TEST(Lifecycle, ItemsFromAJsonDumpKeepOnlyOutermostCollectivesUnderTheirScope) {
                          "start_ns": 13, "children": []}]}]}]},
       {"type": "collective", "layer": "nccl", "collective": "all_reduce", "tid": 8, "start_ns": 5, "children": []}
     ]})j");
-    auto items = items_from_json(dump);
+    ASSERT_EQ(d.error, "");
+    ASSERT_EQ(d.ps.size(), 1u);
+    const auto& items = d.ps[0].items;
     ASSERT_EQ(items.size(), 3u);
     EXPECT_EQ(items[0].name, "nccl.all_reduce");  // start order across threads
     EXPECT_EQ(items[0].parent, -1);
@@ -420,10 +437,57 @@ TEST(Lifecycle, ItemsFromAJsonDumpKeepOnlyOutermostCollectivesUnderTheirScope) {
     EXPECT_EQ(items[2].bytes, 64u);
     EXPECT_EQ(items[2].parent, 1);
     EXPECT_EQ(items[2].tid, 7u);
-    EXPECT_FALSE(from_start_of(dump));
-    EXPECT_TRUE(from_start_of(nlohmann::json::parse(R"({"fsdp": {"window": "from_start"}})")));
+    EXPECT_FALSE(d.ps[0].from_start);
+    EXPECT_TRUE(read_text(R"({"fsdp": {"window": "from_start"}})").ps.at(0).from_start);
 }
 
+// The reader sees a record's fields as they come: "children" before "type"
+// still puts a collective under its scope and sums its children's bytes.
+TEST(Lifecycle, DumpRecordsAreReadInAnyKeyOrder) {
+    auto d = read_text(R"j({"records": [
+      {"children": [
+        {"children": [{"bytes": 40, "collective": "all_gather", "type": "collective", "layer": "nccl", "start_ns": 12},
+                      {"bytes": 24, "type": "collective", "layer": "nccl", "collective": "all_gather", "start_ns": 13}],
+         "start_ns": 11, "tid": 7, "collective": "all_gather", "layer": "c10d", "type": "collective"}],
+       "start_ns": 10, "tid": 7, "name": "FSDP::all_gather (layers.0)", "type": "scope"}]})j");
+    ASSERT_EQ(d.error, "");
+    const auto& items = d.ps.at(0).items;
+    ASSERT_EQ(items.size(), 2u);
+    EXPECT_EQ(items[0].name, "FSDP::all_gather (layers.0)");
+    EXPECT_EQ(items[1].name, "c10d.all_gather");
+    EXPECT_EQ(items[1].parent, 0);
+    EXPECT_EQ(items[1].bytes, 64u);  // its NCCL calls', as in a live trace
+}
+
+// The multi-process form: each process's own fields; the top object's are no process then.
+TEST(Lifecycle, DumpProcessesCarryTheirPidRankLossAndEnd) {
+    auto d = read_text(R"j({"records": [{"type": "scope", "name": "top", "start_ns": 1}], "processes": [
+      {"process": {"pid": 41, "exit_code": null, "signal": 9}, "dropped_records": 3,
+       "communicators": [{"rank": -1}, {"rank": 2}, {"rank": 0}], "fsdp": {"window": "from_start"}},
+      {"process": {"pid": 42, "exit_code": null}, "thread_names": {"7": [[[{"x": 1}]]]}}]})j");
+    ASSERT_EQ(d.error, "");
+    ASSERT_EQ(d.ps.size(), 2u);
+    EXPECT_EQ(d.ps[0].pid, 41u);
+    EXPECT_EQ(d.ps[0].rank, 2);  // the first rank a communicator knows
+    EXPECT_EQ(d.ps[0].dropped_records, 3u);
+    EXPECT_TRUE(d.ps[0].ended);
+    EXPECT_TRUE(d.ps[0].from_start);
+    EXPECT_EQ(d.ps[1].pid, 42u);
+    EXPECT_EQ(d.ps[1].rank, -1);
+    EXPECT_FALSE(d.ps[1].ended);  // still running
+    EXPECT_TRUE(d.ps[1].items.empty());
+}
+
+// An error deep in the records names the path with its middle elided: the message stays a line.
+TEST(Lifecycle, DumpErrorDeepInTheRecordsNamesAShortPath) {
+    std::string text = R"({"records": [)";
+    for (int i = 0; i < 1000; ++i) text += R"({"children": [)";
+    text += R"({"tid": "7"})";
+    for (int i = 0; i < 1000; ++i) text += "]}";
+    auto d = read_text(text + "]}");
+    EXPECT_EQ(d.error, "field \"records[0].children[0].children[0]...children[0].children[0].children[0].children[0].tid\": "
+                       "expected an unsigned integer, got a string");
+}
 
 TEST(Lifecycle, ProfileFromAFileRecognisesAnotherFrameworksLabelsFirst) {
     // A scheduler of its own that labels its steps "hsdp/<event>:<unit>".
