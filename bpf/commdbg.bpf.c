@@ -1575,3 +1575,35 @@ int BPF_PROG(on_mmap_file, struct pt_regs *regs, long ret)
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP); /* the process waits for it */
 	return 0;
 }
+
+/*
+ * An exec may bring another loader: `chroot ROOT prog` (a container's
+ * runtime) runs ROOT's own ld.so file, whose _dl_debug_state nobody probed
+ * yet, so the new image's dlopens would go unseen.  A traced process says
+ * so here, before its first instruction; with CD_TRACE_DL_STOP it is also
+ * stopped until userspace has probed its new loader (resumed as after a
+ * loader change).  Loaded for sessions only: commdbgd follows mmap instead.
+ */
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32;
+	__u32 *flags = bpf_map_lookup_elem(&traced, &tgid);
+	struct cd_dl_change *e;
+
+	if (!flags)
+		return 0;
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		/* no event, so nobody would resume it: do not stop */
+		count_drop(CD_DROP_DL_EVENT);
+		return 0;
+	}
+	/* the signal first, as in dl_debug_state */
+	e->stopped = (*flags & CD_TRACE_DL_STOP) && bpf_send_signal_thread(SIGSTOP) == 0;
+	fill_header(&e->h, CD_EV_EXEC, sizeof(*e), CD_TAIL_NONE, 0, tgid, (__u32)pid_tgid, bpf_ktime_get_ns());
+	e->uid = (__u32)bpf_get_current_uid_gid();
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP); /* the process waits for it */
+	return 0;
+}

@@ -290,6 +290,7 @@ enum cd_event_kind {
 	CD_EV_PROC_EXIT = 5,  /* a traced process exited */
 	CD_EV_PROC_SEEN = 6,  /* count-all mode: first probed call of a process, now traced */
 	CD_EV_CALL = 7,	      /* a return-probed call, sent at its return: entry and return */
+	CD_EV_EXEC = 8,	      /* a traced process exec'd (maybe into another loader): cd_dl_change */
 };
 
 struct cd_header {
@@ -352,6 +353,7 @@ struct cd_call {
 	__u32 pad;
 };
 
+/* CD_EV_DL_CHANGE and CD_EV_EXEC */
 struct cd_dl_change {
 	struct cd_header h;
 	__u32 stopped; /* 1: the process was sent SIGSTOP and waits for SIGCONT */
@@ -469,7 +471,7 @@ enum cd_drop_cause {
 	CD_DROP_COUNTER_FULL = 1,   /* fine key refused: counter map full (counted coarsely) */
 	CD_DROP_INFLIGHT_DEEP = 2,  /* return state not saved: nesting too deep */
 	CD_DROP_COMM_FULL = 3,	    /* communicator map full */
-	CD_DROP_DL_EVENT = 4,	    /* loader event lost: not stopped */
+	CD_DROP_DL_EVENT = 4,	    /* loader or exec event lost: not stopped */
 	CD_DROP_READ_FAULT = 5,	    /* user memory unreadable */
 	CD_DROP_EXIT_LOST = 6,	    /* return record not emitted: its call shows no return */
 	CD_DROP_PROC_EVENT = 7,	    /* fork/exit event not emitted */

@@ -90,6 +90,8 @@ Result<std::unique_ptr<BpfSession>> BpfSession::open(const BpfOptions& opts) {
     s->skel_->rodata->fine_keys_per_process = opts.counter_keys_per_process;
     s->skel_->rodata->wakeup_bytes = s->ringbuf_bytes_ / kWakeupFraction;
     bpf_program__set_autoload(s->skel_->progs.on_mmap_file, opts.count_all);
+    // An exec's new loader: a session's business (commdbgd follows mmap).
+    bpf_program__set_autoload(s->skel_->progs.on_exec, !opts.count_all);
     // Attached per library later, never by the skeleton.
     bpf_program__set_autoattach(s->skel_->progs.call_enter, false);
     bpf_program__set_autoattach(s->skel_->progs.call_exit, false);
@@ -103,7 +105,7 @@ Result<std::unique_ptr<BpfSession>> BpfSession::open(const BpfOptions& opts) {
             return R::fail(bpf_error_message("commdbg: setting the scope cgroup", errno));
     }
     std::vector<bpf_program*> tracepoints = {s->skel_->progs.on_fork, s->skel_->progs.on_exit};
-    if (opts.count_all) tracepoints.push_back(s->skel_->progs.on_mmap_file);
+    tracepoints.push_back(opts.count_all ? s->skel_->progs.on_mmap_file : s->skel_->progs.on_exec);
     for (bpf_program* p : tracepoints) {
         bpf_link* l = bpf_program__attach(p);
         if (!l)

@@ -26,7 +26,8 @@ size_t body_size(uint16_t kind) {
     case CD_EV_CALL_ENTER: return sizeof(cd_call_enter);
     case CD_EV_CALL_EXIT: return sizeof(cd_call_exit);
     case CD_EV_CALL: return sizeof(cd_call);
-    case CD_EV_DL_CHANGE: return sizeof(cd_dl_change);
+    case CD_EV_DL_CHANGE:
+    case CD_EV_EXEC: return sizeof(cd_dl_change);
     case CD_EV_PROC_FORK:
     case CD_EV_PROC_EXIT:
     case CD_EV_PROC_SEEN: return sizeof(cd_proc);
@@ -153,10 +154,11 @@ DecodeResult decode(std::span<const uint8_t> bytes) {
         exit_fields(h, e, out.exit);
         return r;
     }
-    case CD_EV_DL_CHANGE: {
+    case CD_EV_DL_CHANGE:
+    case CD_EV_EXEC: {
         cd_dl_change e;
         std::memcpy(&e, bytes.data(), sizeof(e));
-        return ok(DlChange{h.tgid, h.tid, h.ts_ns, e.stopped != 0, e.uid});
+        return ok(DlChange{h.tgid, h.tid, h.ts_ns, e.stopped != 0, h.kind == CD_EV_EXEC, e.uid});
     }
     case CD_EV_PROC_FORK: {
         cd_proc e;

@@ -55,11 +55,14 @@ struct Call {
     CallExit exit;
 };
 
+// The loader changed the link map, or (exec) the process exec'd: either may
+// bring files to probe, the new loader of an exec among them.
 struct DlChange {
     uint32_t tgid = 0;
     uint32_t tid = 0;
     uint64_t ts_ns = 0;
     bool stopped = false;
+    bool exec = false;
     uint32_t uid = 0;  // the process's real uid
 };
 

@@ -214,7 +214,7 @@ void TraceSession::scan(uint32_t pid) {
     auto r = attacher_.scan_process(static_cast<int>(pid));
     if (!r) return;  // gone meanwhile: its exit event follows
     auto& p = track(pid);
-    // A loader event follows every exec: the command line is final by now.
+    // An exec event (DlChange::exec) follows every exec: the command line is final by now.
     if (auto info = read_process(static_cast<int>(pid)))
         p.command = info->cmdline.empty() ? info->comm : info->cmdline;
     p.libraries.insert(r->libraries.begin(), r->libraries.end());
@@ -241,6 +241,8 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
     }
     Event& ev = *d.event;
     if (auto* dl = std::get_if<DlChange>(&ev)) {
+        // After an exec the scan finds the new image's loader (another
+        // file in another root) and probes it before the image runs.
         if (procs_.count(dl->tgid)) scan(dl->tgid);
         // SIGCONT after the attach: the stop was queued before the event, so
         // this can only end it (or cancel it while still pending).

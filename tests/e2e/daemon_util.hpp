@@ -48,8 +48,8 @@ const std::vector<std::pair<std::string, int>> kPattern = {
     {"all_reduce", 13}, {"broadcast", 7}, {"all_gather", 5}, {"send", 3}, {"recv", 2},
 };
 
-const std::vector<std::string> kProgramNames = {"call_enter", "call_exit", "dl_debug_state",
-                                                "on_fork",    "on_exit",   "on_mmap_file"};
+const std::vector<std::string> kProgramNames = {"call_enter", "call_exit",    "dl_debug_state", "on_fork",
+                                                "on_exit",    "on_mmap_file", "on_exec"};
 
 const std::vector<std::string> kAsNobody = {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"};
 constexpr uint32_t kNobody = 65534;

@@ -2,11 +2,15 @@
 // Acceptance: attach to a process that already mapped libnccl counts exactly
 // the calls made after the attach, and none from before; `run` counts calls
 // made at once at program start and at once after a dlopen; attach to a
-// process that never maps libnccl says so plainly.
+// process that never maps libnccl says so plainly.  A `run` of a command
+// chrooted into a root with its own loader counts its dlopened calls too.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "e2e_util.hpp"
@@ -200,6 +204,72 @@ TEST_P(RunImmediateCalls, CallsRightAfterDlopenCountedExactly) {
 }
 
 INSTANTIATE_TEST_SUITE_P(StubAndReal, RunImmediateCalls, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "RealNccl" : "StubNccl"; });
+
+// --- (b') run of a containerised command: another root, another loader -------
+
+// Puts host file `from` at `root`/`to` and, at their own paths, the
+// libraries and loader ldd says it needs.  Copies, so that the root's
+// loader is a file of its own as a container's is; `link`: a hard link
+// where it can be (the real libnccl is 200 MB), its inode does not matter.
+::testing::AssertionResult put_in_root(const std::string& root, const std::string& from, const std::string& to,
+                                       bool link = false) {
+    namespace fs = std::filesystem;
+    auto place = [&](const std::string& src, const std::string& dst, bool hard) {
+        fs::path d = root + dst;
+        fs::create_directories(d.parent_path());
+        if (fs::exists(d)) return;
+        std::error_code ec;
+        if (hard) fs::create_hard_link(fs::canonical(src), d, ec);
+        if (!hard || ec) fs::copy_file(src, d);  // follows a symlinked source
+    };
+    place(from, to, link);
+    auto ldd = run({"ldd", from});
+    if (ldd.status != 0) return ::testing::AssertionFailure() << "ldd " << from << ": " << ldd.err;
+    std::istringstream lines(ldd.out);
+    for (std::string tok; lines >> tok;)
+        if (tok[0] == '/') place(tok, tok, false);
+    return ::testing::AssertionSuccess();
+}
+
+class RunContainerised : public ::testing::TestWithParam<bool> {};
+
+// `chroot ROOT prog` execs prog under ROOT's own ld.so, a file no probe was
+// on: its dlopen of libnccl went unseen and the run counted nothing (issue
+// 21, point 9).  The exec must bring the new loader's probe, before the
+// image runs, so that every call after the dlopen counts.
+TEST_P(RunContainerised, CallsAfterDlopenUnderTheRootsOwnLoaderCountedExactly) {
+    REQUIRE_BPF();
+    bool real = GetParam();
+    if (real) REQUIRE_REAL_NCCL();
+    const std::string chroot_bin = "/usr/sbin/chroot";
+    REQUIRE_OR_SKIP(std::filesystem::exists(chroot_bin), "no " + chroot_bin);
+    TempDir tmp;
+    const std::string root = tmp.path("root");
+    ASSERT_TRUE(put_in_root(root, testprog("nccl_workload_dl"), "/opt/bin/nccl_workload_dl"));
+    ASSERT_TRUE(put_in_root(root, lib_path(real), "/opt/nccl/libnccl.so.2", /*link=*/true));
+    struct stat host_ld {}, root_ld {};
+    ASSERT_EQ(stat("/lib64/ld-linux-x86-64.so.2", &host_ld), 0);
+    ASSERT_EQ(stat((root + "/lib64/ld-linux-x86-64.so.2").c_str(), &root_ld), 0) << "the root has no loader";
+    ASSERT_NE(host_ld.st_ino, root_ld.st_ino) << "the root's loader must be a file of its own";
+
+    std::vector<std::string> argv = {commdbg_bin(), "run", "--json", tmp.path("out.json"), "--", chroot_bin, root,
+                                     "/opt/bin/nccl_workload_dl", "--dlopen", "/opt/nccl/libnccl.so.2", "--calls",
+                                     pattern_arg(kPattern)};
+    if (!real) argv.push_back("--fake-comm");
+    auto r = run(argv);
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto rep = workload_report(r.out);
+    ASSERT_TRUE(rep.is_object()) << r.out;
+    for (const auto& [kind, n] : kPattern) EXPECT_EQ(rep["calls"][kind].get<int>(), n) << kind;
+    auto j = read_json(tmp.path("out.json"));
+    expect_counts_exactly(j, kPattern);
+    EXPECT_EQ(r.err.find("never mapped"), std::string::npos) << r.err;
+    ASSERT_EQ(j["process"]["libraries"].size(), 1u) << j["process"].dump();
+    EXPECT_NE(j["process"]["libraries"][0].get<std::string>().find("/opt/nccl/libnccl.so.2"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(StubAndReal, RunContainerised, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "RealNccl" : "StubNccl"; });
 
 // --- (c) a process that never maps libnccl -----------------------------------

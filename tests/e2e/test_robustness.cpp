@@ -21,7 +21,8 @@
 namespace commdbg::e2e {
 namespace {
 
-const std::vector<std::string> kOurPrograms = {"call_enter", "call_exit", "dl_debug_state", "on_fork", "on_exit"};
+const std::vector<std::string> kOurPrograms = {"call_enter", "call_exit", "dl_debug_state",
+                                               "on_fork",    "on_exit",   "on_exec"};
 constexpr int kAr = 3, kBc = 2;
 
 std::string calls_arg() { return "all_reduce=" + std::to_string(kAr) + ",broadcast=" + std::to_string(kBc); }

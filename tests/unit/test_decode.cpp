@@ -191,6 +191,28 @@ TEST(Decode, CallExitDlChangeForkAndExit) {
     EXPECT_EQ(std::get<ProcExit>(*r.event).ts_ns, 5555u);
 }
 
+// An exec is a loader change of its own kind (the new image may run another
+// loader file): the session scans and resumes as after a dlopen.
+TEST(Decode, ExecIsALoaderChangeMarkedExec) {
+    cd_dl_change d{};
+    d.h = header(CD_EV_EXEC, sizeof(d));
+    d.stopped = 1;
+    auto r = decode(bytes_of(d));
+    ASSERT_TRUE(r.event);
+    const auto& e = std::get<DlChange>(*r.event);
+    EXPECT_TRUE(e.exec);
+    EXPECT_TRUE(e.stopped);
+    EXPECT_EQ(e.tgid, 100u);
+
+    d.h = header(CD_EV_DL_CHANGE, sizeof(d));
+    r = decode(bytes_of(d));
+    ASSERT_TRUE(r.event);
+    EXPECT_FALSE(std::get<DlChange>(*r.event).exec);
+
+    d.h = header(CD_EV_EXEC, sizeof(d) - 8);
+    EXPECT_FALSE(decode(bytes_of(d)).event) << "a short exec record must not decode";
+}
+
 TEST(Decode, ShorterThanHeaderIsTruncated) {
     auto b = bytes_of(enter_rec());
     auto r = decode(std::span<const uint8_t>(b.data(), sizeof(cd_header) - 1));
