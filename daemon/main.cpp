@@ -144,7 +144,8 @@ std::optional<int> parse_args(int argc, char** argv, DaemonArgs& a) {
     app.add_option("--probes", opts.probes, "Probe specs for always-on counting (default: nccl)")->delimiter(',');
     app.add_option("--series-ttl", ttl_s, "Seconds the series of an exited process stay exported")
         ->check(CLI::Range(1L, 7L * 24 * 3600));
-    app.add_option("--max-series", opts.max_series, "Cap on exported series; past it an overflow counter counts")
+    app.add_option("--max-series", opts.max_series,
+                   "Cap on exported series (a uid other than root: a quarter); past it an overflow counter counts")
         ->check(integer_in(1, 10'000'000));
     app.add_option("--max-files-per-uid", opts.library_files_per_uid,
                    "Library files (libnccl copies) probed for one user other than root; past it that user's new "

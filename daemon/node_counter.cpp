@@ -21,11 +21,29 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kRefreshPeriod = std::chrono::milliseconds(500);
 // Failures said in the log; past these only counted (status).
 constexpr uint64_t kMaxFailureNotes = 8;
+// Exit events held until the next refresh; past it one refresh runs at once
+// (and until then find_gone still finds the processes that are gone).
+constexpr size_t kMaxPendingExits = 4096;
 
 std::string hex(uint64_t v) {
     char b[24];
     snprintf(b, sizeof(b), "0x%016llx", static_cast<unsigned long long>(v));
     return b;
+}
+
+// One process's kernel counters, read apart from the main thread's refresh.
+// A walk of a hash map restarts when the main thread deletes the key it
+// stands on: what it saw twice is kept once.
+CounterSnapshot counters_of(const BpfSession& bpf, uint32_t pid) {
+    CounterSnapshot all = bpf.counter_snapshot(), out;
+    std::set<std::pair<std::string, bool>> seen;
+    for (const CounterEntry& c : all.entries) {
+        if (c.key.tgid != pid) continue;
+        std::string key(reinterpret_cast<const char*>(&c.key), sizeof(c.key));
+        if (seen.emplace(std::move(key), c.coarse).second) out.entries.push_back(c);
+    }
+    if (auto it = all.loss.find(pid); it != all.loss.end()) out.loss.insert(*it);
+    return out;
 }
 
 }  // namespace
@@ -147,6 +165,7 @@ void NodeCounter::adopt(uint32_t pid) {
         metrics_.retire({pid, it->second.start_time}, Clock::now());
         series_->forget({pid, it->second.start_time});
         procs_.erase(it);
+        exited_.erase(pid);  // that exit was the old process's, retired here
     }
     // In the filter too, so its exit is reported and its series retired.
     // Not there (the filter is full): not counted as adopted, or nothing
@@ -160,18 +179,18 @@ void NodeCounter::adopt(uint32_t pid) {
     procs_.emplace(pid, read_counted_process(pid, start));
 }
 
-void NodeCounter::retire(uint32_t pid) {
-    uint64_t start = 0;
+void NodeCounter::retire(ProcessKey key) {
     {
         std::lock_guard lock(mu_);
-        if (auto it = procs_.find(pid); it != procs_.end()) start = it->second.start_time;
+        auto it = procs_.find(key.pid);
+        // Another process has the pid now (adopt retired this one).
+        if (it == procs_.end() || it->second.start_time != key.start_time) return;
+        procs_.erase(it);
+        series_->forget(key);
     }
-    metrics_.retire({pid, start}, Clock::now());
-    bpf_->forget_process(pid);
-    bpf_->untrace_process(pid);
-    std::lock_guard lock(mu_);
-    procs_.erase(pid);
-    series_->forget({pid, start});
+    metrics_.retire(key, Clock::now());
+    bpf_->forget_process(key.pid);
+    bpf_->untrace_process(key.pid);
 }
 
 void NodeCounter::on_record(std::span<const uint8_t> bytes) noexcept {
@@ -196,8 +215,10 @@ void NodeCounter::handle_record(std::span<const uint8_t> bytes) {
     } else if (auto* seen = std::get_if<ProcSeen>(&*d.event)) {
         adopt(seen->tgid);  // its labels, while it still runs
     } else if (auto* x = std::get_if<ProcExit>(&*d.event)) {
-        refresh();  // the final counts, before they are forgotten
-        retire(x->tgid);
+        // Retired by the next refresh, after it has read the final counts:
+        // one refresh for every exit of a poll, not one each (a storm of
+        // short processes kept the main thread busy for a minute).
+        if (exited_.size() < kMaxPendingExits) exited_.insert(x->tgid);
     }
 }
 
@@ -225,14 +246,23 @@ void NodeCounter::on_loader_change(const DlChange& dl) {
 
 void NodeCounter::step(int timeout_ms) {
     bpf_->poll(timeout_ms);
-    if (Clock::now() - last_refresh_ >= kRefreshPeriod) refresh();
+    if (Clock::now() - last_refresh_ >= kRefreshPeriod || exited_.size() >= kMaxPendingExits) refresh();
 }
 
-std::vector<uint32_t> NodeCounter::find_gone() {
-    std::vector<uint32_t> gone;
+std::vector<ProcessKey> NodeCounter::find_gone() {
+    std::vector<ProcessKey> gone;
     std::lock_guard lock(mu_);
+    // An exit event also names a zombie, which kill() still finds.
     for (const auto& [pid, p] : procs_)
-        if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) gone.push_back(pid);
+        if (exited_.count(pid) || (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH))
+            gone.push_back({pid, p.start_time});
+    // Exits of processes never adopted: their kernel counters still go.
+    for (uint32_t pid : exited_)
+        if (!procs_.count(pid)) {
+            bpf_->forget_process(pid);
+            bpf_->untrace_process(pid);
+        }
+    exited_.clear();
     return gone;
 }
 
@@ -243,7 +273,7 @@ void NodeCounter::refresh() {
     // Which are gone is decided before the counters are read, so the snapshot
     // holds their final counts: one that exits after the read would be
     // retired with the calls it made in between missing.
-    const std::vector<uint32_t> gone = find_gone();
+    const std::vector<ProcessKey> gone = find_gone();
     auto snapshot = bpf_->counter_snapshot();
     auto comms = bpf_->comms();
     std::set<uint32_t> counted;
@@ -251,7 +281,7 @@ void NodeCounter::refresh() {
     for (uint32_t pid : counted) adopt(pid);
     publish(snapshot, std::move(comms), now);
     series_->export_node(bpf_->drops(), now);
-    for (uint32_t pid : gone) retire(pid);
+    for (const ProcessKey& key : gone) retire(key);
     metrics_.expire(now);
     for (const auto& f : detach_deleted_files(*attacher_, *bpf_)) uncharge_file({f.dev, f.inode});
 }
@@ -285,17 +315,40 @@ std::optional<uint32_t> NodeCounter::owner_of(uint32_t pid) {
 }
 
 nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, std::optional<uint32_t> only_uid) {
-    std::lock_guard lock(mu_);
+    {
+        std::lock_guard lock(mu_);
+        if (!pid || procs_.count(*pid))
+            return counts_from({procs_, counters_, counter_loss_, comms_}, pid, by_comm, only_uid);
+    }
+    // Not adopted (yet: the main thread may be behind, or the filter full):
+    // its kernel counters read now, so a live process is never answered
+    // with none.
+    std::map<uint32_t, CountedProcess> one;
+    CounterSnapshot snap;
+    std::vector<CommEntry> comms;
+    const uint64_t start = process_start_time(*pid);
+    if (start != 0 && scope_.contains(*pid)) {
+        snap = counters_of(*bpf_, *pid);
+        if (!snap.entries.empty()) {
+            one.emplace(*pid, read_counted_process(*pid, start));
+            comms = bpf_->comms();
+        }
+    }
+    return counts_from({one, snap.entries, snap.loss, comms}, pid, by_comm, only_uid);
+}
+
+nlohmann::json NodeCounter::counts_from(const CountsSource& src, std::optional<uint32_t> pid, bool by_comm,
+                                        std::optional<uint32_t> only_uid) const {
     nlohmann::json procs = nlohmann::json::array();
     nlohmann::json by = nlohmann::json::object();  // comm id -> nranks, ranks
-    for (const auto& [p, info] : procs_) {
+    for (const auto& [p, info] : src.procs) {
         if (pid && p != *pid) continue;
         if (only_uid && info.uid != *only_uid) continue;
         // The same snapshot the attach outputs read: counters joined with
         // communicators, summed by kind with the same keys.
         ProcessReport snap;
         snap.pid = p;
-        join_kernel_state(p, counters_, counter_loss_, comms_, snap);
+        join_kernel_state(p, src.counters, src.loss, src.comms, snap);
         nlohmann::json cc = nlohmann::json::object(), cb = nlohmann::json::object();
         for (const auto& [key, sum] : coll_summary(snap, symbols_)) {
             cc[key] = sum.calls;
@@ -308,8 +361,8 @@ nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, st
         }
         nlohmann::json env = nlohmann::json::object();
         for (const auto& [k, v] : info.env) env[k] = v;
-        auto loss = counter_loss_.find(p);
-        const CounterLoss lost = loss == counter_loss_.end() ? CounterLoss{} : loss->second;
+        auto loss = src.loss.find(p);
+        const CounterLoss lost = loss == src.loss.end() ? CounterLoss{} : loss->second;
         procs.push_back({{"pid", p},
                          {"command", info.command},
                          {"env", env},

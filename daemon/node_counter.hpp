@@ -95,13 +95,23 @@ private:
     // when gone (its series stay for --series-ttl).
     void scan_proc();
     void adopt(uint32_t pid);
-    void retire(uint32_t pid);
-    std::vector<uint32_t> find_gone();
+    void retire(ProcessKey key);
+    // Processes gone (also those whose exit event came), as adopted.
+    std::vector<ProcessKey> find_gone();
     // refresh()'s steps.
     void publish(const CounterSnapshot& snapshot, std::vector<CommEntry> comms,
                  std::chrono::steady_clock::time_point now);
     void log_notes(uint32_t pid, const std::vector<std::string>& notes);
     nlohmann::json status_errors() const;  // with mu_ held
+    // counts()'s reply from one set of processes and kernel state.
+    struct CountsSource {
+        const std::map<uint32_t, CountedProcess>& procs;
+        const std::vector<CounterEntry>& counters;
+        const std::map<uint32_t, CounterLoss>& loss;
+        const std::vector<CommEntry>& comms;
+    };
+    nlohmann::json counts_from(const CountsSource& src, std::optional<uint32_t> pid, bool by_comm,
+                               std::optional<uint32_t> only_uid) const;
 
     NodeCounterOptions opts_;
     CgroupScope scope_;
@@ -113,6 +123,7 @@ private:
     FileShares shares_;
     std::atomic<bool> stopping_{false};
     const std::atomic<bool>* stop_flag_ = nullptr;
+    std::set<uint32_t> exited_;  // exit events since the last refresh (main thread only)
 
     std::mutex mu_;  // guards the fields below (control and HTTP threads read them)
     std::map<uint32_t, CountedProcess> procs_;

@@ -34,6 +34,10 @@ SeriesExporter::SeriesExporter(MetricsRegistry& metrics, const SymbolTable& symb
       sets_per_process_(label_sets_per_process) {}
 
 void SeriesExporter::describe() {
+    // An exited process's series folded early keep what a total per uid and
+    // collective needs; comm, rank, datatype and environment would make one
+    // total per job again.
+    metrics_.set_fold_keep({"layer", "collective", "host", "check"});
     metrics_.describe("commdbg_collective_calls_total", "Collective calls, exact (kernel counters)", "counter");
     metrics_.describe("commdbg_collective_bytes_total", "Bytes of collective calls: count x datatype size", "counter");
     metrics_.describe("commdbg_collective_errors_total", "Collective calls that returned an error", "counter");
@@ -61,18 +65,24 @@ SeriesExporter::Breakdown SeriesExporter::breakdown_of(const CounterEntry& c,
     return b;
 }
 
-void SeriesExporter::fit_budget(const ProcessKey& owner, const std::string& layer, const std::string& collective,
-                                Breakdown& b, size_t& exported) {
+void SeriesExporter::fit_budget(const CountedProcess& p, const std::string& layer, const std::string& collective,
+                                Breakdown& b, Budget& budget) {
     if (b.empty()) return;
-    // New label sets only while they leave a quarter of --max-series for
-    // the series per collective of every process (its counts per kind).
+    // New label sets only while they leave a quarter of --max-series, and of
+    // the uid's share of it, for the series per collective of every process
+    // (its counts per kind).
     const size_t fine_room = max_series_ - max_series_ / 4;
-    auto& sets = label_sets_[owner];
+    const size_t share = metrics_.share_of(p.uid);
+    auto [uid_it, fresh] = budget.by_uid.try_emplace(p.uid, 0);
+    if (fresh) uid_it->second = metrics_.live_series_of(p.uid);
+    auto& sets = label_sets_[ProcessKey{p.pid, p.start_time}];
     std::string set = layer + '\0' + collective + '\0' + b.dtype + '\0' + b.comm + '\0' + b.rank + '\0' + b.nranks;
     if (sets.count(set)) return;
-    if (sets.size() < sets_per_process_ && exported + kFamilies <= fine_room) {
+    if (sets.size() < sets_per_process_ && budget.exported + kFamilies <= fine_room &&
+        uid_it->second + kFamilies <= share - share / 4) {
         sets.insert(std::move(set));
-        exported += kFamilies;
+        budget.exported += kFamilies;
+        uid_it->second += kFamilies;
         return;
     }
     b = Breakdown{};  // into the process's series of the collective
@@ -100,7 +110,9 @@ void SeriesExporter::export_counts(const CounterSnapshot& snapshot, const std::v
     };
     std::map<Labels, Sum> series;
     std::map<uint32_t, std::vector<CommInfo>> comm_info;
-    size_t exported = metrics_.series();
+    Budget budget{metrics_.series(), {}};
+    // Whose share each process's series count in.
+    for (const auto& [pid, p] : procs) metrics_.assign(ProcessKey{pid, p.start_time}, p.uid);
     for (const auto& c : snapshot.entries) {
         const SymbolInfo* s = symbols_.find(c.key.sym);
         if (!s || s->role != CD_ROLE_COLLECTIVE) continue;
@@ -111,7 +123,7 @@ void SeriesExporter::export_counts(const CounterSnapshot& snapshot, const std::v
             comm_info[c.key.tgid] = communicators_of(c.key.tgid, comms, snapshot.entries);
         const std::string collective(coll_name(s->coll));
         Breakdown b = breakdown_of(c, comm_info[c.key.tgid]);
-        fit_budget(owner, s->layer, collective, b, exported);
+        fit_budget(pit->second, s->layer, collective, b, budget);
         Sum& sum = series[labels_of(pit->second, s->layer, collective, b)];
         sum.owner = owner;
         sum.calls += c.val.calls;

@@ -41,10 +41,16 @@ private:
         std::string dtype, comm, rank, nranks;
         bool empty() const { return dtype.empty() && comm.empty() && rank.empty() && nranks.empty(); }
     };
+    // Series one export_counts may still add: on the node, and per uid
+    // (its live series, what it does not give back when it must).
+    struct Budget {
+        size_t exported = 0;
+        std::map<uint32_t, size_t> by_uid;
+    };
     Breakdown breakdown_of(const CounterEntry& c, const std::vector<CommInfo>& comms) const;
-    // Clears `b` when `owner` may not take one more label set.
-    void fit_budget(const ProcessKey& owner, const std::string& layer, const std::string& collective,
-                    Breakdown& b, size_t& exported);
+    // Clears `b` when `p` may not take one more label set.
+    void fit_budget(const CountedProcess& p, const std::string& layer, const std::string& collective, Breakdown& b,
+                    Budget& budget);
     Labels labels_of(const CountedProcess& p, const std::string& layer, const std::string& collective,
                      const Breakdown& b) const;
 

@@ -2,7 +2,9 @@
 // A bounded registry of Prometheus series and their text exposition (0.0.4).
 // The daemon feeds it cumulative kernel counts; a scrape renders it.  Memory
 // is bounded: at most max_series series, and the series of an exited process
-// are dropped ttl after it is retired.
+// are dropped ttl after it is retired.  Series of a process whose uid is known
+// (assign) count in that uid's share; when a share or the cap is full, the
+// series of its exited processes are folded early into per-uid totals.
 #pragma once
 
 #include <chrono>
@@ -10,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -32,6 +35,8 @@ struct ProcessKey {
 class MetricsRegistry {
 public:
     using Clock = std::chrono::steady_clock;
+    // The uid of series not tied to a process, or of one never assigned.
+    static constexpr uint32_t kNoUid = UINT32_MAX;
 
     explicit MetricsRegistry(size_t max_series = 10000, std::chrono::seconds ttl = std::chrono::minutes(10));
 
@@ -61,19 +66,38 @@ public:
     // Removes retired series whose deadline is <= now.
     void expire(Clock::time_point now);
 
+    // The series of `owner` count in uid's share (the uid its first series
+    // is made with stays theirs): a uid other than 0 holds at most
+    // max_series / 4, all of them together at most 3/4, so no user can take
+    // another's series and root always has room.  When a new series of an
+    // assigned owner does not fit (its uid's share, the others' 3/4, the
+    // cap), the exited (retired) processes' series go first, oldest retired
+    // first (of its uid at its share; never root's for another uid), each
+    // counter folded into its uid's total (folded(), below); series of
+    // owners never assigned keep theirs until the ttl.
+    void assign(ProcessKey owner, uint32_t uid);
+    // The labels a folded total keeps; the others are "", `pid` is "exited"
+    // and a `uid` label is added.  A total goes ttl after its last fold.
+    void set_fold_keep(std::set<std::string> keep);
+    size_t share_of(uint32_t uid) const;
+    // Series of uid whose process has not exited (what a new one competes with).
+    size_t live_series_of(uint32_t uid) const;
+    uint64_t folded() const;  // series folded early into their uid's totals
+
     size_t series() const;
     uint64_t overflowed() const;
     uint64_t invalid() const;
 
     // Families sorted by name, each with # HELP / # TYPE once, then its series
-    // sorted by labels; then commdbg_series_overflow_total and
-    // commdbg_series_invalid_total, always.
+    // sorted by labels; then commdbg_series_overflow_total,
+    // commdbg_series_invalid_total and commdbg_series_folded_total, always.
     std::string render() const;
 
 private:
     struct Series {
         double value = 0;
         ProcessKey owner;
+        uint32_t uid = kNoUid;
         std::optional<Clock::time_point> deadline;  // set once the owner is retired
     };
     struct Family {
@@ -81,15 +105,53 @@ private:
         std::string type;  // empty: not described
         std::map<Labels, Series> series;
     };
+    using SeriesIt = std::map<Labels, Series>::iterator;
+    struct SeriesRef {
+        Family* family;
+        SeriesIt it;
+    };
+    struct UidUse {
+        size_t series = 0, retired = 0;  // retired: of exited processes (foldable)
+    };
+    enum class Limit { none, own_share, others_share, cap };
+    struct Retired {
+        Clock::time_point deadline;
+        bool folded = false;  // its series are folded: a late sample is dropped
+    };
 
     void expire_locked(Clock::time_point now);
     void note_refused(const std::string& name, const Labels& labels, ProcessKey owner);
+    // Every store and removal of a series goes through these, so the counts
+    // per uid and the index per owner stay true.
+    void count(const Series& s, int delta);
+    SeriesIt add_series(Family& f, const Labels& labels, Series s);
+    void remove_series(Family& f, SeriesIt it);
+    void set_deadline(Series& s, Clock::time_point deadline);
+    void change_owner(Family& f, SeriesIt it, ProcessKey owner);
+    void unlink(const Family& f, SeriesIt it);
+    // room for one more series of uid (folding exited processes' series), or false.
+    bool make_room(uint32_t uid, Clock::time_point now);
+    Limit limit_for(uint32_t uid) const;
+    bool fold_oldest(uint32_t uid, Limit limit, Clock::time_point now);
+    void fold_owner(ProcessKey owner, Clock::time_point now);
+    void add_to_total(Family& f, const Labels& labels, double value, uint32_t uid, Clock::time_point now);
+    uint32_t uid_of(ProcessKey owner) const;
+    std::optional<Clock::time_point> deadline_of(ProcessKey owner) const;
+    void note_deadline(const std::optional<Clock::time_point>& d);
 
     size_t max_series_;
     std::chrono::seconds ttl_;
     mutable std::mutex mu_;
     std::map<std::string, Family> families_;
-    std::map<ProcessKey, Clock::time_point> retired_;  // process -> deadline, until it passes
+    std::map<ProcessKey, Retired> retired_;  // process -> deadline, until it passes
+    // Retired processes with series, oldest deadline first: what folds first.
+    std::set<std::pair<Clock::time_point, ProcessKey>> foldable_;
+    std::map<ProcessKey, uint32_t> owner_uid_;               // assign(); until retired and expired
+    std::map<ProcessKey, std::vector<SeriesRef>> by_owner_;  // so retire and fold touch only theirs
+    std::map<uint32_t, UidUse> uid_use_;                      // assigned uids with series
+    size_t others_series_ = 0;                                // of uids other than 0 (and kNoUid)
+    std::set<std::string> fold_keep_;
+    uint64_t folded_ = 0;
     // Series refused at the cap (hash of name, labels, owner), so each is
     // counted once; forgotten with their process, bounded by kMaxRefusedMemory.
     std::unordered_map<uint64_t, ProcessKey> refused_;

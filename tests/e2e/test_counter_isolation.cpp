@@ -184,6 +184,61 @@ TEST(CounterIsolation, ManyProcessesOfAnotherUserCannotFillMaxSeries) {
     EXPECT_EQ(flood.proc->wait(60).status, 0);
 }
 
+// A storm of short processes of uid 65534 (issue 21, point 6): each calls
+// NCCL and exits, together far past --max-series.  uid 65534 holds at most a
+// quarter of the series, its exited processes' series are folded into its
+// totals (pid="exited") as that share fills, and exits are handled in
+// batches: a root job started after the storm is counted and exported
+// within seconds, exactly, and `commdbg counts --pid` answers for it.
+TEST(CounterIsolation, StormOfShortProcessesOfAnotherUserLeavesRootJobCountedAndExported) {
+    REQUIRE_BPF();
+    SharedDir dir;
+    // Room for root's jobs of other tests on this node too (the daemon counts them all).
+    constexpr int kMaxSeries = 400;
+    constexpr int kBatches = 3, kChildren = 150;  // 3 series each (calls, bytes, errors)
+    static_assert(kChildren * 3 > kMaxSeries / 4);
+    static_assert(kBatches * kChildren * 3 > kMaxSeries);
+    START_DAEMON(d, dir, {"--max-series", std::to_string(kMaxSeries)});
+    NobodyBins bins = nobody_bins();
+    // In batches a refresh apart, so a batch meets the one before it exited.
+    for (int i = 0; i < kBatches; ++i) {
+        auto storm = run(concat(kAsNobody, {bins.workload, "--calls", "all_reduce=3", "--fork", std::to_string(kChildren)}),
+                         {{"LD_LIBRARY_PATH", bins.stub_dir}}, 120);
+        ASSERT_EQ(storm.status, 0) << storm.err;
+        sleep_ms(700);
+    }
+    // The storm pressed on the cap: series refused, or folded to make room.
+    auto metric = [&](const std::vector<Sample>& samples, const std::string& name) {
+        for (const auto& s : samples)
+            if (s.name == name) return static_cast<long>(s.value);
+        return 0L;
+    };
+    auto samples = scrape(d.port());
+    for (int i = 0; i < 50 && metric(samples, "commdbg_series_overflow_total") +
+                                      metric(samples, "commdbg_series_folded_total") == 0; ++i) {
+        sleep_ms(100);
+        samples = scrape(d.port());
+    }
+    ASSERT_GT(metric(samples, "commdbg_series_overflow_total") + metric(samples, "commdbg_series_folded_total"), 0);
+
+    StalledWorkload w({testprog("nccl_workload"), "--calls", pattern_arg(kPattern), "--fake-comm"}, nccl_env(false));
+    ASSERT_STALLED(w);
+    const auto want = expected_map(kPattern, "nccl.");
+    EXPECT_EQ(daemon_counts_settled(d, w.pid(), want, false, 10000), want) << "commdbg counts --pid " << w.pid();
+    EXPECT_EQ(metrics_calls_settled(d.port(), w.pid(), expected_map(kPattern), 10000), expected_map(kPattern));
+    // What uid 65534's exited children counted is kept in its totals: whole
+    // children (3 calls each), never more than they made.
+    long exited = 0;
+    for (const auto& s : scrape(d.port()))
+        if (s.name == "commdbg_collective_calls_total" && s.labels.count("uid") && s.labels.at("uid") == "65534" &&
+            s.labels.at("pid") == "exited" && s.labels.at("collective") == "all_reduce")
+            exited += static_cast<long>(s.value);
+    EXPECT_GT(exited, 0);
+    EXPECT_LE(exited, 3L * kChildren);
+    EXPECT_EQ(exited % 3, 0);
+    EXPECT_EQ(w.finish().status, 0);
+}
+
 // The same in a session (`commdbg run`, no daemon): a process that asks for
 // more keys than the node's map holds keeps exact comm_counts and counters,
 // errors included, and the JSON dump says how many calls lost their breakdown.

@@ -279,6 +279,7 @@ TEST(Metrics, FamiliesSortedByNameAndSeriesByLabels) {
         {"zeta", {}},
         {"commdbg_series_overflow_total", {}},
         {"commdbg_series_invalid_total", {}},
+        {"commdbg_series_folded_total", {}},
     };
     EXPECT_EQ(got, want);
 }
@@ -323,7 +324,7 @@ TEST(Metrics, RenderedTextParsesAndRoundTrips) {
         for (const auto& o : e.samples) found |= o.name == s.name && o.labels == s.labels && o.value == s.value;
         EXPECT_TRUE(found) << s.name << " value " << s.value;
     }
-    EXPECT_EQ(e.samples.size(), in.size() + 2);  // + overflow and invalid counters
+    EXPECT_EQ(e.samples.size(), in.size() + 3);  // + overflow, invalid and folded counters
     std::vector<std::pair<std::string, std::string>> want_help = {
         {"commdbg_bytes", "Bytes."},
         {"commdbg_calls_total", "NCCL calls by kind.\nCumulative."},
@@ -401,4 +402,116 @@ TEST(Metrics, OverflowForgetsRefusedSeriesOfExpiredProcesses) {
     EXPECT_EQ(r.overflowed(), 3u);
     r.set("x", {{"k", "b"}}, 2, ProcessKey{8, 77}, t0 + 63s);
     EXPECT_EQ(r.overflowed(), 3u);
+}
+
+// ---- shares per uid and folding (issue 21, point 6) -------------------------
+
+namespace {
+
+// `n` processes of `uid`, pids from `first`, each with one calls series of
+// value `calls`; retired at once when `exit`.
+void run_processes(MetricsRegistry& r, uint32_t uid, uint32_t first, int n, double calls, bool exit,
+                   Clock::time_point now) {
+    for (uint32_t pid = first; pid < first + static_cast<uint32_t>(n); ++pid) {
+        const ProcessKey p{pid, 100};
+        r.assign(p, uid);
+        const std::string id = std::to_string(pid);
+        r.set("calls_total", {{"collective", "all_reduce"}, {"comm", "c" + id}, {"pid", id}}, calls, p, now);
+        if (exit) r.retire(p, now);
+    }
+}
+
+double sum_of(const MetricsRegistry& r, const std::string& name) {
+    double sum = 0;
+    for (const auto& s : parse(r.render()).samples) sum += s.name == name ? s.value : 0;
+    return sum;
+}
+
+}  // namespace
+
+TEST(Metrics, UidOtherThanRootHoldsAQuarterOfTheSeries) {
+    MetricsRegistry r(100, 60s);
+    r.describe("calls_total", "Calls.", "counter");
+    run_processes(r, 1000, 1, 30, 1, false, t0);  // live: nothing of theirs may go
+    EXPECT_EQ(r.series(), 25u);
+    EXPECT_EQ(r.overflowed(), 5u);
+    EXPECT_EQ(r.live_series_of(1000), 25u);
+    run_processes(r, 0, 1000, 75, 1, false, t0);
+    EXPECT_EQ(r.series(), 100u);
+    EXPECT_EQ(r.overflowed(), 5u);
+}
+
+TEST(Metrics, OtherUidsTogetherLeaveRootAQuarter) {
+    MetricsRegistry r(100, 60s);
+    for (uint32_t uid = 1001; uid <= 1004; ++uid) run_processes(r, uid, uid * 100, 25, 1, false, t0);
+    EXPECT_EQ(r.series(), 75u);
+    EXPECT_EQ(r.overflowed(), 25u);
+    run_processes(r, 0, 1, 25, 1, false, t0);
+    EXPECT_EQ(r.series(), 100u);
+    EXPECT_EQ(r.live_series_of(0), 25u);
+}
+
+// A uid's short processes, far past its share: their series are folded into
+// the uid's total as they must make room, the total keeps every call, and a
+// process still running keeps its own series.
+TEST(Metrics, ExitedSeriesOfAUidFoldIntoItsTotalWhenItsShareIsFull) {
+    MetricsRegistry r(100, 600s);
+    r.describe("calls_total", "Calls.", "counter");
+    r.set_fold_keep({"collective"});
+    run_processes(r, 1000, 1, 1, 7, false, t0);  // pid 1 runs on
+    double made = 7;
+    for (uint32_t pid = 2; pid < 200; ++pid) {
+        run_processes(r, 1000, pid, 1, pid, true, t0 + std::chrono::seconds(pid));
+        made += pid;
+        ASSERT_LE(r.series(), 25u);
+    }
+    EXPECT_EQ(r.overflowed(), 0u);
+    EXPECT_GT(r.folded(), 150u);
+    EXPECT_EQ(sum_of(r, "calls_total"), made);
+    EXPECT_EQ(value_of(r, "calls_total", {{"collective", "all_reduce"}, {"comm", "c1"}, {"pid", "1"}}), 7);
+    const Labels total = {{"collective", "all_reduce"}, {"comm", ""}, {"pid", "exited"}, {"uid", "1000"}};
+    ASSERT_TRUE(value_of(r, "calls_total", total));
+    // The oldest exited went first: the newest are still there by pid.
+    EXPECT_TRUE(value_of(r, "calls_total", {{"collective", "all_reduce"}, {"comm", "c199"}, {"pid", "199"}}));
+    EXPECT_FALSE(value_of(r, "calls_total", {{"collective", "all_reduce"}, {"comm", "c2"}, {"pid", "2"}}));
+    EXPECT_EQ(value_of(r, "commdbg_series_folded_total", {}), static_cast<double>(r.folded()));
+}
+
+// Another uid's storm takes nothing of root's: root's exited series stay
+// by pid while it folds its own.
+TEST(Metrics, StormOfOneUidFoldsOnlyItsOwnExitedSeries) {
+    MetricsRegistry r(100, 600s);
+    r.describe("calls_total", "Calls.", "counter");
+    run_processes(r, 0, 1, 10, 5, true, t0);
+    run_processes(r, 2000, 100, 500, 1, true, t0 + 1s);
+    EXPECT_EQ(r.overflowed(), 0u);
+    for (int pid = 1; pid <= 10; ++pid)
+        EXPECT_EQ(value_of(r, "calls_total", {{"collective", "all_reduce"}, {"comm", "c" + std::to_string(pid)},
+                                              {"pid", std::to_string(pid)}}),
+                  5);
+    EXPECT_EQ(sum_of(r, "calls_total"), 10 * 5 + 500);
+    // A root job later still finds room at the cap: exited series fold then,
+    // the oldest first (root's own here).
+    run_processes(r, 0, 1000, 90, 1, false, t0 + 2s);
+    EXPECT_EQ(r.overflowed(), 0u);
+    EXPECT_EQ(r.live_series_of(0), 91u);  // its 90 and its exited total
+    EXPECT_EQ(sum_of(r, "calls_total"), 10 * 5 + 500 + 90);
+}
+
+// A folded process is in its uid's total: a late sample of it is not stored
+// again (counted twice), and the total goes ttl after its last fold.
+TEST(Metrics, FoldedProcessIsCountedOnceAndItsTotalExpires) {
+    MetricsRegistry r(16, 60s);  // a share of 4
+    r.describe("calls_total", "Calls.", "counter");
+    run_processes(r, 1000, 1, 4, 10, true, t0);
+    run_processes(r, 1000, 5, 2, 10, false, t0 + 1s);  // pids 1, 2, 3 fold
+    EXPECT_EQ(r.folded(), 3u);
+    run_processes(r, 1000, 1, 1, 11, false, t0 + 2s);
+    EXPECT_EQ(sum_of(r, "calls_total"), 60);
+    r.expire(t0 + 60s);  // pid 4's ttl, not the total's
+    const Labels total = {{"collective", ""}, {"comm", ""}, {"pid", "exited"}, {"uid", "1000"}};
+    EXPECT_EQ(value_of(r, "calls_total", total), 30);
+    r.expire(t0 + 61s);
+    EXPECT_FALSE(value_of(r, "calls_total", total));
+    EXPECT_EQ(r.series(), 2u);  // pids 5 and 6 run on
 }
