@@ -216,19 +216,13 @@ void NodeCounter::publish(const CounterSnapshot& snapshot, std::vector<CommEntry
     series_->export_counts(snapshot, comms_, procs_, now);
 }
 
-std::optional<uint32_t> NodeCounter::owner_of(uint32_t pid) {
-    auto info = read_process(static_cast<int>(pid));
-    if (!info) return std::nullopt;
-    return info->uid;
-}
-
-nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, std::optional<uint32_t> only_uid) {
+nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, const ProcessFilter& may_see) {
     std::lock_guard lock(mu_);
     nlohmann::json procs = nlohmann::json::array();
     nlohmann::json by = nlohmann::json::object();  // comm id -> nranks, ranks
     for (const auto& [p, info] : procs_) {
         if (pid && p != *pid) continue;
-        if (only_uid && info.uid != *only_uid) continue;
+        if (may_see && !may_see(p)) continue;
         // The same snapshot the attach outputs read: counters joined with
         // communicators, summed by kind with the same keys.
         ProcessReport snap;

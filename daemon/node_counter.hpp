@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -58,10 +59,11 @@ public:
     void step(int timeout_ms);
     void refresh();
 
-    // {"processes": [...]} for `commdbg counts`; uid filter for non-root callers.
-    nlohmann::json counts(std::optional<uint32_t> pid, bool by_comm, std::optional<uint32_t> only_uid);
+    // Which counted processes a caller may see; empty: all of them.
+    using ProcessFilter = std::function<bool(uint32_t pid)>;
+    // {"processes": [...]} for `commdbg counts`, of the processes may_see passes.
+    nlohmann::json counts(std::optional<uint32_t> pid, bool by_comm, const ProcessFilter& may_see);
     nlohmann::json status();
-    std::optional<uint32_t> owner_of(uint32_t pid);
     MetricsRegistry& metrics() { return metrics_; }
 
 private:
