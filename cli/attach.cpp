@@ -182,7 +182,8 @@ int attach_in_process(std::string_view verb, int pid, double duration, bool foll
         std::cerr << who << ": " << info.error() << "\n";
         return 1;
     }
-    if (geteuid() != 0 && info->uid != geteuid()) {
+    auto creds = read_creds(pid);
+    if (geteuid() != 0 && (!creds || !may_read_process(*creds, geteuid(), getegid()))) {
         std::cerr << who << ": permission denied — run as root or as the process owner\n";
         return 1;
     }

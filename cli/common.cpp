@@ -82,6 +82,8 @@ SessionOptions session_options(const TraceCliOptions& o) {
     s.py_stack = parse_py_stack_mode(o.py_stack).value_or(PyStackMode::Default);
     s.py_depth = o.py_depth;
     s.lifecycle_profiles = o.lifecycle_profiles;
+    s.owner_uid = geteuid();  // the kernel's rule, as through commdbgd (0: root, unchecked)
+    s.owner_gid = getegid();
     return s;
 }
 

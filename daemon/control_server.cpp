@@ -14,6 +14,7 @@
 #include <fstream>
 
 #include "limits.hpp"
+#include "procfs.hpp"
 #include "session_output.hpp"
 #include "trace_session.hpp"
 
@@ -30,6 +31,18 @@ int tgid_of(int pid) {
     while (std::getline(in, line))
         if (line.rfind("Tgid:", 0) == 0) return atoi(line.c_str() + 5);
     return 0;
+}
+
+// Who `pid` is to the kernel's ptrace rule; nullopt when there is no such
+// process.  One that is there but cannot be read is nobody's but root's.
+std::optional<ProcessCreds> creds_of(int pid) {
+    auto c = read_creds(pid);
+    if (c) return *c;
+    struct stat st {};
+    if (::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0) return std::nullopt;
+    ProcessCreds root_only;
+    root_only.dumpable = false;
+    return root_only;
 }
 
 }  // namespace
@@ -190,17 +203,25 @@ void ControlServer::serve(int fd, const PeerCred& peer) {
 }
 
 std::string ControlServer::handle(const Request& req, const PeerCred& peer, int fd) {
-    Access a = authorize(req, peer, [this](int pid) { return counter_.owner_of(static_cast<uint32_t>(pid)); });
+    Access a = authorize(req, peer, creds_of);
     if (a == Access::Deny) return error_response(deny_message(req, peer));
     std::optional<uint32_t> only_uid;
     if (a == Access::AllowOwnOnly) only_uid = peer.uid;
+    // Counts of the processes the kernel would let the caller read, as of now
+    // (a set-uid program it started is counted under its real uid).
+    NodeCounter::ProcessFilter may_see;
+    if (only_uid)
+        may_see = [peer](uint32_t pid) {
+            auto c = read_creds(static_cast<int>(pid));
+            return c && may_read_process(*c, peer.uid, peer.gid);
+        };
     if (req.op == "status") {
         nlohmann::json st = counter_.status();
         st["max_sessions"] = max_sessions_;
         st["unprivileged_limits"] = to_json(kUnprivilegedLimits);
         return ok_response(std::move(st));
     }
-    if (req.op == "counts") return counts(req, only_uid);
+    if (req.op == "counts") return counts(req, may_see);
     if (req.op == "sessions") {
         nlohmann::json list = nlohmann::json::array();
         std::lock_guard lock(mu_);
@@ -235,10 +256,10 @@ std::string ControlServer::handle(const Request& req, const PeerCred& peer, int 
 
 // counts of one pid that is not counted: a thread of a counted process gets
 // its process's counts; anything else an error saying what it is.
-std::string ControlServer::counts(const Request& req, std::optional<uint32_t> only_uid) {
+std::string ControlServer::counts(const Request& req, const NodeCounter::ProcessFilter& may_see) {
     std::optional<uint32_t> pid;
     if (req.pid) pid = static_cast<uint32_t>(*req.pid);
-    nlohmann::json reply = counter_.counts(pid, req.by_comm, only_uid);
+    nlohmann::json reply = counter_.counts(pid, req.by_comm, may_see);
     if (!pid || !reply.value("processes", nlohmann::json::array()).empty()) return ok_response(std::move(reply));
     const std::string who = "counts --pid " + std::to_string(*pid);
     const std::string p = std::to_string(*pid);
@@ -249,7 +270,7 @@ std::string ControlServer::counts(const Request& req, std::optional<uint32_t> on
         "--scope-cgroup; `commdbg counts` lists the processes it counts";
     if (static_cast<uint32_t>(tgid) != *pid) {
         const std::string t = std::to_string(tgid);
-        nlohmann::json of_process = counter_.counts(static_cast<uint32_t>(tgid), req.by_comm, only_uid);
+        nlohmann::json of_process = counter_.counts(static_cast<uint32_t>(tgid), req.by_comm, may_see);
         if (of_process.value("processes", nlohmann::json::array()).empty())
             return error_response(who + ": " + p + " is a thread of pid " + t + ", which is not counted: it" +
                                   not_counted);
@@ -261,8 +282,10 @@ std::string ControlServer::counts(const Request& req, std::optional<uint32_t> on
 
 namespace {
 
-SessionOptions session_options(const Request& req) {
+SessionOptions session_options(const Request& req, const PeerCred& peer) {
     SessionOptions so;
+    so.owner_uid = peer.uid;
+    so.owner_gid = peer.gid;
     so.limits.max_records = req.max_records;
     so.limits.max_depth = req.max_depth;
     so.probes = req.probes;
@@ -338,7 +361,7 @@ std::string ControlServer::attach(const Request& req, const PeerCred& peer, int 
         uint64_t id;
         ~SlotRelease() { s->release_session_slot(id); }
     } release{this, session->id};
-    auto created = TraceSession::create(session_options(req));
+    auto created = TraceSession::create(session_options(req, peer));
     if (!created) return error_response(who + ": " + created.error());
     // Children forked during the window are traced as with --no-daemon;
     // never stopped at a loader change (its parent may be a shell).

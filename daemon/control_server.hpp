@@ -65,7 +65,7 @@ private:
     std::string take_connection(uint32_t uid);
     void release_connection(uint32_t uid);
     void serve(int fd, const PeerCred& peer);
-    std::string counts(const Request& req, std::optional<uint32_t> only_uid);
+    std::string counts(const Request& req, const NodeCounter::ProcessFilter& may_see);
     std::string handle(const Request& req, const PeerCred& peer, int fd);
     // Sends the session's lines and outputs itself: returns an error reply
     // to send, or "" when everything was sent.

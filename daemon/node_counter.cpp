@@ -308,17 +308,11 @@ void NodeCounter::publish(const CounterSnapshot& snapshot, std::vector<CommEntry
     series_->export_counts(snapshot, comms_, procs_, now);
 }
 
-std::optional<uint32_t> NodeCounter::owner_of(uint32_t pid) {
-    auto info = read_process(static_cast<int>(pid));
-    if (!info) return std::nullopt;
-    return info->uid;
-}
-
-nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, std::optional<uint32_t> only_uid) {
+nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, const ProcessFilter& may_see) {
     {
         std::lock_guard lock(mu_);
         if (!pid || procs_.count(*pid))
-            return counts_from({procs_, counters_, counter_loss_, comms_}, pid, by_comm, only_uid);
+            return counts_from({procs_, counters_, counter_loss_, comms_}, pid, by_comm, may_see);
     }
     // Not adopted (yet: the main thread may be behind, or the filter full):
     // its kernel counters read now, so a live process is never answered
@@ -334,16 +328,16 @@ nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, st
             comms = bpf_->comms();
         }
     }
-    return counts_from({one, snap.entries, snap.loss, comms}, pid, by_comm, only_uid);
+    return counts_from({one, snap.entries, snap.loss, comms}, pid, by_comm, may_see);
 }
 
 nlohmann::json NodeCounter::counts_from(const CountsSource& src, std::optional<uint32_t> pid, bool by_comm,
-                                        std::optional<uint32_t> only_uid) const {
+                                        const ProcessFilter& may_see) const {
     nlohmann::json procs = nlohmann::json::array();
     nlohmann::json by = nlohmann::json::object();  // comm id -> nranks, ranks
     for (const auto& [p, info] : src.procs) {
         if (pid && p != *pid) continue;
-        if (only_uid && info.uid != *only_uid) continue;
+        if (may_see && !may_see(p)) continue;
         // The same snapshot the attach outputs read: counters joined with
         // communicators, summed by kind with the same keys.
         ProcessReport snap;

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -72,10 +73,11 @@ public:
     void step(int timeout_ms);
     void refresh();
 
-    // {"processes": [...]} for `commdbg counts`; uid filter for non-root callers.
-    nlohmann::json counts(std::optional<uint32_t> pid, bool by_comm, std::optional<uint32_t> only_uid);
+    // Which counted processes a caller may see; empty: all of them.
+    using ProcessFilter = std::function<bool(uint32_t pid)>;
+    // {"processes": [...]} for `commdbg counts`, of the processes may_see passes.
+    nlohmann::json counts(std::optional<uint32_t> pid, bool by_comm, const ProcessFilter& may_see);
     nlohmann::json status();
-    std::optional<uint32_t> owner_of(uint32_t pid);
     MetricsRegistry& metrics() { return metrics_; }
 
 private:
@@ -111,7 +113,7 @@ private:
         const std::vector<CommEntry>& comms;
     };
     nlohmann::json counts_from(const CountsSource& src, std::optional<uint32_t> pid, bool by_comm,
-                               std::optional<uint32_t> only_uid) const;
+                               const ProcessFilter& may_see) const;
 
     NodeCounterOptions opts_;
     CgroupScope scope_;

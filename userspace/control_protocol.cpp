@@ -258,38 +258,27 @@ Result<Request> parse_request(std::string_view line) {
 // ---- authorization -----------------------------------------------------------
 
 Access authorize(const Request& req, const PeerCred& peer,
-                 const std::function<std::optional<uint32_t>(int pid)>& owner_uid) {
+                 const std::function<std::optional<ProcessCreds>(int pid)>& creds_of) {
     if (peer.uid == 0) return Access::Allow;
-    // Without a way to learn a process owner, a process-scoped request is refused.
-    auto owner_of = [&](int pid) -> std::optional<std::optional<uint32_t>> {
-        if (!owner_uid) return std::nullopt;
-        return owner_uid(pid);
-    };
     if (req.op == "status") return Access::Allow;
     if (req.op == "sessions" || req.op == "detach") return Access::AllowOwnOnly;
-    if (req.op == "counts") {
-        if (!req.pid) return Access::AllowOwnOnly;
-        auto owner = owner_of(*req.pid);
-        if (!owner) return Access::Deny;
-        if (*owner && **owner != peer.uid) return Access::Deny;
-        return Access::AllowOwnOnly;
-    }
-    if (req.op == "attach") {
-        if (!req.pid) return Access::Deny;
-        auto owner = owner_of(*req.pid);
-        if (!owner) return Access::Deny;
-        // An unknown pid is let through so the session reports "no such process".
-        if (*owner && **owner != peer.uid) return Access::Deny;
-        return Access::Allow;
-    }
-    return Access::Deny;
+    if (req.op != "counts" && req.op != "attach") return Access::Deny;
+    if (!req.pid) return req.op == "counts" ? Access::AllowOwnOnly : Access::Deny;
+    // Without a way to learn who a process is, a process-scoped request is refused.
+    if (!creds_of) return Access::Deny;
+    // An unknown pid is let through so the reply says "no such process".
+    auto creds = creds_of(*req.pid);
+    if (creds && !may_read_process(*creds, peer.uid, peer.gid)) return Access::Deny;
+    return req.op == "counts" ? Access::AllowOwnOnly : Access::Allow;
 }
 
 std::string deny_message(const Request& req, const PeerCred& peer) {
     std::string what = req.op.empty() ? std::string("request") : bounded(req.op);
     if ((req.op == "attach" || req.op == "counts") && req.pid)
-        return "permission denied — " + what + " " + std::to_string(*req.pid) +
-               ": the process belongs to another user; run as root or as the process owner";
+        return "permission denied — " + what + " " + std::to_string(*req.pid) + ": uid " +
+               std::to_string(peer.uid) +
+               " may not read that process (another user's, a set-user-ID or set-group-ID program, or "
+               "not dumpable: the kernel's ptrace rule); run as root or as the process owner";
     return "permission denied — " + what + ": not allowed for uid " + std::to_string(peer.uid) +
            "; run as root";
 }

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "limits.hpp"
+#include "procfs.hpp"
 #include "py_config.hpp"
 #include "result.hpp"
 
@@ -82,10 +83,14 @@ struct PeerCred {
 // counts) or the target (detach) to things the caller's uid owns.
 enum class Access { Allow, AllowOwnOnly, Deny };
 
-// owner_uid(pid) gives the uid owning a process, nullopt when it does not
-// exist (an attach on it is allowed so the session reports "no such process").
+// creds_of(pid) gives a process's ids and dumpability (read_creds), nullopt
+// when it does not exist (an attach on it is allowed so the session reports
+// "no such process").  A user other than root gets a process only where the
+// kernel would let it read that process itself (may_read_process): not
+// another user's, not a set-uid/set-gid program it started, not one that
+// made itself non-dumpable.
 Access authorize(const Request& req, const PeerCred& peer,
-                 const std::function<std::optional<uint32_t>(int pid)>& owner_uid);
+                 const std::function<std::optional<ProcessCreds>(int pid)>& creds_of);
 
 // The reply text for a Deny from authorize().
 std::string deny_message(const Request& req, const PeerCred& peer);

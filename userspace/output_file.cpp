@@ -51,6 +51,23 @@ Result<OutputTarget> fail(const OutputTarget& t, const std::string& what) {
     return Result<OutputTarget>::fail(t.option + " " + t.path + ": " + what);
 }
 
+// The kernel's protected_symlinks / protected_regular / protected_fifos rule
+// (fs/namei.c), applied whatever the sysctls say: in a sticky world-writable
+// directory (/tmp) a link, file or FIFO another user planted is used only
+// when it is ours or the directory owner's.  Root is no exception: it is
+// whom a planted link would make overwrite its own files.
+std::optional<std::string> sticky_owner_problem(const std::string& p, const struct stat& st) {
+    if (!S_ISLNK(st.st_mode) && !S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode)) return std::nullopt;
+    const std::string dir = dir_of(p);
+    struct stat dst {};
+    if (stat(dir.c_str(), &dst) != 0 || (dst.st_mode & (S_ISVTX | S_IWOTH)) != (S_ISVTX | S_IWOTH))
+        return std::nullopt;
+    if (st.st_uid == geteuid() || st.st_uid == dst.st_uid) return std::nullopt;
+    const char* what = S_ISLNK(st.st_mode) ? "follow a symlink" : S_ISFIFO(st.st_mode) ? "write to a FIFO" : "replace a file";
+    return std::string("refusing to ") + what + " owned by uid " + std::to_string(st.st_uid) +
+           " in the sticky directory " + dir + " — remove it or pick another path";
+}
+
 // Follows the symlinks of t.path to what gets the content.
 Result<OutputTarget> resolve(OutputTarget t) {
     std::string p = t.path;
@@ -68,6 +85,7 @@ Result<OutputTarget> resolve(OutputTarget t) {
             t.resolved = p;
             return t;
         }
+        if (auto problem = sticky_owner_problem(p, lst)) return fail(t, *problem);
         if (!S_ISLNK(lst.st_mode)) {
             t.resolved = p;
             if (S_ISDIR(lst.st_mode))
@@ -144,6 +162,10 @@ void write_all(int fd, const std::string& content, const std::string& path) {
 void replace_atomically(const std::string& path, const std::string& content) {
     const std::string dir = dir_of(path);
     struct stat old {};
+    // Planted since check_output (the window is long): not replaced either,
+    // nor its mode (0666, say) given to our file.
+    if (lstat(path.c_str(), &old) == 0)
+        if (auto problem = sticky_owner_problem(path, old)) throw CommdbgError("cannot write " + path + ": " + *problem);
     const mode_t mode = stat(path.c_str(), &old) == 0 ? (old.st_mode & 07777) : 0644;
     std::string tmpl = path + ".tmp.XXXXXX";
     int fd = mkstemp(tmpl.data());

@@ -246,6 +246,46 @@ Result<ProcessInfo> read_process(int pid, const std::string& proc_root) {
     return info;
 }
 
+namespace {
+
+// The four ids after `key` ("\nUid:") in /proc/PID/status.
+bool parse_ids(const std::string& status, std::string_view key, std::array<uint32_t, 4>& ids) {
+    size_t at = status.find(key);
+    if (at == std::string::npos) return false;
+    std::string_view line = std::string_view(status).substr(at + key.size());
+    line = line.substr(0, line.find('\n'));
+    for (uint32_t& id : ids)
+        if (!parse_num(next_field(line), id, 10)) return false;
+    return true;
+}
+
+}  // namespace
+
+Result<ProcessCreds> read_creds(int pid, const std::string& proc_root) {
+    using R = Result<ProcessCreds>;
+    const std::string dir = pid_dir(proc_root, pid);
+    if (pid <= 0) return R::fail(read_error(pid, dir, ENOENT));
+    ProcessCreds c;
+    std::string status, status_file = dir + "/status";
+    if (int err = read_file(status_file, status)) return R::fail(read_error(pid, status_file, err));
+    if (!parse_ids(status, "\nUid:", c.uids) || !parse_ids(status, "\nGid:", c.gids))
+        return R::fail(status_file + ": malformed (no 'Uid:' and 'Gid:' lines of four ids)");
+    // Not /proc/PID itself: the kernel keeps the directory's owner the
+    // effective uid whatever the dumpability; its files change owner.
+    struct stat st {};
+    const std::string stat_file = dir + "/stat";
+    if (::stat(stat_file.c_str(), &st) != 0) return R::fail(read_error(pid, stat_file, errno));
+    c.dumpable = st.st_uid == c.uids[1] && st.st_gid == c.gids[1];
+    return c;
+}
+
+bool may_read_process(const ProcessCreds& t, uint32_t uid, uint32_t gid) {
+    if (uid == 0) return true;
+    for (int i = 0; i < 3; ++i)
+        if (t.uids[i] != uid || t.gids[i] != gid) return false;
+    return t.dumpable;
+}
+
 std::map<std::string, std::string> read_environ(int pid, const std::vector<std::string>& keys,
                                                 const std::string& proc_root) {
     std::map<std::string, std::string> out;

@@ -3,6 +3,7 @@
 // them at a fake tree.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -64,6 +65,23 @@ struct ProcessInfo {
 
 // Fails with "no such process" or "permission denied" messages a user can act on.
 Result<ProcessInfo> read_process(int pid, const std::string& proc_root = "/proc");
+
+// Who a process is to the kernel's ptrace rule: its ids and dumpability.
+struct ProcessCreds {
+    std::array<uint32_t, 4> uids{};  // real, effective, saved, filesystem (status "Uid:")
+    std::array<uint32_t, 4> gids{};  // the same for "Gid:"
+    // False after exec of a set-uid/set-gid program or prctl(PR_SET_DUMPABLE, 0):
+    // the kernel then gives /proc/PID/stat to root instead of the effective uid.
+    bool dumpable = true;
+};
+
+Result<ProcessCreds> read_creds(int pid, const std::string& proc_root = "/proc");
+
+// The kernel's rule for reading another process's memory (ptrace_may_access,
+// PTRACE_MODE_READ / ATTACH with real creds, as process_vm_readv checks it):
+// root, or a caller whose uid is the target's real, effective and saved uid,
+// whose gid is its real, effective and saved gid, and a dumpable target.
+bool may_read_process(const ProcessCreds& target, uint32_t uid, uint32_t gid);
 
 // The environment of `pid`, restricted to `keys` (first definition wins).
 // Empty when it cannot be read: environ needs the same uid or root.

@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstring>
 #include <set>
+#include <type_traits>
+#include <variant>
 
 #include "events.hpp"
 #include "snapshot.hpp"
@@ -92,6 +94,15 @@ TracedProcess& TraceSession::track(uint32_t pid) {
 
 namespace {
 
+uint32_t tgid_of(const Event& ev) {
+    return std::visit(
+        [](const auto& e) -> uint32_t {
+            if constexpr (std::is_same_v<std::decay_t<decltype(e)>, Call>) return e.enter.tgid;
+            else return e.tgid;
+        },
+        ev);
+}
+
 // Why `pid` cannot be traced (a thread, a kernel thread, a zombie), if so.
 Result<bool> check_traceable(int pid) {
     auto info = read_process(pid);
@@ -120,8 +131,44 @@ uint32_t TraceSession::trace_flags(bool follow, bool dl_stop) {
     return flags;
 }
 
+bool TraceSession::owner_may_read(uint32_t pid) const {
+    if (opts_.owner_uid == 0) return true;
+    auto c = read_creds(static_cast<int>(pid));
+    return !c || may_read_process(*c, opts_.owner_uid, opts_.owner_gid);
+}
+
+// Untraced in the kernel, forgotten by the resolver (which reads its memory)
+// and by the walker; what was recorded before stays in the report.
+void TraceSession::withhold(TracedProcess& p) {
+    if (p.withheld) return;
+    p.withheld = true;
+    bpf_->untrace_process(p.pid);
+    bpf_->clear_python(p.pid);
+    resolver_.forget(p.pid);
+    p.python_ready = false;
+    p.notes.push_back("pid " + std::to_string(p.pid) + " is no longer traced: uid " + std::to_string(opts_.owner_uid) +
+                      " may not read it since it became a set-user-ID or set-group-ID program, another user's or "
+                      "not dumpable (the kernel's ptrace rule); its records end here — trace it as root");
+}
+
+// A process may become unreadable without an exec (setresuid, prctl): looked
+// at once a second, besides at every fork and loader change.
+void TraceSession::recheck_access() {
+    if (opts_.owner_uid == 0) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - access_checked_ < std::chrono::seconds(1)) return;
+    access_checked_ = now;
+    for (auto& [pid, p] : procs_)
+        if (!p.withheld && !p.exited && !owner_may_read(pid)) withhold(p);
+}
+
 Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
     if (auto r = check_traceable(pid); !r) return r;
+    if (!owner_may_read(static_cast<uint32_t>(pid)))
+        return Result<bool>::fail("pid " + std::to_string(pid) + ": permission denied — uid " +
+                                  std::to_string(opts_.owner_uid) +
+                                  " may not read that process (another user's, a set-user-ID or set-group-ID "
+                                  "program, or not dumpable); run as root or as the process owner");
     const auto tgid = static_cast<uint32_t>(pid);
     const uint32_t flags = trace_flags(follow, dl_stop);
     const bool stops = flags & CD_TRACE_DL_STOP;
@@ -211,9 +258,12 @@ void TraceSession::learn_scope_labels(TracedProcess& p, const CallEnter& e) {
 }
 
 void TraceSession::scan(uint32_t pid) {
+    // Every exec reaches here (its loader event): a set-uid image is not read.
+    auto& p = track(pid);
+    if (p.withheld) return;
+    if (!owner_may_read(pid)) return withhold(p);
     auto r = attacher_.scan_process(static_cast<int>(pid));
     if (!r) return;  // gone meanwhile: its exit event follows
-    auto& p = track(pid);
     // An exec event (DlChange::exec) follows every exec: the command line is final by now.
     if (auto info = read_process(static_cast<int>(pid)))
         p.command = info->cmdline.empty() ? info->comm : info->cmdline;
@@ -240,6 +290,12 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
         return;
     }
     Event& ev = *d.event;
+    auto self = procs_.find(tgid_of(ev));
+    if (self != procs_.end() && self->second.withheld && !std::holds_alternative<ProcExit>(ev)) {
+        // Sent before it was untraced: nothing of it is read.  A stop still ends.
+        if (auto* dl = std::get_if<DlChange>(&ev); dl && dl->stopped) kill(static_cast<pid_t>(dl->tgid), SIGCONT);
+        return;
+    }
     if (auto* dl = std::get_if<DlChange>(&ev)) {
         // After an exec the scan finds the new image's loader (another
         // file in another root) and probes it before the image runs.
@@ -290,6 +346,7 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
 }
 
 int TraceSession::poll(int timeout_ms) {
+    recheck_access();
     resolver_.begin_batch();
     const int n = bpf_->poll(timeout_ms);
     tell_code_kinds();
@@ -313,7 +370,7 @@ void TraceSession::drain() {
     // flight (a rank stuck in a collective) are read from the kernel's slots
     // and reported as open calls, as they were when the window closed.
     for (const CallEnter& e : bpf_->open_calls())
-        if (procs_.count(e.tgid)) model_.on_event(Event{e});
+        if (auto it = procs_.find(e.tgid); it != procs_.end() && !it->second.withheld) model_.on_event(Event{e});
 }
 
 void TraceSession::reset_window() {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <optional>
@@ -33,6 +34,12 @@ struct SessionOptions {
     PyStackMode py_stack = PyStackMode::Default;  // where records carry the Python stack
     uint32_t py_depth = CD_DEFAULT_PY_FRAMES;     // frames walked per record, innermost first
     std::vector<lifecycle::Profile> lifecycle_profiles;  // tried before the built-in ones
+    // Whom the session traces for (commdbgd: its client).  Other than root,
+    // a process the kernel would not let that user read (may_read_process)
+    // is refused at add_process, and one that becomes so during the window
+    // (a followed child that execs a set-uid program, a prctl making it
+    // non-dumpable) is withheld: untraced, its later records dropped, noted.
+    uint32_t owner_uid = 0, owner_gid = 0;
 };
 
 struct TracedProcess {
@@ -58,6 +65,9 @@ struct TracedProcess {
     uint32_t python_tries = 0;
     cd_py_cfg py_cfg{};          // what the kernel walks it with (python_ready)
     uint32_t label_tries = 0;    // looking for its record_function type (torch 1.13)
+    // The session's owner may no longer read it (SessionOptions::owner_uid):
+    // untraced since, and nothing more of it is read or recorded.
+    bool withheld = false;
 };
 
 class TraceSession {
@@ -112,6 +122,10 @@ private:
     void setup_python(TracedProcess& p);
     void learn_scope_labels(TracedProcess& p, const CallEnter& e);
     void tell_code_kinds();
+    // The session's owner may read `pid` now (always for root; a process gone meanwhile too).
+    bool owner_may_read(uint32_t pid) const;
+    void withhold(TracedProcess& p);
+    void recheck_access();
 
     std::unique_ptr<ResumeGuard> guard_;  // forked before the BPF object exists
     std::unique_ptr<BpfSession> bpf_;
@@ -128,6 +142,7 @@ private:
     uint32_t follow_flags_ = 0;
     uint64_t untraced_children_ = 0;  // forks of a process traced without follow
     static constexpr uint64_t kMaxChildNotes = 8;
+    std::chrono::steady_clock::time_point access_checked_{};
 };
 
 // "pid 4242 (python3 train.py)" for messages.

@@ -213,6 +213,28 @@ TEST(Outputs, BadOutputPathsAreRefusedBeforeTheCommandRuns) {
     expect_refused_up_front({"--json", tmp.path("small/out.json")}, "--json", "a full filesystem", tmp);
 }
 
+// Issue 21.3: with fs.protected_symlinks=0, uid 65534's link in a sticky
+// directory must not make root's dump overwrite a root-owned file.
+TEST(Outputs, AnotherUsersSymlinkInAStickyDirIsNotFollowedByRoot) {
+    REQUIRE_BPF();
+    TempDir tmp;
+    const std::string pub = tmp.path("pub"), target = tmp.path("target"), link = pub + "/out.json";
+    ASSERT_EQ(mkdir(pub.c_str(), 0777), 0);
+    ASSERT_EQ(chmod(pub.c_str(), 01777), 0);  // as /tmp
+    { std::ofstream(target) << "root's"; }
+    ASSERT_EQ(chmod(target.c_str(), 0600), 0);
+    ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+    ASSERT_EQ(lchown(link.c_str(), 65534, 65534), 0);
+    expect_refused_up_front({"--json", link}, "--json", "another user's symlink in a sticky directory", tmp);
+    auto r = run(run_argv({"--json", link}, {"/bin/true"}), nccl_env(false), 30);
+    EXPECT_NE(r.err.find("refusing to follow a symlink owned by uid 65534 in the sticky directory " + pub),
+              std::string::npos)
+        << r.err;
+    std::ifstream in(target);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "root's") << "the root-owned file was overwritten";
+    EXPECT_EQ(stat_of(target).st_mode & 07777, 0600u);
+}
+
 TEST(Outputs, FilesystemFilledDuringTheWindowKeepsTheDumpElsewhere) {
     REQUIRE_BPF();
     TempDir tmp;

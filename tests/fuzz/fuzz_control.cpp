@@ -49,10 +49,12 @@ void check_reply(const std::string& reply, bool ok) {
     require(j.is_object() && j.contains("ok") && j["ok"] == ok);
 }
 
-std::optional<uint32_t> fake_owner(int pid) {
-    switch (pid % 3) {
-    case 0: return 0u;
-    case 1: return 1000u;
+std::optional<ProcessCreds> fake_owner(int pid) {
+    ProcessCreds c;
+    switch (pid % 4) {
+    case 0: return c;  // root's
+    case 1: c.uids.fill(1000), c.gids.fill(1000); return c;
+    case 2: c.uids.fill(1000), c.gids.fill(1000), c.dumpable = false; return c;
     default: return std::nullopt;
     }
 }

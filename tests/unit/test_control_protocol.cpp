@@ -327,9 +327,32 @@ TEST(ParseRequest, OverLongLineIsRefused) {
 // ---- authorize ---------------------------------------------------------------
 
 constexpr uint32_t kAlice = 1000, kBob = 1001;
-const std::map<int, uint32_t> kOwners = {{100, 0}, {200, kAlice}, {300, kBob}};
 
-std::optional<uint32_t> owner_of(int pid) {
+ProcessCreds creds(uint32_t uid, bool dumpable = true) {
+    ProcessCreds c;
+    c.uids.fill(uid);
+    c.gids.fill(uid);  // each user's gid is its uid here
+    c.dumpable = dumpable;
+    return c;
+}
+
+// Alice's processes past 200 are hers by their real uid, not to the kernel.
+const std::map<int, ProcessCreds> kOwners = [] {
+    std::map<int, ProcessCreds> m = {{100, creds(0)}, {200, creds(kAlice)}, {300, creds(kBob)},
+                                     {400, creds(kAlice, false)}};
+    ProcessCreds setuid_root = creds(kAlice);
+    setuid_root.uids = {kAlice, 0, 0, 0};  // a set-uid-root program she started (passwd)
+    m[500] = setuid_root;
+    ProcessCreds setgid = creds(kAlice);
+    setgid.gids = {kAlice, 42, 42, 42};
+    m[600] = setgid;
+    ProcessCreds saved_root = creds(kAlice);
+    saved_root.uids[2] = 0;  // root that set only its real and effective uid to hers
+    m[700] = saved_root;
+    return m;
+}();
+
+std::optional<ProcessCreds> owner_of(int pid) {
     auto it = kOwners.find(pid);
     if (it == kOwners.end()) return std::nullopt;
     return it->second;
@@ -374,6 +397,20 @@ TEST(Authorize, AttachOnlyToOwnProcessesUnknownPidLetThrough) {
     EXPECT_EQ(access(R"({"op":"attach","pid":999})", kAlice), Access::Allow);
 }
 
+// The kernel would not let her read these (ptrace_may_access): neither may she through the root daemon.
+TEST(Authorize, NonDumpableAndSetIdProcessesOfTheCallerAreDenied) {
+    for (int pid : {400, 500, 600, 700}) {
+        const std::string p = std::to_string(pid);
+        EXPECT_EQ(access(R"({"op":"attach","pid":)" + p + "}", kAlice), Access::Deny) << pid;
+        EXPECT_EQ(access(R"({"op":"counts","pid":)" + p + "}", kAlice), Access::Deny) << pid;
+        EXPECT_EQ(access(R"({"op":"attach","pid":)" + p + "}", 0), Access::Allow) << pid;
+    }
+    // Her gid must be the process's too.
+    Request attach = parse_request(R"({"op":"attach","pid":200})").value();
+    EXPECT_EQ(authorize(attach, PeerCred{1, kAlice, kAlice}, owner_of), Access::Allow);
+    EXPECT_EQ(authorize(attach, PeerCred{1, kAlice, 42}, owner_of), Access::Deny);
+}
+
 TEST(Authorize, WithoutAnOwnerLookupProcessScopedRequestsAreDenied) {
     Request attach = parse_request(R"({"op":"attach","pid":200})").value();
     EXPECT_EQ(authorize(attach, PeerCred{1, kAlice, kAlice}, nullptr), Access::Deny);
@@ -388,13 +425,12 @@ TEST(Authorize, UnknownOpIsDeniedToNonRoot) {
 
 TEST(Authorize, DenyMessageNamesTheOpThePidAndTheWayOut) {
     Request r = parse_request(R"({"op":"attach","pid":4242})").value();
-    EXPECT_EQ(deny_message(r, PeerCred{1, kAlice, kAlice}),
-              "permission denied — attach 4242: the process belongs to another user; "
-              "run as root or as the process owner");
+    const std::string why =
+        ": uid 1000 may not read that process (another user's, a set-user-ID or set-group-ID program, or not "
+        "dumpable: the kernel's ptrace rule); run as root or as the process owner";
+    EXPECT_EQ(deny_message(r, PeerCred{1, kAlice, kAlice}), "permission denied — attach 4242" + why);
     r = parse_request(R"({"op":"counts","pid":300})").value();
-    EXPECT_EQ(deny_message(r, PeerCred{1, kAlice, kAlice}),
-              "permission denied — counts 300: the process belongs to another user; "
-              "run as root or as the process owner");
+    EXPECT_EQ(deny_message(r, PeerCred{1, kAlice, kAlice}), "permission denied — counts 300" + why);
 }
 
 // ---- what users other than root may ask for -------------------------------------

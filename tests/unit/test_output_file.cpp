@@ -15,6 +15,7 @@
 
 #include "output_file.hpp"
 #include "report.hpp"
+#include "test_proc.hpp"
 
 using namespace commdbg;
 
@@ -168,6 +169,76 @@ TEST(ExitStatus, ExitAndSignalAreToldApart) {
     auto core = decode_exit(SIGSEGV | 0x80);
     EXPECT_EQ(core.signal, SIGSEGV);
     EXPECT_TRUE(core.core_dumped);
+}
+
+// ---- another user's links and files in a sticky directory (/tmp) -------------
+// Planting one as uid 65534 needs lchown: root only.
+
+class StickyDirTest : public OutputFileTest {
+protected:
+    void SetUp() override {
+        OutputFileTest::SetUp();
+        REQUIRE_OR_SKIP(geteuid() == 0, "lchown to uid 65534 needs root");
+        ASSERT_EQ(mkdir(path("pub").c_str(), 0777), 0);
+        ASSERT_EQ(chmod(path("pub").c_str(), 01777), 0);  // as /tmp: sticky, world-writable, root's
+        { std::ofstream(path("target")) << "secret"; }
+        chmod(path("target").c_str(), 0600);
+    }
+    // pub/NAME -> target, owned by `uid`.
+    std::string plant_link(const std::string& name, uid_t uid) {
+        std::string link = path("pub/" + name);
+        EXPECT_EQ(symlink(path("target").c_str(), link.c_str()), 0);
+        EXPECT_EQ(lchown(link.c_str(), uid, uid), 0);
+        return link;
+    }
+};
+
+TEST_F(StickyDirTest, AnotherUsersSymlinkIsNotFollowedAndItsTargetIsUntouched) {
+    const std::string link = plant_link("out.json", 65534);
+    auto t = check_output("--json", link);
+    ASSERT_FALSE(t) << "followed to " << t->resolved;
+    EXPECT_EQ(t.error(), "--json " + link + ": refusing to follow a symlink owned by uid 65534 in the sticky directory " +
+                             path("pub") + " — remove it or pick another path");
+    EXPECT_EQ(slurp(path("target")), "secret");
+    struct stat st {};
+    ASSERT_EQ(lstat(link.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISLNK(st.st_mode));
+    // A second hop through such a link is refused too.
+    ASSERT_EQ(symlink(link.c_str(), path("mine").c_str()), 0);
+    EXPECT_FALSE(check_output("--json", path("mine")));
+}
+
+// The kernel's rule, not "never follow": the caller's own links, and the
+// directory owner's, are followed.
+TEST_F(StickyDirTest, OwnLinksAndTheDirectoryOwnersAreFollowed) {
+    const std::string own = plant_link("own.json", 0);
+    auto t = check_output("--json", own);
+    ASSERT_TRUE(t) << t.error();
+    write_output(*t, "dump");
+    EXPECT_EQ(slurp(path("target")), "dump");
+    ASSERT_EQ(chown(path("pub").c_str(), 65534, 65534), 0);
+    const std::string owners = plant_link("dir-owner.json", 65534);
+    EXPECT_TRUE(check_output("--json", owners));
+}
+
+TEST_F(StickyDirTest, AnotherUsersFileIsNotReplacedNorItsModeTaken) {
+    const std::string f = path("pub/out.json");
+    { std::ofstream(f) << "theirs"; }
+    chown(f.c_str(), 65534, 65534);
+    chmod(f.c_str(), 0666);
+    auto t = check_output("--json", f);
+    ASSERT_FALSE(t);
+    EXPECT_NE(t.error().find("refusing to replace a file owned by uid 65534 in the sticky directory"), std::string::npos)
+        << t.error();
+    // Planted after the check, during the window: refused at the write.
+    const std::string later = path("pub/later.json");
+    auto ok = check_output("--json", later);
+    ASSERT_TRUE(ok) << ok.error();
+    { std::ofstream(later) << "theirs"; }
+    chown(later.c_str(), 65534, 65534);
+    chmod(later.c_str(), 0666);
+    EXPECT_THROW(write_output(*ok, "dump"), CommdbgError);
+    EXPECT_EQ(slurp(later), "theirs");
 }
 
 }  // namespace

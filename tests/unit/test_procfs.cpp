@@ -2,6 +2,8 @@
 // procfs readers on a fake /proc tree written here, and on this test's own process.
 #include <gtest/gtest.h>
 #include <grp.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -307,3 +309,72 @@ TEST(ProcfsReal, OwnEnvironIsReadable) {
 }
 
 }  // namespace
+
+TEST_F(FakeProc, CredsHoldAllFourUidsAndGids) {
+    write_file(proc_ + "/40/stat", stat_line(40, "passwd", 'S', 1, 0x400100));
+    write_file(proc_ + "/40/status", "Name:\tpasswd\nUid:\t1000\t0\t0\t0\nGid:\t5\t5\t6\t5\nFDSize:\t64\n");
+    auto c = read_creds(40, proc_);
+    ASSERT_TRUE(c.ok()) << c.error();
+    EXPECT_EQ(c->uids, (std::array<uint32_t, 4>{1000, 0, 0, 0}));
+    EXPECT_EQ(c->gids, (std::array<uint32_t, 4>{5, 5, 6, 5}));
+    // Three ids are not four: refused rather than read short.
+    write_file(proc_ + "/41/stat", stat_line(41, "x", 'S', 1, 0));
+    write_file(proc_ + "/41/status", "Uid:\t1000\t1000\t1000\nGid:\t5\t5\t5\t5\n");
+    auto bad = read_creds(41, proc_);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.error().find("malformed"), std::string::npos) << bad.error();
+    EXPECT_NE(read_creds(42, proc_).error().find("no such process"), std::string::npos);
+}
+
+TEST(MayReadProcess, TheKernelsRuleRealEffectiveSavedIdsAndDumpable) {
+    ProcessCreds own;
+    own.uids.fill(1000);
+    own.gids.fill(100);
+    EXPECT_TRUE(may_read_process(own, 1000, 100));
+    EXPECT_FALSE(may_read_process(own, 1001, 100));  // another user's
+    EXPECT_FALSE(may_read_process(own, 1000, 101));  // another group's
+    EXPECT_TRUE(may_read_process(own, 0, 0));        // root reads all
+    for (int i = 0; i < 3; ++i) {
+        ProcessCreds c = own;
+        c.uids[i] = 0;  // set-uid root, or root that kept one of its ids
+        EXPECT_FALSE(may_read_process(c, 1000, 100)) << "uid " << i;
+        c = own;
+        c.gids[i] = 42;
+        EXPECT_FALSE(may_read_process(c, 1000, 100)) << "gid " << i;
+    }
+    ProcessCreds fs_only = own;
+    fs_only.uids[3] = 0;  // the filesystem uid is not the kernel's concern here
+    EXPECT_TRUE(may_read_process(fs_only, 1000, 100));
+    ProcessCreds undumpable = own;
+    undumpable.dumpable = false;
+    EXPECT_FALSE(may_read_process(undumpable, 1000, 100));
+    EXPECT_TRUE(may_read_process(undumpable, 0, 0));
+}
+
+// prctl(PR_SET_DUMPABLE, 0) needs no privilege: a child of this test does it.
+TEST(ProcfsReal, NonDumpableProcessIsSeenAsSuch) {
+    auto self = read_creds(getpid());
+    ASSERT_TRUE(self.ok()) << self.error();
+    EXPECT_TRUE(self->dumpable);
+    EXPECT_EQ(self->uids[0], getuid());
+    EXPECT_EQ(self->gids[1], getegid());
+    int ready[2];
+    ASSERT_EQ(pipe(ready), 0);
+    pid_t child = fork();
+    if (child == 0) {
+        close(ready[0]);
+        prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+        (void)!write(ready[1], "x", 1);
+        pause();
+        _exit(0);
+    }
+    close(ready[1]);
+    char c;
+    ASSERT_EQ(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    auto other = read_creds(child);
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    ASSERT_TRUE(other.ok()) << other.error();
+    EXPECT_FALSE(other->dumpable);
+}
