@@ -88,14 +88,6 @@ size_t nesting_depth(std::string_view s) {
     return deepest;
 }
 
-// Client text echoed in an error: bounded so a reply stays small.
-std::string bounded(std::string_view s) {
-    constexpr size_t kMax = 64;
-    std::string out(s.substr(0, kMax));
-    if (s.size() > kMax) out += "...";
-    return out;
-}
-
 std::string in_quotes(std::string_view s) { return "\"" + bounded(s) + "\""; }
 
 std::string field_error(const std::string& op, const std::string& field, const char* problem) {
