@@ -231,6 +231,11 @@ Result<Request> parse_request(std::string_view line) {
     using R = Result<Request>;
     if (line.size() > kMaxRequestBytes)
         return R::fail("request too large (> " + std::to_string(kMaxRequestBytes) + " bytes)");
+    // The JSON parser stops at a NUL as at the end of input: the bytes after
+    // it would be ignored, not refused.
+    if (size_t nul = line.find('\0'); nul != std::string_view::npos)
+        return R::fail("request has a NUL byte at offset " + std::to_string(nul) +
+                       ": a request is one line of JSON text, ended by a newline");
     // Checked before parsing: the parser must never see a nesting bomb.
     if (nesting_depth(line) > kMaxNestingDepth)
         return R::fail("not valid JSON: nesting deeper than " + std::to_string(kMaxNestingDepth) + " levels");
