@@ -35,7 +35,8 @@ void register_probes(CLI::App& app) {
         auto specs = select_specs(*files, errors);
         for (const auto& s : specs) print_spec(s);
         for (const auto& e : errors) std::cerr << "commdbg: " << e << "\n";
-        throw CommandDone{errors.empty() ? 0 : 1};
+        // A spec that does not parse is a bad argument: a usage error, as everywhere.
+        throw CommandDone{errors.empty() ? 0 : 2};
     });
 }
 

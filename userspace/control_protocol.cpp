@@ -88,14 +88,6 @@ size_t nesting_depth(std::string_view s) {
     return deepest;
 }
 
-// Client text echoed in an error: bounded so a reply stays small.
-std::string bounded(std::string_view s) {
-    constexpr size_t kMax = 64;
-    std::string out(s.substr(0, kMax));
-    if (s.size() > kMax) out += "...";
-    return out;
-}
-
 std::string in_quotes(std::string_view s) { return "\"" + bounded(s) + "\""; }
 
 std::string field_error(const std::string& op, const std::string& field, const char* problem) {
@@ -239,6 +231,11 @@ Result<Request> parse_request(std::string_view line) {
     using R = Result<Request>;
     if (line.size() > kMaxRequestBytes)
         return R::fail("request too large (> " + std::to_string(kMaxRequestBytes) + " bytes)");
+    // The JSON parser stops at a NUL as at the end of input: the bytes after
+    // it would be ignored, not refused.
+    if (size_t nul = line.find('\0'); nul != std::string_view::npos)
+        return R::fail("request has a NUL byte at offset " + std::to_string(nul) +
+                       ": a request is one line of JSON text, ended by a newline");
     // Checked before parsing: the parser must never see a nesting bomb.
     if (nesting_depth(line) > kMaxNestingDepth)
         return R::fail("not valid JSON: nesting deeper than " + std::to_string(kMaxNestingDepth) + " levels");

@@ -23,7 +23,7 @@ constexpr std::array<std::string_view, kEventKinds> kKindNames = {
     "forward_prefetch", "backward_prefetch", "pre_backward", "post_backward", "grad_reduce", "root_post_backward",
 };
 
-// A label pattern as an ECMAScript regex: literals escaped, `{unit}` a
+// A label pattern as an RE2 regex: literals escaped, `{unit}` a
 // group, `{any}` anything, `[...]` optional.  Returns the regex text and the
 // unit's group (0: none), or what is wrong with the pattern.
 Result<std::pair<std::string, int>> compile_pattern(const std::string& pat) {
@@ -69,14 +69,16 @@ Result<Profile::Rule> parse_rule(const nlohmann::json& e, size_t i) {
     if (!kind) {
         std::string known;
         for (auto n : kKindNames) known += (known.empty() ? "" : ", ") + std::string(n);
-        return R::fail(at + ": unknown event \"" + e["event"].get<std::string>() + "\" (known: " + known + ")");
+        return R::fail(at + ": unknown event \"" + bounded(e["event"].get<std::string>()) + "\" (known: " + known + ")");
     }
-    Profile::Rule rule{.kind = *kind, .pattern = e["label"].get<std::string>(), .re = {}, .unit_group = 0};
-    auto re = compile_pattern(rule.pattern);
-    if (!re) return R::fail(at + ": label \"" + rule.pattern + "\": " + re.error());
-    rule.re = std::regex(re->first, std::regex::ECMAScript | std::regex::optimize);
-    rule.unit_group = re->second;
-    return rule;
+    const std::string label = e["label"].get<std::string>();
+    const std::string quoted = "label \"" + bounded(label) + "\"";
+    if (auto problem = pattern_length_problem(label)) return R::fail(at + ": " + quoted + " " + *problem);
+    auto re = compile_pattern(label);
+    if (!re) return R::fail(at + ": " + quoted + ": " + re.error());
+    auto compiled = Pattern::compile(re->first);
+    if (!compiled) return R::fail(at + ": " + quoted + ": " + compiled.error());
+    return Profile::Rule{.kind = *kind, .pattern = label, .re = std::move(compiled.value()), .unit_group = re->second};
 }
 
 }  // namespace
@@ -90,10 +92,9 @@ std::optional<EventKind> event_kind(std::string_view name) {
 }
 
 std::optional<Match> Profile::match(std::string_view label) const {
-    std::match_results<std::string_view::const_iterator> m;
+    std::string unit;
     for (const Rule& r : rules) {
-        if (!std::regex_match(label.begin(), label.end(), m, r.re)) continue;
-        std::string unit = r.unit_group && m[r.unit_group].matched ? m[r.unit_group].str() : std::string();
+        if (!r.re.full_match(label, r.unit_group, unit)) continue;
         return Match{r.kind, unit.empty() ? root_unit : unit};
     }
     return std::nullopt;

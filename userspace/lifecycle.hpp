@@ -17,13 +17,13 @@
 #include <iosfwd>
 #include <map>
 #include <optional>
-#include <regex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "pattern.hpp"
 #include "result.hpp"
 
 namespace commdbg {
@@ -60,11 +60,12 @@ struct Match {
 // Label patterns: literal text, `{unit}` (the unit's name; a prefetch's
 // target), `{any}`, and `[...]` for an optional part:
 // "FSDP::pre_forward[ ({unit})]".  An empty or absent unit is the root.
+// Matched without backtracking: time linear in the label (pattern.hpp).
 struct Profile {
     struct Rule {
         EventKind kind;
         std::string pattern;
-        std::regex re;
+        Pattern re;
         int unit_group = 0;  // 0: the label names no unit
     };
     std::string name, description;

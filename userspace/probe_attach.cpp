@@ -107,7 +107,7 @@ ProbeAttacher::Plan ProbeAttacher::plan(const ProbeSpec& spec, const ElfSymbols&
                 if (!rule.match.empty()) continue;
                 if (d.empty()) d = demangle(sym.name);
                 if ((!rule.glob.empty() && glob_match(rule.glob, d)) ||
-                    (rule.regex && std::regex_search(d, *rule.regex))) {
+                    (rule.regex && rule.regex->partial_match(d))) {
                     add(rule, sym, d);
                     break;
                 }

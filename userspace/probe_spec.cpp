@@ -2,6 +2,7 @@
 #include "probe_spec.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -116,15 +117,17 @@ SymbolRule parse_rule(const json& j, const std::string& where) {
     r.match = str_field(j, "match", where, false);
     r.glob = str_field(j, "glob", where, false);
     r.regex_text = str_field(j, "regex", where, false);
+    if (auto problem = pattern_length_problem(r.glob))
+        throw SpecError{where + ": field \"glob\" \"" + bounded(r.glob) + "\" " + *problem};
     int selectors = !r.match.empty() + !r.glob.empty() + !r.regex_text.empty();
     if (selectors != 1)
         throw SpecError{where + ": exactly one of \"match\", \"glob\", \"regex\" is required"};
     if (!r.regex_text.empty()) {
-        try {
-            r.regex.emplace(r.regex_text, std::regex::ECMAScript | std::regex::optimize);
-        } catch (const std::regex_error& e) {
-            throw SpecError{where + ": field \"regex\": invalid regular expression: " + e.what()};
-        }
+        const std::string field = where + ": field \"regex\" \"" + bounded(r.regex_text) + "\"";
+        if (auto problem = pattern_length_problem(r.regex_text)) throw SpecError{field + " " + *problem};
+        auto re = Pattern::compile(r.regex_text);
+        if (!re) throw SpecError{field + ": " + re.error()};
+        r.regex = std::move(re.value());
     }
     std::string role = str_field(j, "role", where, true);
     auto role_it = kRoles.find(role);
@@ -257,7 +260,7 @@ namespace {
 void read_spec_file(const std::string& path, std::vector<ProbeSpec>& out, std::vector<std::string>& errors) {
     std::ifstream in(path);
     if (!in) {
-        errors.push_back("probe spec " + path + ": cannot read the file — check the path");
+        errors.push_back("probe spec " + bounded(path, PATH_MAX) + ": cannot read the file — check the path");
         return;
     }
     std::stringstream ss;
@@ -296,7 +299,7 @@ std::vector<ProbeSpec> select_specs(const std::vector<std::string>& names, std::
         if (!found) {
             std::string known;
             for (const auto& s : builtin_specs()) known += (known.empty() ? "" : ", ") + s.name;
-            errors.push_back("probe spec \"" + n + "\": no built-in spec of that name (built-ins: " + known +
+            errors.push_back("probe spec \"" + bounded(n) + "\": no built-in spec of that name (built-ins: " + known +
                              "; or give a path to a JSON file)");
         }
     }

@@ -5,11 +5,11 @@
 #pragma once
 
 #include <optional>
-#include <regex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "pattern.hpp"
 #include "result.hpp"
 #include "symbol_table.hpp"
 
@@ -24,7 +24,7 @@ enum class NameFrom {
 struct SymbolRule {
     std::string match;                 // exact symbol name (mangled or plain)
     std::string glob;                  // or: glob over the demangled name
-    std::optional<std::regex> regex;   // or: regex over the demangled name
+    std::optional<Pattern> regex;      // or: regex (RE2, found anywhere) over the demangled name
     std::string regex_text;
     SymbolInfo info;                   // role, collective, slots, tail (name/layer filled per symbol)
     NameFrom name_from = NameFrom::Plain;

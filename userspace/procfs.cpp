@@ -49,9 +49,8 @@ std::string read_error(int pid, const std::string& file, int err) {
     std::string p = "pid " + std::to_string(pid) + ": ";
     // ESRCH: the process exited between open and read.
     if (err == ENOENT || err == ESRCH) return p + "no such process — check the pid";
-    if (err == EACCES || err == EPERM) {
-        return p + "permission denied reading " + file + " — run as root or as the process's user";
-    }
+    if (err == EACCES || err == EPERM)
+        return p + "permission denied reading " + file + " — " + access_denied_advice(own_creds());
     return p + "cannot read " + file + ": " + std::strerror(err);
 }
 
@@ -311,6 +310,42 @@ std::string read_thread_name(int pid, int tid, const std::string& proc_root) {
         return "";
     while (!text.empty() && (text.back() == '\n' || text.back() == '\0')) text.pop_back();
     return text;
+}
+
+TracerCreds own_creds(const std::string& proc_root) {
+    TracerCreds c;
+    c.root = geteuid() == 0;
+    auto first_line = [](std::string_view s) { return s.substr(0, s.find('\n')); };
+    std::string status, uid_map;
+    if (size_t at; read_file(proc_root + "/self/status", status) == 0 &&
+                   (at = status.find("\nCapEff:")) != std::string::npos) {
+        std::string_view rest = first_line(std::string_view(status).substr(at + 8));
+        uint64_t eff = 0;
+        if (parse_num(next_field(rest), eff, 16)) c.cap_sys_ptrace = (eff >> 19) & 1;  // CAP_SYS_PTRACE
+    }
+    // The first user namespace maps all 2^32 - 1 ids onto themselves.
+    if (read_file(proc_root + "/self/uid_map", uid_map) == 0) {
+        std::string_view rest = first_line(uid_map);
+        uint64_t inside = 1, outside = 1, count = 0;
+        c.initial_userns = parse_num(next_field(rest), inside, 10) && parse_num(next_field(rest), outside, 10) &&
+                           parse_num(next_field(rest), count, 10) && inside == 0 && outside == 0 &&
+                           count == 4294967295u;
+    }
+    return c;
+}
+
+std::string access_denied_advice(const TracerCreds& c) {
+    if (!c.root && !c.cap_sys_ptrace) return "run as root or as the process's user";
+    if (!c.cap_sys_ptrace)
+        return "commdbg runs as root without CAP_SYS_PTRACE (its container or service drops it), which reading "
+               "another user's process needs — grant it (docker --cap-add SYS_PTRACE; systemd: add it to "
+               "CapabilityBoundingSet)";
+    if (!c.initial_userns)
+        return "commdbg runs in a user namespace (a rootless or user-namespaced container): its root has no "
+               "privilege over processes outside it — run commdbg on the host or in the process's container";
+    return "the kernel refused it although commdbg has CAP_SYS_PTRACE: a security policy protects this process "
+           "(a security module such as AppArmor, SELinux, Landlock or Yama's ptrace_scope, or the sandbox "
+           "commdbg runs in) — trace it from where that policy allows ptrace access, or allow it there";
 }
 
 }  // namespace commdbg

@@ -51,6 +51,18 @@ std::vector<MappedFile> mapped_files(const std::vector<MapEntry>& maps, int pid,
 // its net/tuner/profiler plugins, which export no ncclX API.
 bool is_libnccl_path(std::string_view path);
 
+// What commdbg's own credentials say about a read of another process the
+// kernel refused (its ptrace access check: /proc/PID/maps, process memory).
+struct TracerCreds {
+    bool root = false;            // effective uid 0
+    bool cap_sys_ptrace = false;  // CAP_SYS_PTRACE in the effective set
+    bool initial_userns = true;   // in the machine's first user namespace
+};
+TracerCreds own_creds(const std::string& proc_root = "/proc");
+// The cause and the way out for such a refusal, as those credentials allow
+// it: "run as root" only when commdbg is not root.
+std::string access_denied_advice(const TracerCreds& c);
+
 struct ProcessInfo {
     int pid = 0;
     int ppid = 0;

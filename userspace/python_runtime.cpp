@@ -48,8 +48,8 @@ public:
         std::string at = std::string(what) + " at " + hex(addr);
         if (err == ESRCH) return "process " + std::to_string(pid_) + " exited while reading " + at;
         if (err == EPERM) {
-            return "cannot read the memory of process " + std::to_string(pid_) +
-                   ": permission denied — run as root or as the process's user (ptrace access)";
+            return "cannot read the memory of process " + std::to_string(pid_) + ": permission denied (ptrace access) — " +
+                   access_denied_advice(own_creds());
         }
         return "cannot read " + at + " in process " + std::to_string(pid_) + ": " + std::strerror(err) +
                " — the interpreter's memory is not laid out as expected";

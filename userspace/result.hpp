@@ -7,6 +7,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace commdbg {
@@ -50,6 +51,15 @@ std::optional<std::string> run_without_throwing(F&& f) noexcept {
     } catch (...) {
         return std::string("unknown exception");
     }
+}
+
+// Outside text echoed in a message (a name from a request, a file, a
+// command line): at most `max` bytes of it, "..." marking the cut, so a
+// message stays small whatever it quotes.
+inline std::string bounded(std::string_view s, size_t max = 64) {
+    std::string out(s.substr(0, max));
+    if (s.size() > max) out += "...";
+    return out;
 }
 
 class CommdbgError : public std::runtime_error {

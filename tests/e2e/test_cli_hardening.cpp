@@ -23,6 +23,7 @@
 
 #include "daemon_util.hpp"
 #include "e2e_util.hpp"
+#include "procfs.hpp"
 
 namespace commdbg::e2e {
 namespace {
@@ -488,6 +489,18 @@ TEST(Messages, BadNumbersNameTheRangeInWords) {
         EXPECT_EQ(line.find("e+308"), std::string::npos) << "a double's range: " << line;
         EXPECT_LT(line.size(), 120u) << line;
     }
+}
+
+// Root refused by the kernel (here: pid 1 of a sandboxed VM) is not told to run as root.
+TEST(Messages, AttachRefusedToRootSaysWhyNotRunAsRoot) {
+    REQUIRE_BPF();
+    if (geteuid() != 0 || !own_creds().cap_sys_ptrace) GTEST_SKIP() << "needs root with CAP_SYS_PTRACE";
+    if (std::ifstream("/proc/1/maps").good()) GTEST_SKIP() << "pid 1's maps are readable here: nothing refuses root";
+    auto r = run({commdbg_bin(), "attach", "1", "--no-daemon", "-d", "1"}, {}, 30);
+    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.err.find("permission denied reading /proc/1/maps"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("a security policy protects this process"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("run as root"), std::string::npos) << r.err;
 }
 
 TEST(Messages, ProbesDirectoryUsesTheSpecsInIt) {

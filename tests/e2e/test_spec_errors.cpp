@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <string>
 
 #include "e2e_util.hpp"
 
@@ -44,10 +45,28 @@ TEST(SpecErrors, ProbesCheckNamesFileFieldAndProblem) {
     TempDir tmp;
     write(tmp.path("bad.json"), R"({"name":"bad","layer":"x","library":"l.so","symbols":[{"match":"f","role":"op","args":{"count":9}}]})");
     auto r = run({commdbg_bin(), "probes", "check", tmp.path("bad.json")});
-    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.status, 2) << "an invalid spec is a usage error";
     EXPECT_NE(r.err.find(tmp.path("bad.json")), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("args.count"), std::string::npos) << r.err;
     auto ok = run({commdbg_bin(), "probes", "check", std::string(SOURCE_DIR) + "/specs/nccl.json"});
+    EXPECT_EQ(ok.status, 0) << ok.err;
+}
+
+TEST(SpecErrors, ProbesCheckRefusesAnOverLongRegexAndAcceptsANestedOne) {
+    TempDir tmp;
+    write(tmp.path("long.json"), R"({"name":"long","layer":"x","library":"l.so","symbols":[{"regex":")" +
+                                     std::string(500000, 'a') + R"(","role":"op"}]})");
+    auto r = run({commdbg_bin(), "probes", "check", tmp.path("long.json")});
+    EXPECT_EQ(r.status, 2);
+    EXPECT_NE(r.err.find(tmp.path("long.json") + ": symbols[0]: field \"regex\""), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("-byte limit"), std::string::npos) << r.err;
+    EXPECT_LT(r.err.size(), 1000u);
+    // Matched without backtracking, so nothing to refuse.
+    std::string nested = "^";
+    for (int i = 0; i < 12; ++i) nested += "(.*?)*";
+    write(tmp.path("nested.json"), R"({"name":"nested","layer":"x","library":"l.so","symbols":[{"regex":")" + nested +
+                                       R"(Q$","role":"op"}]})");
+    auto ok = run({commdbg_bin(), "probes", "check", tmp.path("nested.json")});
     EXPECT_EQ(ok.status, 0) << ok.err;
 }
 

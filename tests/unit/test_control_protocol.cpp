@@ -289,6 +289,17 @@ TEST(ParseRequest, NotJsonErrorIsBoundedInSize) {
     EXPECT_LT(e.size(), 400u);
 }
 
+TEST(ParseRequest, NulByteAnywhereInTheLineIsRefused) {
+    // The JSON parser took a NUL for the end of input and ignored what followed.
+    using namespace std::string_literals;
+    for (const std::string& l : {"{\"op\":\"status\"}\0"s, "{\"op\":\"status\"}\0{\"op\":\"detach\"}"s,
+                                 "{\"op\":\"sta\0tus\"}"s, "\0"s}) {
+        std::string e = parse_err(l);
+        EXPECT_NE(e.find("NUL byte at offset " + std::to_string(l.find('\0'))), std::string::npos) << e;
+        EXPECT_NE(e.find("one line of JSON text"), std::string::npos) << e;
+    }
+}
+
 TEST(ParseRequest, NonObjectIsRefused) {
     for (const char* l : {"[]", "[{\"op\":\"status\"}]", "\"status\"", "42", "null", "true"})
         EXPECT_EQ(parse_err(l), "request must be a JSON object") << l;

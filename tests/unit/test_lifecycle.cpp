@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "bounded_time.hpp"
 #include "lifecycle.hpp"
 
 namespace commdbg::lifecycle {
@@ -153,6 +154,38 @@ TEST(Lifecycle, ProfileErrorsSayWhatIsWrong) {
     ASSERT_TRUE(ok) << ok.error();
     EXPECT_EQ(ok->match("a.b+(u)")->unit, "u");
     EXPECT_FALSE(ok->match("aXbb(u)"));
+}
+
+// Labels come from the traced process: a profile's pattern must answer in
+// time linear in the label, whatever the pattern (twelve {any} backtracked
+// for over a minute on a 61-byte label).
+TEST(Lifecycle, LabelPatternOfTwelveAnyAnswersInBoundedTime) {
+    std::string label_pattern;
+    for (int i = 0; i < 12; ++i) label_pattern += "{any}";
+    auto p = parse_profile(R"({"name": "x", "events": [{"event": "pre_forward", "label": ")" + label_pattern +
+                               R"(!{unit}"}]})",
+                           "f.json");
+    ASSERT_TRUE(p) << p.error();
+    const std::string miss(61, 'a');
+    auto got = timing::finishes_within(timing::kPatternTimeBound, [prof = p.value(), miss] {
+        return std::pair{prof.match(miss), prof.match(miss + "!u")};
+    });
+    ASSERT_TRUE(got) << "no answer within " << timing::kPatternTimeBound.count() << " s";
+    EXPECT_FALSE(got->first);
+    ASSERT_TRUE(got->second);
+    EXPECT_EQ(got->second->unit, "u");
+}
+
+TEST(Lifecycle, OverLongLabelPatternIsRefusedWithABoundedMessage) {
+    const std::string label(500000, 'a');
+    auto p = parse_profile(R"({"name": "x", "events": [{"event": "pre_forward", "label": ")" + label + R"("}]})",
+                           "f.json");
+    ASSERT_FALSE(p);
+    EXPECT_NE(p.error().find("f.json: events[0]: label"), std::string::npos) << p.error().substr(0, 300);
+    EXPECT_NE(p.error().find("500000 bytes, over the " + std::to_string(kMaxPatternBytes) + "-byte limit"),
+              std::string::npos)
+        << p.error().substr(0, 300);
+    EXPECT_LT(p.error().size(), 400u) << "the label is quoted in part only";
 }
 
 TEST(Lifecycle, CleanRunHasNoFindingAndTheReferenceTraceEvidence) {

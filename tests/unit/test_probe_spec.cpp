@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "bounded_time.hpp"
 #include "demangle.hpp"
 #include "nccl.hpp"
 #include "probe_attach.hpp"
@@ -78,6 +79,17 @@ TEST(ProbeSpec, SelectByNameAndUnknownName) {
     EXPECT_NE(errors[0].find("torch-aten"), std::string::npos) << "lists the built-ins: " << errors[0];
 }
 
+TEST(ProbeSpec, UnknownNameIsEchoedInPartOnly) {
+    // Names come from the command line or a daemon request: a reply stays small.
+    std::vector<std::string> errors;
+    auto specs = select_specs({std::string(65000, 'x')}, errors);
+    EXPECT_TRUE(specs.empty());
+    ASSERT_EQ(errors.size(), 1u);
+    EXPECT_NE(errors[0].find("probe spec \"xxxx"), std::string::npos) << errors[0].substr(0, 300);
+    EXPECT_NE(errors[0].find("no built-in spec of that name"), std::string::npos) << errors[0].substr(0, 300);
+    EXPECT_LT(errors[0].size(), 400u);
+}
+
 // ---- malformed specs ---------------------------------------------------------
 
 std::string spec_error(const std::string& text) {
@@ -132,6 +144,47 @@ TEST(ProbeSpecErrors, CollectiveWithoutKindAndUnknownKind) {
 TEST(ProbeSpecErrors, BadRegex) {
     expect_has(spec_error(spec_with(R"("name": "a",)", R"({"regex": "^at::(unclosed", "role": "op"})")),
                {"bad.json", "symbols[0]", "\"regex\"", "invalid regular expression"});
+}
+
+TEST(ProbeSpecErrors, OverLongRegexIsRefusedWithABoundedMessage) {
+    const std::string rule = R"({"regex": ")" + std::string(500000, 'a') + R"(", "role": "op"})";
+    std::string e = spec_error(spec_with(R"("name": "a",)", rule));
+    expect_has(e, {"bad.json", "symbols[0]", "\"regex\"", "500000 bytes, over the"});
+    EXPECT_NE(e.find(std::to_string(kMaxPatternBytes) + "-byte limit"), std::string::npos) << e.substr(0, 300);
+    EXPECT_LT(e.size(), 400u);
+}
+
+TEST(ProbeSpecErrors, OverLongGlobIsRefused) {
+    const std::string rule = R"({"glob": ")" + std::string(kMaxPatternBytes + 1, '*') + R"(", "role": "op"})";
+    expect_has(spec_error(spec_with(R"("name": "a",)", rule)), {"bad.json", "symbols[0]", "\"glob\"", "-byte limit"});
+}
+
+TEST(ProbeSpecErrors, RegexCompilingTooLargeIsRefused) {
+    std::string re;
+    for (int i = 0; i < 100; ++i) re += "[a-z]{1000}";
+    expect_has(spec_error(spec_with(R"("name": "a",)", R"({"regex": ")" + re + R"(", "role": "op"})")),
+               {"bad.json", "symbols[0]", "\"regex\"", "KiB", "simplify it"});
+}
+
+// The regex runs over every demangled name of a library before tracing
+// starts: a pattern that backtracks exponentially kept attach busy for
+// minutes.  Planned on this test binary, whose symbols include glob_match.
+TEST(ProbeSpecRegex, PathologicalRegexIsPlannedInBoundedTimeAndPicksTheRightSymbols) {
+    std::string re = "^";
+    for (int i = 0; i < 12; ++i) re += "(.*?)*";
+    re += "commdbg::glob_match\\\\(";
+    auto spec = parse_probe_spec(spec_with(R"("name": "a",)", R"({"regex": ")" + re + R"(", "role": "op"})"), "p.json");
+    ASSERT_TRUE(spec) << spec.error();
+    auto names = timing::finishes_within(timing::kPatternTimeBound, [spec = spec.value()] {
+        SymbolTable syms;
+        std::set<std::string> out;
+        auto plan = ProbeAttacher::plan(spec, "/proc/self/exe", syms);
+        if (!plan) return std::set<std::string>{"plan failed: " + plan.error()};
+        for (auto c : plan->cookies) out.insert(syms.from_cookie(c)->name);
+        return out;
+    });
+    ASSERT_TRUE(names) << "no plan within " << timing::kPatternTimeBound.count() << " s";
+    EXPECT_EQ(*names, std::set<std::string>{"commdbg::glob_match"});
 }
 
 TEST(ProbeSpecErrors, ArgIndexOutOfRange) {

@@ -3,13 +3,16 @@
 #include <gtest/gtest.h>
 #include <grp.h>
 #include <signal.h>
+#include <linux/capability.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <string>
 
@@ -299,6 +302,87 @@ TEST(ProcfsReal, KthreaddIsAKernelThread) {
     if (!p.ok() || p->comm != "kthreadd") GTEST_SKIP() << "pid 2 is not kthreadd (pid namespace?)";
     EXPECT_TRUE(p->kernel_thread);
     EXPECT_EQ(p->cmdline, "");
+}
+
+// ---- what a refused read says ---------------------------------------------------
+
+TEST(AccessDenied, OnlyAUserWhoIsNotRootIsToldToRunAsRoot) {
+    EXPECT_EQ(access_denied_advice({.root = false, .cap_sys_ptrace = false, .initial_userns = true}),
+              "run as root or as the process's user");
+    for (bool root : {true, false}) {
+        std::string as_root = access_denied_advice({.root = true, .cap_sys_ptrace = root, .initial_userns = true});
+        EXPECT_EQ(as_root.find("run as root"), std::string::npos) << as_root;
+    }
+    EXPECT_NE(access_denied_advice({.root = true, .cap_sys_ptrace = false, .initial_userns = true})
+                  .find("without CAP_SYS_PTRACE"),
+              std::string::npos);
+    EXPECT_NE(access_denied_advice({.root = true, .cap_sys_ptrace = true, .initial_userns = false})
+                  .find("runs in a user namespace"),
+              std::string::npos);
+    EXPECT_NE(access_denied_advice({.root = true, .cap_sys_ptrace = true, .initial_userns = true})
+                  .find("a security policy protects this process"),
+              std::string::npos);
+}
+
+TEST(AccessDenied, OwnCredsAreReadFromProc) {
+    TracerCreds c = own_creds();
+    EXPECT_EQ(c.root, geteuid() == 0);
+    std::ifstream in("/proc/self/uid_map");
+    std::string inside, outside, count;
+    in >> inside >> outside >> count;
+    EXPECT_EQ(c.initial_userns, inside == "0" && outside == "0" && count == "4294967295");
+}
+
+// Runs `f` in a child whose effective set lacks CAP_SYS_PTRACE (root in a
+// container that drops it; also CAP_SYS_ADMIN and CAP_PERFMON, which this
+// kernel accepts for reading maps too) and returns what it wrote.
+std::string without_cap_sys_ptrace(const std::function<std::string()>& f) {
+    int fds[2];
+    if (pipe(fds) != 0) return "pipe failed";
+    pid_t child = fork();
+    if (child == 0) {
+        close(fds[0]);
+        __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+        __user_cap_data_struct data[2]{};
+        std::string msg;
+        if (syscall(SYS_capget, &hdr, data) != 0) msg = "capget failed";
+        for (int cap : {CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_PERFMON}) data[cap / 32].effective &= ~(1u << (cap % 32));
+        if (msg.empty() && syscall(SYS_capset, &hdr, data) != 0) msg = "capset failed";
+        if (msg.empty()) msg = f();
+        (void)!write(fds[1], msg.data(), msg.size());
+        _exit(0);
+    }
+    close(fds[1]);
+    std::string out;
+    char buf[512];
+    for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, n);
+    close(fds[0]);
+    waitpid(child, nullptr, 0);
+    return out;
+}
+
+TEST(AccessDenied, RootWithoutCapSysPtraceIsToldToGrantItNotToRunAsRoot) {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root (to start a process of another user)";
+    pid_t target = fork();
+    if (target == 0) {
+        if (setresgid(65534, 65534, 65534) == 0 && setresuid(65534, 65534, 65534) == 0) pause();
+        _exit(1);
+    }
+    // Wait until the target runs as nobody: then its maps need CAP_SYS_PTRACE.
+    for (int i = 0; i < 500; ++i) {
+        auto p = read_process(target);
+        if (p && p->uid == 65534) break;
+        usleep(10000);
+    }
+    std::string err = without_cap_sys_ptrace([target] {
+        auto m = read_maps(target);
+        return m ? std::string("read succeeded") : m.error();
+    });
+    kill(target, SIGKILL);
+    waitpid(target, nullptr, 0);
+    EXPECT_NE(err.find("permission denied reading"), std::string::npos) << err;
+    EXPECT_NE(err.find("without CAP_SYS_PTRACE"), std::string::npos) << err;
+    EXPECT_EQ(err.find("run as root"), std::string::npos) << err;
 }
 
 TEST(ProcfsReal, OwnEnvironIsReadable) {
