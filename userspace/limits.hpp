@@ -25,6 +25,16 @@ inline constexpr size_t kDefaultCounterKeysPerProcess = 8192;
 // root.  A node has a few NCCL builds, a container or venv per job a few
 // more; each file takes ~20 uprobes and a stop of the process that maps it.
 inline constexpr size_t kLibraryFilesPerUid = 64;
+// What the Python resolver (py_objects.hpp) caches of a target's objects --
+// code objects, line tables, types, named frames, module trees and paths --
+// in bytes, whatever the target builds: its strings are the target's to make
+// long and many.  commdbgd's unit allows 512 MiB in all (MemoryMax=512M): a
+// quarter for names, program-wide, leaves the rest to the --max-sessions
+// (default 4) sessions' records and outputs, so no target gets the daemon
+// OOM-killed.  32 MiB per process holds a real model's names many times (a
+// 10000-module tree is ~1 MiB) and lets four processes fill theirs.
+inline constexpr size_t kPyCacheBytesPerProcess = 32u << 20;
+inline constexpr size_t kPyCacheBytesTotal = 128u << 20;
 
 // Ceilings for anyone (root included): past them a session could take the
 // node's memory (~112 B per retained record in the model, ~3 KB in the outputs).

@@ -27,29 +27,49 @@ bool plausible(uint64_t addr) { return addr >= 4096 && addr < (1ull << 47); }
 // immortal objects sit at 2^30 - 1 / 2^32 - 1.
 bool plausible_refcnt(uint64_t rc) { return rc >= 1 && rc <= (1ull << 33); }
 
-class Remote {
+class LiveMemory final : public PyMemory {
 public:
-    explicit Remote(int pid) : pid_(pid) {}
-    bool read(uint64_t addr, void* out, size_t n) const {
-        if (!plausible(addr) || n == 0) return false;
+    explicit LiveMemory(int pid) : pid_(pid) {}
+    bool read(uint64_t addr, void* out, size_t n) override {
         iovec local{out, n};
         iovec remote{reinterpret_cast<void*>(addr), n};
         if (process_vm_readv(pid_, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(n)) return true;
         gone_ = errno == ESRCH;  // exited (or a zombie: no memory left), not an unmapped address
         return false;
     }
+    bool read2(uint64_t a, void* oa, size_t na, uint64_t b, void* ob, size_t nb) override {
+        iovec local[2] = {{oa, na}, {ob, nb}};
+        iovec remote[2] = {{reinterpret_cast<void*>(a), na}, {reinterpret_cast<void*>(b), nb}};
+        return process_vm_readv(pid_, local, 2, remote, 2, 0) == static_cast<ssize_t>(na + nb);
+    }
+    bool gone() const override { return gone_; }
+
+private:
+    int pid_;
+    bool gone_ = false;
+};
+
+// The largest single read: a dict's entries (kMaxDictEntries of 24 bytes).
+constexpr size_t kMaxRead = 1u << 20;
+
+// Checked reads of the target's memory: plausible addresses, bounded sizes.
+class Remote {
+public:
+    explicit Remote(std::unique_ptr<PyMemory> mem) : mem_(std::move(mem)) {}
+    bool read(uint64_t addr, void* out, size_t n) const {
+        if (!plausible(addr) || n == 0 || n > kMaxRead) return false;
+        return mem_->read(addr, out, n);
+    }
     // The last failed read failed because the process has no memory any more.
-    bool gone() const { return gone_; }
+    bool gone() const { return mem_->gone(); }
     template <typename T>
     bool get(uint64_t addr, T& out) const {
         return read(addr, &out, sizeof out);
     }
     // Two ranges in one system call: a re-validation of fields far apart.
     bool read2(uint64_t a, void* oa, size_t na, uint64_t b, void* ob, size_t nb) const {
-        if (!plausible(a) || !plausible(b)) return false;
-        iovec local[2] = {{oa, na}, {ob, nb}};
-        iovec remote[2] = {{reinterpret_cast<void*>(a), na}, {reinterpret_cast<void*>(b), nb}};
-        return process_vm_readv(pid_, local, 2, remote, 2, 0) == static_cast<ssize_t>(na + nb);
+        if (!plausible(a) || !plausible(b) || na > kMaxRead || nb > kMaxRead) return false;
+        return mem_->read2(a, oa, na, b, ob, nb);
     }
     // A NUL-terminated C string (tp_name, member names) of at most `max` bytes.
     bool c_string(uint64_t addr, std::string& out, size_t max) const {
@@ -71,8 +91,7 @@ public:
     }
 
 private:
-    int pid_;
-    mutable bool gone_ = false;
+    std::unique_ptr<PyMemory> mem_;
 };
 
 template <typename T>
@@ -126,6 +145,22 @@ constexpr int kMaxTreeBuilds = 16;
 // Distinct resolved frames kept per process (references stay valid until
 // forget): record_function labels such as "step 1234" would grow it forever.
 constexpr size_t kMaxFrames = 100000;
+// Bytes of the key strings one tree walk remembers (the same interned keys,
+// "_modules", "training", in every module): past them it reads them again.
+constexpr size_t kMaxWalkMemo = 1u << 20;
+
+// ---- what a cached entry costs ----------------------------------------------
+
+// A node of a std::map / unordered_map with its share of the buckets and the
+// allocator's header: the accounting errs on the side of too much.
+constexpr size_t kEntryOverhead = 64;
+// A string's own allocation (libstdc++ keeps up to 15 characters inline).
+size_t heap_of(const std::string& s) { return s.capacity() > 15 ? s.capacity() + 1 : 0; }
+size_t heap_of(const std::optional<std::string>& s) { return s ? heap_of(*s) : 0; }
+
+size_t cost_of(const PyFrameInfo& f) {
+    return heap_of(f.qualname) + heap_of(f.file) + heap_of(f.module_class) + heap_of(f.label);
+}
 
 // PyMemberDef tables: name -> offset.
 std::map<std::string, int64_t> members_of(const Remote& mem, uint64_t type) {
@@ -289,7 +324,17 @@ uint32_t py_line_of(int minor, std::string_view linetable, uint32_t firstlineno,
 
 class LivePyResolver::Process {
 public:
-    Process(uint32_t pid, PyDiscovery d);
+    // Where its caches' bytes are counted and what the bound cost it.
+    struct Account {
+        size_t per_process;
+        PyCacheBudget* budget;
+        PyCacheStats* stats;
+    };
+    Process(PyDiscovery d, std::unique_ptr<PyMemory> mem, Account account);
+    ~Process() { account_.budget->give(bytes_); }
+    Process(const Process&) = delete;
+    Process& operator=(const Process&) = delete;
+    size_t bytes() const { return bytes_; }
     const PyDiscovery& discovery() const { return d_; }
     const std::string& layout_error() const { return layout_error_; }
     const PyFrameInfo& frame(const cd_py_frame& f);
@@ -314,6 +359,7 @@ private:
         bool library = false;
         std::optional<std::string> table;  // co_linetable, read on the first line asked for
         std::unordered_map<int64_t, uint32_t> lines;
+        size_t bytes = 0;  // accounted for it, given back when it goes
     };
     struct Type {
         uint64_t serial = 0;
@@ -324,6 +370,26 @@ private:
         PyTypeFacts facts;
         bool torch_module = false;  // this very type is torch.nn.modules.module.Module
         bool mro_done = false;
+        size_t bytes = 0;
+    };
+    // The modules below a root as links to their parents: a path costs its
+    // names once, not once per descendant (a deep tree of long names held
+    // as whole paths took ~200 MB).
+    struct Tree {
+        struct Node {
+            uint64_t parent = 0;  // 0: the root
+            uint32_t name = 0;    // index in names
+        };
+        std::unordered_map<uint64_t, Node> nodes;
+        std::vector<std::string> names;  // the keys of the modules' _modules dicts
+        size_t bytes = 0;                // nodes and names (the tree's share), 0 when evicted
+        uint64_t used = 0;               // tree_clock_ when last asked: the least recent goes first
+        std::chrono::steady_clock::time_point built;
+        int builds = 0;
+    };
+    struct WalkMemo {
+        std::unordered_map<uint64_t, std::string> strs;
+        size_t bytes = 0;
     };
     // code serial, line, kind, module, module type serial, label
     using FrameKey = std::tuple<uint64_t, uint32_t, PyFrameKind, uint64_t, uint64_t, std::string>;
@@ -345,7 +411,18 @@ private:
     uint64_t dict_pointer(uint64_t obj, const Type& t);
     bool str_equals(uint64_t obj, std::string_view s);
     std::string frame_label(const cd_py_frame& f);
-    void build_tree(uint64_t root, std::unordered_map<uint64_t, std::string>& paths);
+    const PyFrameInfo& keep_frame(FrameKey key, PyFrameInfo info);
+    void build_tree(uint64_t root, Tree& tree);
+    bool walk_children(uint64_t m, size_t depth, uint64_t root, Tree& tree, std::deque<std::pair<uint64_t, size_t>>& queue,
+                       std::unordered_map<uint64_t, uint32_t>& name_ids);
+    Tree* tree_of(uint64_t root);
+    bool tree_charge(Tree& tree, uint64_t root, size_t n);
+    void drop_tree(Tree& tree);
+    bool evict_tree(uint64_t keep);
+    std::optional<std::string> path_in(const Tree& tree, uint64_t module) const;
+    // Room for `n` more bytes in the process's share and the total: taken, or false.
+    bool charge(size_t n);
+    void release(size_t n);
 
     PyDiscovery d_;
     Remote mem_;
@@ -358,22 +435,21 @@ private:
     PyCodeTable table_;  // what the kernel is told of codes_
     std::unordered_map<uint64_t, Type> types_;
     std::map<FrameKey, PyFrameInfo> frames_;  // node-stable: frame() hands out references
-    struct Tree {
-        std::unordered_map<uint64_t, std::string> paths;  // module -> dotted path from the root
-        std::chrono::steady_clock::time_point built;
-        int builds = 0;
-    };
-    std::unordered_map<uint64_t, Tree> trees_;
+    std::unordered_map<uint64_t, Tree> trees_;   // entries stay (their build counts); contents may be evicted
+    size_t tree_bytes_ = 0;                      // the trees' contents: at most half the process's share
+    uint64_t tree_clock_ = 0;
     std::map<std::pair<uint64_t, uint64_t>, std::optional<std::string>> paths_;
-    // Key strings seen during one tree walk (the same interned keys in every module).
-    std::unordered_map<uint64_t, std::optional<std::string>>* memo_ = nullptr;
+    WalkMemo* memo_ = nullptr;  // key strings seen during one tree walk
+    Account account_;
+    size_t bytes_ = 0;  // what the caches above hold, accounted
 };
 
 namespace {
 const PyFrameInfo kUnknownFrame{};
 }
 
-LivePyResolver::Process::Process(uint32_t pid, PyDiscovery d) : d_(std::move(d)), mem_(static_cast<int>(pid)) {
+LivePyResolver::Process::Process(PyDiscovery d, std::unique_ptr<PyMemory> mem, Account account)
+    : d_(std::move(d)), mem_(std::move(mem)), account_(account) {
     if (!d_.ok()) return;
     o_ = obj_layout(d_.layout.minor);
     if (!mem_.get(d_.layout.code_type_addr + d_.layout.ob_type, type_type_) || !plausible(type_type_)) {
@@ -382,6 +458,17 @@ LivePyResolver::Process::Process(uint32_t pid, PyDiscovery d) : d_(std::move(d))
         return;
     }
     layout_error_ = check_object_layout(mem_, d_.layout, o_, type_type_);
+}
+
+bool LivePyResolver::Process::charge(size_t n) {
+    if (bytes_ + n > account_.per_process || !account_.budget->take(n)) return false;
+    bytes_ += n;
+    return true;
+}
+
+void LivePyResolver::Process::release(size_t n) {
+    bytes_ -= n;
+    account_.budget->give(n);
 }
 
 // ---- objects: headers, types, strings, tuples ------------------------------
@@ -441,11 +528,17 @@ LivePyResolver::Process::Type* LivePyResolver::Process::type(uint64_t ptr) {
             return &t;
         }
         if (uint64_t w = 0; !mem_.get(ptr, w) && mem_.gone()) return &t;  // the process is gone: as for code objects
+        release(t.bytes);
         types_.erase(it);
     }
     Type t;
     if (!read_type(ptr, t)) return nullptr;
     t.checked = epoch_;
+    t.bytes = kEntryOverhead + sizeof(std::pair<uint64_t, Type>) + heap_of(t.facts.name);
+    if (!charge(t.bytes)) {
+        ++account_.stats->unread_types;
+        return nullptr;
+    }
     return &types_.insert_or_assign(ptr, std::move(t)).first->second;
 }
 
@@ -485,7 +578,7 @@ bool LivePyResolver::Process::is_module(uint64_t type_ptr) {
 
 std::optional<std::string> LivePyResolver::Process::str(uint64_t obj) {
     if (memo_ != nullptr) {
-        if (auto it = memo_->find(obj); it != memo_->end()) return it->second;
+        if (auto it = memo_->strs.find(obj); it != memo_->strs.end()) return it->second;
     }
     const PyLayout& l = d_.layout;
     // Header and the start of the text in one read, for the usual short name.
@@ -518,7 +611,10 @@ std::optional<std::string> LivePyResolver::Process::str(uint64_t obj) {
         return std::nullopt;
     }
     std::string s = utf8_of(text.data(), chars, kind);
-    if (memo_ != nullptr) (*memo_)[obj] = s;
+    if (memo_ != nullptr && memo_->bytes < kMaxWalkMemo) {
+        memo_->bytes += kEntryOverhead + heap_of(s);
+        memo_->strs.emplace(obj, s);
+    }
     return s;
 }
 
@@ -705,12 +801,19 @@ LivePyResolver::Process::Code* LivePyResolver::Process::code(uint64_t ptr) {
         // since the kernel saw a frame run this very code.  The last name
         // validated stands; records read after a fast exit keep their names.
         if (uint64_t w = 0; !mem_.get(ptr, w) && mem_.gone()) return &c;
+        release(c.bytes);
         codes_.erase(it);
         table_.drop(ptr);
     }
     Code c;
     if (!read_code(ptr, c)) return nullptr;
     c.checked = epoch_;
+    c.bytes = kEntryOverhead + sizeof(std::pair<uint64_t, Code>) + heap_of(c.qualname) + heap_of(c.file) +
+              heap_of(c.first_local);
+    if (!charge(c.bytes)) {
+        ++account_.stats->unnamed_frames;
+        return nullptr;
+    }
     table_.note(ptr, py_code_kind(c.kind, c.argcount), epoch_);
     return &codes_.insert_or_assign(ptr, std::move(c)).first->second;
 }
@@ -725,17 +828,20 @@ uint32_t LivePyResolver::Process::line_of(Code& c, uint64_t code_ptr, uint64_t i
     }
     if (offset < 0) return c.firstlineno;
     if (auto it = c.lines.find(offset); it != c.lines.end()) return it->second;
+    // A table that does not fit is read for this line and not kept.
+    std::string scratch;
     if (!c.table) {
         uint64_t h[3] = {0, 0, 0};  // refcnt, type, ob_size
-        std::string t;
         if (mem_.read(c.linetable, h, sizeof h) && has_flag(h[1], kFlagBytes) && h[2] <= kMaxLinetable) {
-            t.resize(h[2]);
-            if (!t.empty() && !mem_.read(c.linetable + kBytesData, t.data(), t.size())) t.clear();
+            scratch.resize(h[2]);
+            if (!scratch.empty() && !mem_.read(c.linetable + kBytesData, scratch.data(), scratch.size()))
+                scratch.clear();
         }
-        c.table = std::move(t);
+        if (charge(heap_of(scratch))) c.bytes += heap_of(scratch), c.table = std::move(scratch);
     }
-    uint32_t line = py_line_of(d_.layout.minor, *c.table, c.firstlineno, offset);
-    if (c.lines.size() < 4096) c.lines.emplace(offset, line);
+    uint32_t line = py_line_of(d_.layout.minor, c.table ? *c.table : scratch, c.firstlineno, offset);
+    constexpr size_t kLineBytes = kEntryOverhead + sizeof(std::pair<int64_t, uint32_t>);
+    if (c.lines.size() < 4096 && charge(kLineBytes)) c.bytes += kLineBytes, c.lines.emplace(offset, line);
     return line;
 }
 
@@ -762,79 +868,233 @@ const PyFrameInfo& LivePyResolver::Process::frame(const cd_py_frame& f) {
         if ((d_.layout.minor == 10 && st_name != "record_function") || c->first_local != "self") kind = PyFrameKind::Plain;
         else label = frame_label(f);
     }
-    // Past the bound only labels are dropped: the rest is bounded by the program's code and modules.
-    if (frames_.size() >= kMaxFrames) label.clear();
-    auto [it, fresh] = frames_.try_emplace(FrameKey{c->serial, line, kind, module, module != 0 ? st_serial : 0, label});
-    if (fresh) {
-        PyFrameInfo& info = it->second;
-        info.qualname = c->qualname, info.file = c->file, info.line = line, info.known = true;
-        info.kind = kind, info.module = module, info.module_class = module != 0 ? st_name : "";
-        info.label = std::move(label), info.library = c->library;
+    // Past kMaxFrames only labels are dropped: the rest is bounded by the program's code and modules.
+    if (frames_.size() >= kMaxFrames && !label.empty()) {
+        ++account_.stats->dropped_labels;
+        label = std::string();
     }
-    return it->second;
+    FrameKey key{c->serial, line, kind, module, module != 0 ? st_serial : 0, label};
+    if (auto it = frames_.find(key); it != frames_.end()) return it->second;
+    PyFrameInfo info;
+    info.qualname = c->qualname, info.file = c->file, info.line = line, info.known = true;
+    info.kind = kind, info.module = module, info.module_class = module != 0 ? st_name : "";
+    info.label = std::move(label), info.library = c->library;
+    return keep_frame(std::move(key), std::move(info));
+}
+
+// A new entry; past the bytes bound the same frame without its label, where
+// it fits or is there; else the frame goes unnamed.
+const PyFrameInfo& LivePyResolver::Process::keep_frame(FrameKey key, PyFrameInfo info) {
+    auto cost = [](const FrameKey& k, const PyFrameInfo& i) {
+        return kEntryOverhead + sizeof(std::pair<const FrameKey, PyFrameInfo>) + heap_of(std::get<5>(k)) + cost_of(i);
+    };
+    if (charge(cost(key, info))) return frames_.emplace(std::move(key), std::move(info)).first->second;
+    if (!info.label.empty()) {
+        ++account_.stats->dropped_labels;
+        std::get<5>(key) = std::string(), info.label = std::string();
+        if (auto it = frames_.find(key); it != frames_.end()) return it->second;
+        if (charge(cost(key, info))) return frames_.emplace(std::move(key), std::move(info)).first->second;
+    }
+    ++account_.stats->unnamed_frames;
+    return kUnknownFrame;
 }
 
 // ---- module paths -----------------------------------------------------------
 
-void LivePyResolver::Process::build_tree(uint64_t root, std::unordered_map<uint64_t, std::string>& paths) {
-    std::unordered_map<uint64_t, std::optional<std::string>> memo;
-    memo_ = &memo;
-    paths.clear();
-    paths.emplace(root, "");
-    std::deque<std::pair<uint64_t, size_t>> queue{{root, 0}};
-    while (!queue.empty() && paths.size() < kMaxModules) {
-        auto [m, depth] = queue.front();
-        queue.pop_front();
-        uint64_t modules = depth < kMaxModuleDepth ? attr(m, "_modules") : 0;
-        if (modules == 0) continue;
-        const std::string prefix = paths.at(m);
-        dict_items(modules, [&](uint64_t key, uint64_t child) {
-            if (child == d_.layout.none_addr || paths.count(child) != 0) return true;
+// Module trees take at most half the process's share: the code objects and
+// frames of the same records need the rest.  Past it the least recently asked
+// tree goes (but the one being walked); a tree alone larger is cut there.
+bool LivePyResolver::Process::tree_charge(Tree& tree, uint64_t root, size_t n) {
+    for (;;) {
+        if (tree_bytes_ + n <= account_.per_process / 2 && charge(n)) {
+            tree_bytes_ += n, tree.bytes += n;
+            return true;
+        }
+        if (!evict_tree(root)) return false;
+    }
+}
+
+void LivePyResolver::Process::drop_tree(Tree& tree) {
+    std::unordered_map<uint64_t, Tree::Node>().swap(tree.nodes);
+    std::vector<std::string>().swap(tree.names);
+    release(tree.bytes);
+    tree_bytes_ -= tree.bytes, tree.bytes = 0;
+}
+
+bool LivePyResolver::Process::evict_tree(uint64_t keep) {
+    Tree* lru = nullptr;
+    for (auto& [root, t] : trees_)
+        if (root != keep && t.bytes != 0 && (lru == nullptr || t.used < lru->used)) lru = &t;
+    if (lru == nullptr) return false;
+    drop_tree(*lru);
+    ++account_.stats->evicted_trees;
+    return true;
+}
+
+LivePyResolver::Process::Tree* LivePyResolver::Process::tree_of(uint64_t root) {
+    if (auto it = trees_.find(root); it != trees_.end()) return &it->second;
+    if (!charge(kEntryOverhead + sizeof(std::pair<uint64_t, Tree>))) return nullptr;
+    return &trees_[root];
+}
+
+// The children of module `m` (its _modules dict) join the tree; false when
+// the tree is full or out of room.
+bool LivePyResolver::Process::walk_children(uint64_t m, size_t depth, uint64_t root, Tree& tree,
+                                            std::deque<std::pair<uint64_t, size_t>>& queue,
+                                            std::unordered_map<uint64_t, uint32_t>& name_ids) {
+    constexpr size_t kNodeBytes = kEntryOverhead + sizeof(std::pair<uint64_t, Tree::Node>);
+    uint64_t modules = depth < kMaxModuleDepth ? attr(m, "_modules") : 0;
+    bool room = true;
+    if (modules == 0) return true;
+    dict_items(modules, [&](uint64_t key, uint64_t child) {
+        if (child == d_.layout.none_addr || tree.nodes.count(child) != 0) return true;
+        auto id = name_ids.find(key);
+        if (id == name_ids.end()) {
             auto name = str(key);
             if (!name) return true;
-            paths.emplace(child, prefix.empty() ? *name : prefix + "." + *name);
-            queue.emplace_back(child, depth + 1);
-            return paths.size() < kMaxModules;
-        });
+            if (!(room = tree_charge(tree, root, sizeof(std::string) + heap_of(*name) + kEntryOverhead))) return false;
+            tree.names.push_back(std::move(*name));
+            id = name_ids.emplace(key, static_cast<uint32_t>(tree.names.size() - 1)).first;
+        }
+        if (!(room = tree_charge(tree, root, kNodeBytes))) return false;
+        tree.nodes.emplace(child, Tree::Node{m, id->second});
+        queue.emplace_back(child, depth + 1);
+        return tree.nodes.size() < kMaxModules;
+    });
+    return room && tree.nodes.size() < kMaxModules;
+}
+
+void LivePyResolver::Process::build_tree(uint64_t root, Tree& tree) {
+    WalkMemo memo;
+    memo_ = &memo;
+    drop_tree(tree);
+    // Key objects to names: a key shared by many modules ("0", "weight") is one name.
+    std::unordered_map<uint64_t, uint32_t> name_ids;
+    bool whole = tree_charge(tree, root, kEntryOverhead + sizeof(std::pair<uint64_t, Tree::Node>));
+    if (whole) tree.nodes.emplace(root, Tree::Node{});
+    std::deque<std::pair<uint64_t, size_t>> queue{{root, 0}};
+    while (whole && !queue.empty()) {
+        auto [m, depth] = queue.front();
+        queue.pop_front();
+        whole = walk_children(m, depth, root, tree, queue, name_ids);
     }
+    // The name index was charged as part of the names (kEntryOverhead each) and is kept as such.
     memo_ = nullptr;
+    if (!whole && tree.nodes.size() < kMaxModules) ++account_.stats->cut_walks;
+}
+
+// The dotted path from the tree's root, cut on the left past kPyMaxModulePath.
+std::optional<std::string> LivePyResolver::Process::path_in(const Tree& tree, uint64_t module) const {
+    std::vector<const std::string*> names;  // innermost first
+    size_t len = 0;
+    bool cut = false;
+    for (uint64_t m = module, steps = 0;; ++steps) {
+        auto it = tree.nodes.find(m);
+        if (it == tree.nodes.end() || steps > kMaxModuleDepth) return std::nullopt;
+        if (it->second.parent == 0) break;
+        const std::string& name = tree.names[it->second.name];
+        if (len + name.size() + 1 > kPyMaxModulePath) cut = true;
+        if (!cut) names.push_back(&name), len += name.size() + 1;
+        m = it->second.parent;
+    }
+    std::string path = cut ? "\u2026" : "";
+    for (size_t i = names.size(); i-- > 0;) path += (path.empty() ? "" : ".") + *names[i];
+    return path;
 }
 
 // The tree below `root` is walked once; a module not in it may have been
 // added since, so a miss walks it again, but at most once a second and
 // kMaxTreeBuilds times (a model that makes modules in forward() misses
-// often, and a large tree takes a while), then the answer is kept.
+// often, and a large tree takes a while), then the answer is kept.  An
+// evicted tree misses everything: walked again under the same rule.
 std::optional<std::string> LivePyResolver::Process::module_path(uint64_t root, uint64_t module) {
     if (root == module) return std::string();
     if (!d_.ok() || !layout_error_.empty()) return std::nullopt;
     const auto key = std::make_pair(root, module);
     if (auto it = paths_.find(key); it != paths_.end()) return it->second;
-    Tree& tree = trees_[root];
-    const auto now = std::chrono::steady_clock::now();
-    if (tree.builds == 0 || (tree.paths.count(module) == 0 && tree.builds < kMaxTreeBuilds &&
-                             now - tree.built >= std::chrono::seconds(1))) {
-        build_tree(root, tree.paths);
-        tree.built = now, ++tree.builds;
+    Tree* tree = tree_of(root);
+    if (tree == nullptr) {
+        ++account_.stats->cut_walks;
+        return std::nullopt;
     }
-    std::optional<std::string> path;
-    if (auto it = tree.paths.find(module); it != tree.paths.end()) path = it->second;
-    paths_.emplace(key, path);
+    tree->used = ++tree_clock_;
+    const auto now = std::chrono::steady_clock::now();
+    if (tree->builds == 0 || (tree->nodes.count(module) == 0 && tree->builds < kMaxTreeBuilds &&
+                              now - tree->built >= std::chrono::seconds(1))) {
+        build_tree(root, *tree);
+        tree->built = now, ++tree->builds;
+    }
+    std::optional<std::string> path = path_in(*tree, module);
+    if (charge(kEntryOverhead + sizeof(std::pair<decltype(key), std::optional<std::string>>) + heap_of(path)))
+        paths_.emplace(key, path);
     return path;
 }
 
 // ---- the resolver -----------------------------------------------------------
 
-LivePyResolver::LivePyResolver(std::string proc_root) : proc_root_(std::move(proc_root)) {}
+PyCacheBudget& PyCacheBudget::program_wide() {
+    static PyCacheBudget budget(limits::kPyCacheBytesTotal);
+    return budget;
+}
+
+bool PyCacheBudget::take(size_t n) {
+    size_t used = used_.load(std::memory_order_relaxed);
+    do {
+        if (n > total_ || used > total_ - n) return false;
+    } while (!used_.compare_exchange_weak(used, used + n, std::memory_order_relaxed));
+    return true;
+}
+
+LivePyResolver::LivePyResolver(std::string proc_root, size_t per_process, PyCacheBudget& budget)
+    : proc_root_(std::move(proc_root)), per_process_(per_process), budget_(budget) {}
 LivePyResolver::~LivePyResolver() = default;
 
 LivePyResolver::Process& LivePyResolver::process(uint32_t pid) {
     auto it = procs_.find(pid);
     if (it == procs_.end())
-        it = procs_.emplace(pid, std::make_unique<Process>(pid, discover_python(static_cast<int>(pid), proc_root_))).first;
+        adopt(pid, discover_python(static_cast<int>(pid), proc_root_)), it = procs_.find(pid);
     return *it->second;
 }
 
-void LivePyResolver::adopt(uint32_t pid, const PyDiscovery& d) { procs_[pid] = std::make_unique<Process>(pid, d); }
+void LivePyResolver::adopt(uint32_t pid, const PyDiscovery& d) {
+    adopt(pid, d, std::make_unique<LiveMemory>(static_cast<int>(pid)));
+}
+
+void LivePyResolver::adopt(uint32_t pid, const PyDiscovery& d, std::unique_ptr<PyMemory> mem) {
+    procs_.erase(pid);  // its bytes go back before the new one takes any
+    procs_[pid] = std::make_unique<Process>(d, std::move(mem), Process::Account{per_process_, &budget_, &stats_[pid]});
+}
+
+PyCacheStats LivePyResolver::cache_stats(uint32_t pid) const {
+    auto it = stats_.find(pid);
+    PyCacheStats s = it != stats_.end() ? it->second : PyCacheStats{};
+    auto p = procs_.find(pid);
+    s.bytes = p != procs_.end() ? p->second->bytes() : 0;
+    return s;
+}
+
+std::optional<std::string> LivePyResolver::cache_note(uint32_t pid) const {
+    const PyCacheStats s = cache_stats(pid);
+    if (!s.lossy()) return std::nullopt;
+    std::string what;
+    auto add = [&](uint64_t n, const char* text) {
+        if (n != 0) what += (what.empty() ? "" : ", ") + std::to_string(n) + " " + text;
+    };
+    add(s.unnamed_frames, "frames left <unknown>");
+    add(s.unread_types, "types not read (their modules unnamed)");
+    add(s.dropped_labels, "record_function labels dropped");
+    add(s.evicted_trees, "module trees evicted and walked again");
+    add(s.cut_walks, "module tree walks cut short (modules past them are <unknown>)");
+    auto size = [](size_t n) { return n >= (1u << 20) ? std::to_string(n >> 20) + " MiB" : std::to_string(n >> 10) + " KiB"; };
+    return "Python names of pid " + std::to_string(pid) + " reached the resolver's memory bound (" + size(per_process_) +
+           " per process, " + size(budget_.total()) + " in all): " + what;
+}
+
+void LivePyResolver::drop_stats(uint32_t pid) {
+    procs_.erase(pid);  // first: it counts into its entry
+    stats_.erase(pid);
+}
+
 const PyDiscovery& LivePyResolver::discovery(uint32_t pid) { return process(pid).discovery(); }
 
 std::string LivePyResolver::object_layout_error(uint32_t pid) {

@@ -4,10 +4,13 @@
 // process_vm_readv, per CPython version (3.10-3.13, x86-64, GIL builds).
 // Every read is bounded and checked; a pointer that no longer holds what it
 // held (a freed code object, a reused address) resolves to "<unknown>" or to
-// what it holds now, re-validated, never to stale or garbage text.
+// what it holds now, re-validated, never to stale or garbage text.  What is
+// cached is bounded in bytes (PyCacheBudget): a target of any shape cannot
+// make the resolver (the root daemon) hold more.
 // Not thread-safe: one caller (the record model's thread).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -16,6 +19,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "limits.hpp"
 #include "py_code_table.hpp"
 #include "py_context.hpp"
 #include "python_runtime.hpp"
@@ -25,6 +29,55 @@ namespace commdbg {
 // Characters of a str read from a target (co_qualname, co_filename, labels,
 // dict keys); longer strings are cut there.
 inline constexpr size_t kPyMaxString = 512;
+// Bytes of a module path ("encoder.blocks.1.mixer"); a longer one keeps its
+// innermost names after a leading "…".
+inline constexpr size_t kPyMaxModulePath = 4096;
+
+// The target's memory as the resolver reads it: process_vm_readv on a live
+// process; the fuzz target (tests/fuzz/fuzz_py_objects.cpp) hands it an
+// image in memory.
+class PyMemory {
+public:
+    virtual ~PyMemory() = default;
+    // All `n` bytes at `addr`, or false.
+    virtual bool read(uint64_t addr, void* out, size_t n) = 0;
+    // Two ranges at once (one system call for the live process).
+    virtual bool read2(uint64_t a, void* oa, size_t na, uint64_t b, void* ob, size_t nb) {
+        return read(a, oa, na) && read(b, ob, nb);
+    }
+    // The last failed read failed because the process has no memory any more.
+    virtual bool gone() const { return false; }
+};
+
+// The bytes the caches of all resolvers sharing it hold together (atomic:
+// commdbgd's sessions each run a resolver on their own thread).
+class PyCacheBudget {
+public:
+    explicit PyCacheBudget(size_t total) : total_(total) {}
+    // The one every resolver uses unless given another: limits::kPyCacheBytesTotal.
+    static PyCacheBudget& program_wide();
+    // Takes `n` bytes if they fit under the total.
+    bool take(size_t n);
+    void give(size_t n) { used_.fetch_sub(n, std::memory_order_relaxed); }
+    size_t used() const { return used_.load(std::memory_order_relaxed); }
+    size_t total() const { return total_; }
+
+private:
+    size_t total_;
+    std::atomic<size_t> used_{0};
+};
+
+// A process's share of the caches, and what the bound cost it.  The losses
+// outlive forget() (a process that exited is reported after).
+struct PyCacheStats {
+    size_t bytes = 0;             // held now for the process (accounted: strings, tables, entries)
+    uint64_t unnamed_frames = 0;  // frames left "<unknown>": their code object or entry found no room
+    uint64_t unread_types = 0;    // types not kept: their objects read as unknown (a module's class)
+    uint64_t dropped_labels = 0;  // record_function labels not kept (the frame is kept without)
+    uint64_t evicted_trees = 0;   // module trees dropped for room (walked again when asked, within their rate)
+    uint64_t cut_walks = 0;       // module tree walks stopped at the bound: modules past them are "<unknown>"
+    bool lossy() const { return unnamed_frames + unread_types + dropped_labels + evicted_trees + cut_walks != 0; }
+};
 
 // What the model needs to know of a type.
 struct PyTypeFacts {
@@ -35,8 +88,12 @@ struct PyTypeFacts {
 
 class LivePyResolver final : public PyContextResolver {
 public:
-    // `proc_root` as for discover_python (tests point it elsewhere).
-    explicit LivePyResolver(std::string proc_root = "/proc");
+    // `proc_root` as for discover_python (tests point it elsewhere).  Each
+    // process's caches hold at most `per_process` bytes, all of them
+    // together what `budget` allows: past either, new entries are refused
+    // (module trees: the least recently used is evicted first) and counted.
+    explicit LivePyResolver(std::string proc_root = "/proc", size_t per_process = limits::kPyCacheBytesPerProcess,
+                            PyCacheBudget& budget = PyCacheBudget::program_wide());
     ~LivePyResolver() override;
     LivePyResolver(const LivePyResolver&) = delete;
     LivePyResolver& operator=(const LivePyResolver&) = delete;
@@ -60,6 +117,8 @@ public:
     // pid runs discover_python.  Either way, a failure is kept, not retried.
     // adopt() drops what was cached for pid, as forget() does.
     void adopt(uint32_t pid, const PyDiscovery& d);
+    // The same with the memory it is read from (the fuzz target's image).
+    void adopt(uint32_t pid, const PyDiscovery& d, std::unique_ptr<PyMemory> mem);
     const PyDiscovery& discovery(uint32_t pid);
     // Empty when types and instance attributes can be read; otherwise why
     // not (the frames still get their code objects' names).
@@ -77,11 +136,22 @@ public:
     // A str object's text as UTF-8, at most kPyMaxString characters.
     std::optional<std::string> str(uint32_t pid, uint64_t obj);
 
+    // What pid's caches hold and what their bound cost it (zeros: never seen).
+    PyCacheStats cache_stats(uint32_t pid) const;
+    // A line for the process's report when the bound cost it names, else nullopt.
+    std::optional<std::string> cache_note(uint32_t pid) const;
+    // Forgets pid and its loss counts too (the session forgets the process).
+    void drop_stats(uint32_t pid);
+    size_t per_process_bytes() const { return per_process_; }
+
 private:
     class Process;
     Process& process(uint32_t pid);
     std::string proc_root_;
+    size_t per_process_;
+    PyCacheBudget& budget_;
     uint64_t epoch_ = 1;
+    std::unordered_map<uint32_t, PyCacheStats> stats_;  // node-stable: each Process counts into its own
     std::unordered_map<uint32_t, std::unique_ptr<Process>> procs_;
 };
 

@@ -381,6 +381,7 @@ void TraceSession::reset_window() {
             continue;
         }
         bpf_->forget_process(it->first);
+        resolver_.drop_stats(it->first);
         it = procs_.erase(it);
     }
 }
@@ -419,6 +420,7 @@ std::vector<ProcessReport> TraceSession::reports() const {
         r.tree = model_.process(pid);
         r.kernel_dropped_records = bpf_->ringbuf_drops_of(pid);
         r.notes = p.notes;
+        if (auto n = resolver_.cache_note(pid)) r.notes.push_back(std::move(*n));
         for (const auto& [tid, name] : p.thread_names)
             if (!name.empty()) r.thread_names[tid] = name;
 

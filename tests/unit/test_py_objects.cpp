@@ -742,4 +742,136 @@ TEST(PyLineTable, Format311ShortOneLineNoColumnAndLongEntries) {
     EXPECT_EQ(py_line_of(12, t, 20, 10), 20u) << "no location: the first line";
 }
 
+// ---- the caches' bytes bound ------------------------------------------------
+
+// A target shaped to make the resolver hold much: roots whose trees are a
+// chain 30 deep of 512-character names with LEAVES more under its end, and
+// code objects with 512-character qualnames and 64 KiB line tables.
+const char* const kBoundScript = R"py(
+import json, os, sys, time
+
+ROOTS, LEAVES, CODES = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+
+class M:
+    def __init__(self):
+        self._modules = {}
+
+def name(tag, i):
+    return ("%s%d_" % (tag, i)).ljust(512, "n")
+
+roots, leaves, leaf_names = [], [], []
+for r in range(ROOTS):
+    root = node = M()
+    for d in range(30):
+        child = M()
+        node._modules[name("r%dd" % r, d)] = child
+        node = child
+    for l in range(LEAVES):
+        node._modules[name("r%dl" % r, l)] = M()
+    roots.append(root)
+    leaf_names.append(name("r%dl" % r, LEAVES - 1))
+    leaves.append(node._modules[leaf_names[-1]])
+
+def f(a):
+    return a
+
+TABLE = b"\x80" * 65536  # one object: the target stays small, each code object points at it
+codes = [f.__code__.replace(co_qualname=("q%d_" % i).ljust(512, "q"), co_linetable=TABLE)
+         for i in range(CODES)]
+print("PYBOUND " + json.dumps({"pid": os.getpid(), "roots": [id(r) for r in roots], "leaves": [id(l) for l in leaves],
+                               "leaf_names": leaf_names, "codes": [id(c) for c in codes],
+                               "quals": [c.co_qualname for c in codes[:3]]}), flush=True)
+time.sleep(3600)
+)py";
+
+class PyCacheBound : public ::testing::Test {
+protected:
+    static constexpr size_t kRoots = 4, kLeaves = 2000, kCodes = 3000;
+    static constexpr size_t kPerProcess = 4u << 20;
+
+    void SetUp() override {
+        const char* py = "/usr/bin/python3.11";  // 3.11+: co_qualname and replace(co_linetable=)
+        if (access(py, X_OK) != 0) GTEST_SKIP() << py << " is not installed here";
+        std::ofstream(dir_.dir() + "/bound.py") << kBoundScript;
+        proc_ = std::make_unique<testproc::Background>(std::vector<std::string>{
+            py, dir_.dir() + "/bound.py", std::to_string(kRoots), std::to_string(kLeaves), std::to_string(kCodes)});
+        std::string line = proc_->wait_for_line("PYBOUND", 90);
+        ASSERT_NE(line.find("PYBOUND {"), std::string::npos) << "the script did not start: " << line;
+        self_ = json::parse(line.substr(line.find('{')));
+        pid_ = self_["pid"].get<uint32_t>();
+    }
+
+    ScriptDir dir_;
+    std::unique_ptr<testproc::Background> proc_;
+    json self_;
+    uint32_t pid_ = 0;
+};
+
+TEST_F(PyCacheBound, ModuleTreesOfLongDeepNamesStayWithinTheProcessBound) {
+    PyCacheBudget budget(64u << 20);
+    LivePyResolver res("/proc", kPerProcess, budget);
+    ASSERT_EQ(res.object_layout_error(pid_), "");
+    for (size_t r = 0; r < kRoots; ++r) {
+        SCOPED_TRACE("root " + std::to_string(r));
+        auto path = res.module_path(pid_, u(self_["roots"][r]), u(self_["leaves"][r]));
+        ASSERT_TRUE(path.has_value()) << "each tree fits the trees' share alone";
+        EXPECT_TRUE(path->starts_with("\u2026.")) << "31 names of 512: cut on the left";
+        EXPECT_TRUE(path->ends_with("." + self_["leaf_names"][r].get<std::string>())) << *path;
+        EXPECT_LE(path->size(), kPyMaxModulePath);
+        EXPECT_LE(res.cache_stats(pid_).bytes, kPerProcess);
+    }
+    const PyCacheStats st = res.cache_stats(pid_);
+    EXPECT_GE(st.evicted_trees, kRoots - 1) << "one tree of 2030 long names takes the trees' half of 4 MiB";
+    EXPECT_EQ(budget.used(), st.bytes) << "the process's bytes are the budget's";
+    auto note = res.cache_note(pid_);
+    ASSERT_TRUE(note.has_value());
+    EXPECT_NE(note->find("module trees evicted"), std::string::npos) << *note;
+    EXPECT_NE(note->find("4 MiB per process"), std::string::npos) << *note;
+    EXPECT_EQ(res.module_path(pid_, u(self_["roots"][0]), u(self_["leaves"][0]))->substr(0, 4), "\u2026.")
+        << "an answer given is kept after its tree goes";
+    res.forget(pid_);
+    EXPECT_EQ(budget.used(), 0u) << "forget gives every byte back";
+    EXPECT_EQ(res.cache_stats(pid_).evicted_trees, st.evicted_trees) << "the losses outlive the process";
+}
+
+TEST_F(PyCacheBound, CodeObjectsWithHugeNamesAndTablesStayWithinBothBounds) {
+    PyCacheBudget budget(6u << 20);  // less than two processes' shares: the total binds too
+    LivePyResolver a("/proc", kPerProcess, budget), b("/proc", kPerProcess, budget);
+    ASSERT_EQ(a.object_layout_error(pid_), "");
+    ASSERT_EQ(b.object_layout_error(pid_), "");
+    const PyLayout& l = a.discovery(pid_).layout;
+    for (LivePyResolver* res : {&a, &b}) {
+        for (const auto& c : self_["codes"]) {
+            // An instruction inside the code: its line table is read.
+            res->frame(pid_, cd_py_frame{u(c), 0, 0, u(c) + (l.minor == 11 ? 184u : 192u) + 2});
+            ASSERT_LE(res->cache_stats(pid_).bytes, kPerProcess);
+            ASSERT_LE(budget.used(), budget.total());
+        }
+    }
+    const PyFrameInfo& first = a.frame(pid_, at_start(l, u(self_["codes"][0])));
+    EXPECT_TRUE(first.known) << "what was kept before the bound still resolves";
+    EXPECT_EQ(first.qualname, self_["quals"][0].get<std::string>());
+    EXPECT_GT(a.cache_stats(pid_).unnamed_frames, 0u) << "3000 codes of 64 KiB tables do not fit 4 MiB";
+    EXPECT_GT(b.cache_stats(pid_).unnamed_frames, a.cache_stats(pid_).unnamed_frames)
+        << "the second resolver had only what the first left of the total";
+    EXPECT_EQ(budget.used(), a.cache_stats(pid_).bytes + b.cache_stats(pid_).bytes);
+    auto note = b.cache_note(pid_);
+    ASSERT_TRUE(note.has_value());
+    EXPECT_NE(note->find("frames left <unknown>"), std::string::npos) << *note;
+    a.forget(pid_);
+    b.forget(pid_);
+    EXPECT_EQ(budget.used(), 0u);
+}
+
+TEST_F(PyCacheBound, WithinTheBoundNothingIsLostOrNoted) {
+    LivePyResolver res;  // the program-wide defaults: 32 MiB per process
+    ASSERT_EQ(res.object_layout_error(pid_), "");
+    auto path = res.module_path(pid_, u(self_["roots"][0]), u(self_["leaves"][0]));
+    ASSERT_TRUE(path.has_value());
+    EXPECT_TRUE(res.frame(pid_, at_start(res.discovery(pid_).layout, u(self_["codes"][1]))).known);
+    EXPECT_FALSE(res.cache_stats(pid_).lossy());
+    EXPECT_EQ(res.cache_note(pid_), std::nullopt);
+    EXPECT_GT(res.cache_stats(pid_).bytes, 2030u * 512) << "the tree's names are accounted";
+}
+
 }  // namespace
