@@ -84,6 +84,7 @@ struct ProcessCreds {
     std::array<uint32_t, 4> gids{};  // the same for "Gid:"
     // False after exec of a set-uid/set-gid program or prctl(PR_SET_DUMPABLE, 0):
     // the kernel then gives /proc/PID/stat to root instead of the effective uid.
+    // Always true when the effective uid is root's: only root may read it anyway.
     bool dumpable = true;
 };
 

@@ -435,30 +435,43 @@ TEST(MayReadProcess, TheKernelsRuleRealEffectiveSavedIdsAndDumpable) {
     EXPECT_TRUE(may_read_process(undumpable, 0, 0));
 }
 
-// prctl(PR_SET_DUMPABLE, 0) needs no privilege: a child of this test does it.
-TEST(ProcfsReal, NonDumpableProcessIsSeenAsSuch) {
-    auto self = read_creds(getpid());
-    ASSERT_TRUE(self.ok()) << self.error();
-    EXPECT_TRUE(self->dumpable);
-    EXPECT_EQ(self->uids[0], getuid());
-    EXPECT_EQ(self->gids[1], getegid());
+// A child of this test as uid 65534 (when root: a root process looks dumpable
+// either way) that sets its dumpability, then waits to be killed.
+pid_t child_with_dumpable(int dumpable) {
     int ready[2];
-    ASSERT_EQ(pipe(ready), 0);
+    if (pipe(ready) != 0) return -1;
     pid_t child = fork();
     if (child == 0) {
         close(ready[0]);
-        prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+        if (geteuid() == 0 && (setgroups(0, nullptr) != 0 || setresgid(65534, 65534, 65534) != 0 ||
+                               setresuid(65534, 65534, 65534) != 0))
+            _exit(1);
+        prctl(PR_SET_DUMPABLE, dumpable, 0, 0, 0);  // needs no privilege
         (void)!write(ready[1], "x", 1);
         pause();
         _exit(0);
     }
     close(ready[1]);
     char c;
-    ASSERT_EQ(read(ready[0], &c, 1), 1);
+    const bool ok = read(ready[0], &c, 1) == 1;
     close(ready[0]);
-    auto other = read_creds(child);
-    kill(child, SIGKILL);
-    waitpid(child, nullptr, 0);
-    ASSERT_TRUE(other.ok()) << other.error();
-    EXPECT_FALSE(other->dumpable);
+    return ok ? child : -1;
+}
+
+TEST(ProcfsReal, DumpabilityIsReadFromTheOwnerOfProcPidStat) {
+    auto self = read_creds(getpid());
+    ASSERT_TRUE(self.ok()) << self.error();
+    EXPECT_TRUE(self->dumpable);
+    EXPECT_EQ(self->uids[0], getuid());
+    EXPECT_EQ(self->gids[1], getegid());
+    for (int dumpable : {1, 0}) {
+        pid_t child = child_with_dumpable(dumpable);
+        ASSERT_GT(child, 0) << "the child did not start";
+        auto c = read_creds(child);
+        kill(child, SIGKILL);
+        waitpid(child, nullptr, 0);
+        ASSERT_TRUE(c.ok()) << c.error();
+        EXPECT_EQ(c->dumpable, dumpable == 1);
+        EXPECT_EQ(may_read_process(*c, c->uids[0], c->gids[0]), dumpable == 1);
+    }
 }
