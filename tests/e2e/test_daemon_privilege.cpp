@@ -71,7 +71,9 @@ void expect_refused(const NobodyBins& bins, const Daemon& d, const SharedDir& tm
 json dumped_process(const std::string& file, int pid) {
     std::ifstream in(file);
     auto j = json::parse(in, nullptr, false);
-    if (j.is_discarded()) return json();
+    if (j.is_discarded() || !j.is_object()) return json();
+    // One process: the dump is its object; several: a "processes" list.
+    if (!j.contains("processes")) return j.value("process", json::object()).value("pid", 0) == pid ? j : json();
     for (const auto& p : j.value("processes", json::array()))
         if (p.value("process", json::object()).value("pid", 0) == pid) return p;
     return json();
