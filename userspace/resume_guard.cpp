@@ -45,12 +45,33 @@ bool maybe_stopped(pid_t pid) {
     return false;
 }
 
-// Until the process that forked the guard is gone (at most ~10 s): the
-// guard is reparented only once that process has closed all its files, BPF
-// links included.
-void wait_parent_gone(pid_t parent) {
-    const timespec step = {0, 5 * 1000 * 1000};
-    for (int i = 0; i < 2000 && getppid() == parent; ++i) nanosleep(&step, nullptr);
+// Resumes what is stopped (state T) among the watched pids and the BPF
+// side's stopped_pids; a running one gets no signal, so a process with a
+// SIGCONT handler is not interrupted at every sweep.  Async-signal-safe.
+void resume_stopped(const pid_t* pids, size_t n, int map_fd) {
+    for (size_t i = 0; i < n; ++i)
+        if (maybe_stopped(pids[i])) kill(pids[i], SIGCONT);
+    uint32_t key = 0, next = 0;
+    const uint32_t* prev = nullptr;
+    while (map_fd >= 0 && bpf_map_get_next_key(map_fd, prev, &next) == 0) {
+        if (maybe_stopped(static_cast<pid_t>(next))) kill(static_cast<pid_t>(next), SIGCONT);
+        key = next;
+        prev = &key;
+    }
+}
+
+// Until the process that forked the guard is gone, resuming every 10 ms what
+// its BPF programs stop meanwhile.  The guard is reparented only once that
+// process has closed all its files, BPF links included, and closing them
+// takes as long as it takes (~50 ms a uprobe link: hundreds of probed files
+// keep a killed daemon's links alive for many seconds), so the wait is
+// bounded only generously (5 minutes) and nobody stays stopped during it.
+void resume_until_parent_gone(pid_t parent, const pid_t* pids, size_t n, int map_fd) {
+    const timespec step = {0, 10 * 1000 * 1000};
+    for (int i = 0; i < 30000 && getppid() == parent; ++i) {
+        nanosleep(&step, nullptr);
+        resume_stopped(pids, n, map_fd);
+    }
 }
 
 // Runs in a child forked from a possibly multi-threaded process: only
@@ -89,10 +110,14 @@ void wait_parent_gone(pid_t parent) {
     // process resumed now may reach the loader probe again (dlopen calls it
     // twice) and be stopped by it once more.  Once commdbg is gone nothing
     // can stop it: resume what is stopped again.
-    wait_parent_gone(parent);
-    for (size_t i = 0; i < n; ++i)
-        if (maybe_stopped(pids[i])) kill(pids[i], SIGCONT);
-    if (map_fd >= 0) resume_all_in_map(map_fd);
+    resume_until_parent_gone(parent, pids, n, map_fd);
+    // And for a second more: a program already running when its link went
+    // away may still stop someone.
+    const timespec step = {0, 10 * 1000 * 1000};
+    for (int i = 0; i < 100; ++i) {
+        resume_stopped(pids, n, map_fd);
+        nanosleep(&step, nullptr);
+    }
     _exit(0);
 }
 
