@@ -13,7 +13,7 @@
 
 #include "events.hpp"
 #include "model.hpp"
-#include "report.hpp"
+#include "render.hpp"
 
 using namespace commdbg;
 
@@ -169,10 +169,10 @@ int main() {
     // Rendering the full-budget window: the outputs as text, written a record
     // at a time, against building the json value and dumping it (the
     // baseline, in this run).  Heap held at the end of each, per record.
-    ProcessReport rep;
+    ProcessSnapshot rep;
     rep.pid = 1000;
     rep.tree = p;
-    const std::vector<ProcessReport> reps{rep};
+    const std::vector<ProcessSnapshot> reps{rep};
     const double recs = static_cast<double>(p->records().size());
     auto held_per_record = [&](const struct mallinfo2& b) {
         return static_cast<double>(in_use(mallinfo2()) - in_use(b)) / recs;

@@ -55,7 +55,7 @@ int finish_check(TraceSession& s, std::optional<int> wstatus, const TraceCliOpti
 
 struct DumpProcess {
     std::string name;
-    lifecycle::Report report;
+    lifecycle::Findings report;
 };
 
 // Every process of every dump whose scopes a lifecycle profile recognises,

@@ -11,7 +11,7 @@
 #include <optional>
 #include <string>
 
-#include "report.hpp"
+#include "render.hpp"
 #include "session_output.hpp"
 
 namespace commdbg::cli {

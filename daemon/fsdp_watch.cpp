@@ -80,7 +80,7 @@ bool maps_show(uint32_t pid, bool& torch, bool& python) {
 // micro-step was followed by its optimizer step (the lifecycle itself marks
 // one cut by the window's end partial: unchecked, not compared across
 // ranks); nullopt: unknown from this window (it saw no lifecycle event).
-std::optional<bool> next_at_boundary(const lifecycle::Report& r) {
+std::optional<bool> next_at_boundary(const lifecycle::Findings& r) {
     if (r.micro_steps.empty()) return r.optimizer_steps > 0 ? std::optional<bool>(true) : std::nullopt;
     return r.micro_steps.back().global_step < static_cast<int>(r.optimizer_steps);
 }
@@ -263,7 +263,7 @@ std::vector<FsdpWatch::Analysed> FsdpWatch::analyse_all(uint64_t& held) {
     // step is checked where this window began between two steps.
     for (const auto& [pid, w] : watched_)
         if (session_->processes().count(pid)) session_->mark_from_start(static_cast<int>(pid), w.at_boundary);
-    for (ProcessReport& r : session_->reports()) {
+    for (ProcessSnapshot& r : session_->reports()) {
         auto it = watched_.find(r.pid);
         if (it == watched_.end() || !r.tree) continue;
         Watched& w = it->second;

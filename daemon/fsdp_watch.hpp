@@ -60,7 +60,7 @@ private:
     // One window's analysis of one process.
     struct Analysed {
         uint32_t pid = 0;
-        lifecycle::Report report;
+        lifecycle::Findings report;
         bool checked = true;  // no record lost in the window
     };
 

@@ -12,6 +12,7 @@
 #include "nccl.hpp"
 #include "node_files.hpp"
 #include "procfs.hpp"
+#include "text.hpp"
 
 namespace commdbg {
 
@@ -24,12 +25,6 @@ constexpr uint64_t kMaxFailureNotes = 8;
 // Exit events held until the next refresh; past it one refresh runs at once
 // (and until then find_gone still finds the processes that are gone).
 constexpr size_t kMaxPendingExits = 4096;
-
-std::string hex(uint64_t v) {
-    char b[24];
-    snprintf(b, sizeof(b), "0x%016llx", static_cast<unsigned long long>(v));
-    return b;
-}
 
 // One process's kernel counters, read apart from the main thread's refresh.
 // A walk of a hash map restarts when the main thread deletes the key it
@@ -340,7 +335,7 @@ nlohmann::json NodeCounter::counts_from(const CountsSource& src, std::optional<u
         if (may_see && !may_see(p)) continue;
         // The same snapshot the attach outputs read: counters joined with
         // communicators, summed by kind with the same keys.
-        ProcessReport snap;
+        ProcessSnapshot snap;
         snap.pid = p;
         join_kernel_state(p, src.counters, src.loss, src.comms, snap);
         nlohmann::json cc = nlohmann::json::object(), cb = nlohmann::json::object();
@@ -366,7 +361,7 @@ nlohmann::json NodeCounter::counts_from(const CountsSource& src, std::optional<u
                          {"counter_calls_lost", lost.uncounted}});
         if (!by_comm) continue;
         for (const CommInfo& ci : snap.comms) {
-            std::string id = ci.id ? hex(*ci.id) : "ptr:" + hex(ci.ptr);
+            std::string id = ci.id ? hex16(*ci.id) : "ptr:" + hex16(ci.ptr);
             auto& entry = by[id];
             if (ci.nranks >= 0) entry["nranks"] = ci.nranks;
             entry["ranks"].push_back({{"rank", ci.rank}, {"pid", p}, {"calls", calls_by_comm[ci.ptr]}});

@@ -5,18 +5,13 @@
 
 #include "comm_registry.hpp"
 #include "nccl.hpp"
+#include "text.hpp"
 
 namespace commdbg {
 
 namespace {
 
 constexpr size_t kFamilies = 3;  // calls, bytes, errors: series per label set
-
-std::string hex(uint64_t v) {
-    char b[24];
-    snprintf(b, sizeof(b), "0x%016llx", static_cast<unsigned long long>(v));
-    return b;
-}
 
 std::string lower(std::string s) {
     for (auto& c : s) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
@@ -53,10 +48,10 @@ void SeriesExporter::describe() {
 SeriesExporter::Breakdown SeriesExporter::breakdown_of(const CounterEntry& c,
                                                        const std::vector<CommInfo>& comms) const {
     Breakdown b;
-    b.comm = c.key.comm ? "ptr:" + hex(c.key.comm) : "";
+    b.comm = c.key.comm ? "ptr:" + hex16(c.key.comm) : "";
     for (const auto& ci : comms) {
         if (ci.ptr != c.key.comm) continue;
-        if (ci.id) b.comm = hex(*ci.id);
+        if (ci.id) b.comm = hex16(*ci.id);
         if (ci.rank >= 0) b.rank = std::to_string(ci.rank);
         if (ci.nranks >= 0) b.nranks = std::to_string(ci.nranks);
     }

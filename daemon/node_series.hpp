@@ -14,7 +14,7 @@
 #include "bpf_session.hpp"
 #include "metrics.hpp"
 #include "node_process.hpp"
-#include "report.hpp"  // CommInfo
+#include "render.hpp"  // CommInfo
 #include "symbol_table.hpp"
 
 namespace commdbg {

@@ -13,7 +13,7 @@
 #include "call_fields.hpp"
 #include "model.hpp"
 #include "probe_spec.hpp"
-#include "report.hpp"
+#include "render.hpp"
 
 using namespace commdbg;
 
@@ -68,7 +68,7 @@ TEST(CallFields, AStreamArgumentAddedInASpecReachesTableJsonAndTrace) {
     x.cookie = e.cookie;
     x.enter_ts_ns = e.ts_ns;
     model.on_event(Call{e, x});
-    ProcessReport p;
+    ProcessSnapshot p;
     p.pid = kPid;
     p.tree = model.process(kPid);
     ASSERT_NE(p.tree, nullptr);
@@ -121,7 +121,7 @@ TEST(CallFields, EachFieldSaysWhereItShows) {
     r.dtype = 7;
     r.comm = 0x1000;
     r.flags = kHasCount | kHasDtype | kHasComm;
-    ProcessReport p;
+    ProcessSnapshot p;
     CommInfo c;
     c.ptr = 0x1000;
     c.nranks = 4;

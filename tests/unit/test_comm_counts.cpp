@@ -7,7 +7,7 @@
 // not change any of it.
 #include <gtest/gtest.h>
 
-#include "report.hpp"
+#include "render.hpp"
 
 using namespace commdbg;
 
@@ -48,8 +48,8 @@ struct Gloo {
 
     // 56 all-gathers, 15 reduce-scatters (each through the coalesced one and
     // an allreduce), 3 all-reduces of its own and a barrier.
-    ProcessReport fsdp_job() const {
-        ProcessReport r;
+    ProcessSnapshot fsdp_job() const {
+        ProcessSnapshot r;
         r.pid = 7;
         r.counters.push_back(row(ag_base, 56));
         r.counters.push_back(row(ag, 56, 56));
@@ -99,7 +99,7 @@ TEST(CommCounts, WithoutNestedCallsEveryCallIsOutermost) {
 
 TEST(CommCounts, LibraryCollectiveInsideAFrameworkOneKeepsItsOwnKeyButCountsOnceInTotal) {
     Gloo g;
-    ProcessReport r;
+    ProcessSnapshot r;
     r.pid = 7;
     // 4 c10d allreduces, each issuing one ncclAllReduce; 2 ncclAllReduce on their own.
     r.counters.push_back(row(g.ar, 4));
@@ -117,7 +117,7 @@ TEST(CommCounts, EntryOnlyNcclIsStillALibraryCollective) {
     SymbolInfo s = coll("ncclAllReduce", "nccl", CD_COLL_ALL_REDUCE, false);
     s.slots.count = 2, s.slots.dtype = 3, s.slots.comm = 5;
     uint32_t id = t.intern(s);
-    ProcessReport r;
+    ProcessSnapshot r;
     r.counters.push_back(row(id, 9, 4));
     EXPECT_EQ(comm_counts(r, t).at("nccl.all_reduce"), 9u);
     EXPECT_EQ(total_counts(r, t), 5u);
@@ -125,7 +125,7 @@ TEST(CommCounts, EntryOnlyNcclIsStillALibraryCollective) {
 
 TEST(CommCounts, BytesAreTheOutermostCallsBytes) {
     Gloo g;
-    ProcessReport r;
+    ProcessSnapshot r;
     r.pid = 7;
     r.counters.push_back(row(g.ag_base, 2, 0, 2048));
     r.counters.push_back(row(g.ag, 3, 2, 3072, 2048));
@@ -148,7 +148,7 @@ TEST(CommCounts, JoinKeepsNestedAndMergesCoarseRows) {
     entries[1] = entries[0];
     entries[1].coarse = true;  // counted after the fine keys ran out: the same row
     entries[1].val.calls = 4, entries[1].val.nested = 4;
-    ProcessReport r;
+    ProcessSnapshot r;
     r.pid = 7;
     join_kernel_state(7, entries, {}, {}, r);
     ASSERT_EQ(r.counters.size(), 1u);

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "model.hpp"
-#include "report.hpp"
+#include "render.hpp"
 #include "snapshot.hpp"
 
 using namespace commdbg;
@@ -212,8 +212,8 @@ struct Ctx {
     std::string_view parent_name(const Record& r) const {
         return r.parent == kNoRecord ? std::string_view("<none>") : name(recs()[r.parent]);
     }
-    ProcessReport report() const {
-        ProcessReport r;
+    ProcessSnapshot report() const {
+        ProcessSnapshot r;
         r.pid = kPid;
         r.tree = model.process(kPid);
         return r;
@@ -487,7 +487,7 @@ TEST(ContextModel, AFreedCodeObjectResolvesAsUnknownAndNoResolverNamesNothing) {
     const auto& inner = c.tree().py_frame(frames[0]);
     EXPECT_EQ(c.tree().text(inner.qualname), "<unknown>");
     EXPECT_FALSE(inner.known);
-    EXPECT_EQ(report_detail::py_location(r, c.tree()), "<unknown>");
+    EXPECT_EQ(render_parts::py_location(r, c.tree()), "<unknown>");
 
     Ctx bare({}, /*with_resolver=*/false);
     bare.enter(bare.c10d, 0x7000, kInBlock);

@@ -4,7 +4,7 @@
 // how many calls lost their communicator and datatype.
 #include <gtest/gtest.h>
 
-#include "report.hpp"
+#include "render.hpp"
 
 using namespace commdbg;
 
@@ -22,8 +22,8 @@ struct Fixture {
         allreduce = t.intern(s);
     }
     // 5 calls with their breakdown, 7 counted coarsely (comm 0, no dtype).
-    ProcessReport report(uint64_t lost) const {
-        ProcessReport r;
+    ProcessSnapshot report(uint64_t lost) const {
+        ProcessSnapshot r;
         r.pid = 42;
         r.command = "flooder";
         r.counters.push_back({allreduce, 0x1000, 7, 5, 50, 200, 0});

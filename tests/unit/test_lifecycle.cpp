@@ -114,7 +114,7 @@ Stream training(int steps, int micro) {
     return training(steps, micro, [](int, int, StepPlan&) {});
 }
 
-Report check(const Stream& s, bool from_start = true) { return analyse(s.items, fsdp2(), Options{from_start}); }
+Findings check(const Stream& s, bool from_start = true) { return analyse(s.items, fsdp2(), Options{from_start}); }
 
 TEST(Lifecycle, BuiltinProfileParsesAndNamesUnitsAndTheRoot) {
     const Profile& p = fsdp2();
@@ -192,7 +192,7 @@ TEST(Lifecycle, CleanRunHasNoFindingAndTheReferenceTraceEvidence) {
     auto s = training(3, 2, [](int, int, StepPlan& p) {
         p.forward_prefetch = {{"layers.0", "layers.1"}, {"layers.1", "layers.2"}, {"layers.2", "layers.3"}};
     });
-    Report r = check(s);
+    Findings r = check(s);
     EXPECT_TRUE(r.violations.empty()) << to_json(r).dump(2);
     EXPECT_TRUE(r.warnings.empty()) << to_json(r).dump(2);
     EXPECT_TRUE(r.notes.empty()) << to_json(r).dump(2);
@@ -224,7 +224,7 @@ TEST(Lifecycle, CleanRunHasNoFindingAndTheReferenceTraceEvidence) {
 
 TEST(Lifecycle, PrefetchOfAUnitThatRanEarlierIsOutOfOrder) {
     auto s = training(2, 2, [](int, int, StepPlan& p) { p.forward_prefetch = {{"layers.2", "layers.0"}}; });
-    Report r = check(s);
+    Findings r = check(s);
     ASSERT_EQ(r.violations.size(), 4u) << "one per micro-step: " << to_json(r).dump(2);
     for (size_t i = 0; i < 4; ++i) {
         const Finding& f = r.violations[i];
@@ -241,7 +241,7 @@ TEST(Lifecycle, PrefetchOfAUnitThatRanEarlierIsOutOfOrder) {
 
 TEST(Lifecycle, PrefetchOfAUnitThatNeverRunsIsNamed) {
     auto s = training(1, 2, [](int, int, StepPlan& p) { p.forward_prefetch = {{"layers.1", "unused"}}; });
-    Report r = check(s);
+    Findings r = check(s);
     ASSERT_EQ(r.violations.size(), 2u) << to_json(r).dump(2);
     for (const Finding& f : r.violations) {
         EXPECT_EQ(f.check, "prefetch_target_not_run");
@@ -259,7 +259,7 @@ TEST(Lifecycle, AllGatherLeftAtTheOptimizerStepIsPending) {
         if (g == 1) s.begin("FSDP::all_gather (layers.3)").coll("c10d.all_gather", 1024).end();
         s.leaf("Optimizer.step#SGD.step");
     }
-    Report r = check(s);
+    Findings r = check(s);
     ASSERT_EQ(r.violations.size(), 1u) << to_json(r).dump(2);
     const Finding& f = r.violations[0];
     EXPECT_EQ(f.check, "pending_all_gather");
@@ -285,7 +285,7 @@ TEST(Lifecycle, UnitWithoutForwardWhoseParametersGotGradientsIsBypassed) {
     auto s = training(3, 1, [](int g, int, StepPlan& p) {
         if (g >= 1) p.skip_forward = {"layers.1"};
     });
-    Report r = check(s);
+    Findings r = check(s);
     ASSERT_EQ(r.violations.size(), 2u) << to_json(r).dump(2);
     for (int i = 0; i < 2; ++i) {
         const Finding& f = r.violations[i];
@@ -309,7 +309,7 @@ TEST(Lifecycle, ForwardInAnotherMicroStepOfTheStepIsNotABypass) {
 
 TEST(Lifecycle, GradientsReducedBeforeTheLastMicroStepAreAWarningWithTheExtraCount) {
     auto s = training(2, 3, [](int, int, StepPlan& p) { p.sync = true; });
-    Report r = check(s);
+    Findings r = check(s);
     EXPECT_TRUE(r.violations.empty()) << to_json(r).dump(2);
     ASSERT_EQ(r.warnings.size(), 4u) << "micro-steps 0 and 1 of each step: " << to_json(r).dump(2);
     for (size_t i = 0; i < 4; ++i) {
@@ -329,7 +329,7 @@ TEST(Lifecycle, NoOptimizerStepRunsNoBoundaryCheckAndSaysSo) {
     Stream s;
     micro_step(s, StepPlan{});
     s.begin("FSDP::all_gather (layers.3)").coll("c10d.all_gather", 1024).end();
-    Report r = check(s);
+    Findings r = check(s);
     EXPECT_TRUE(r.violations.empty()) << "a pending all-gather is only known at the boundary";
     EXPECT_EQ(r.optimizer_steps, 0u);
     ASSERT_EQ(r.notes.size(), 1u);
@@ -352,7 +352,7 @@ TEST(Lifecycle, WindowThatStartsMidStepSkipsThatStepsBoundaryChecks) {
         if (it.parent >= 0) it.parent += base;
         s.items.push_back(it);
     }
-    Report r = check(s, /*from_start=*/false);
+    Findings r = check(s, /*from_start=*/false);
     ASSERT_GE(r.micro_steps.size(), 2u);
     EXPECT_TRUE(r.micro_steps[0].partial);
     EXPECT_FALSE(r.micro_steps[1].partial);
@@ -376,7 +376,7 @@ TEST(Lifecycle, RootUnitIsNamedRoot) {
     s.begin("FSDP::pre_backward (layers.0)").end();
     s.begin("FSDP::pre_backward").end();
     s.leaf("Optimizer.step#SGD.step");
-    Report r = check(s);
+    Findings r = check(s);
     EXPECT_EQ(r.units, (std::vector<std::string>{"<root>", "layers.0"}));
     ASSERT_EQ(r.micro_steps.size(), 1u);
     EXPECT_EQ(r.micro_steps[0].forward, (std::vector<std::string>{"<root>", "layers.0"}));
@@ -392,7 +392,7 @@ TEST(Lifecycle, UnitOfSeveralModulesIsOneUnit) {
     s.begin("FSDP::pre_forward (layers.0, layers.1)").end();
     s.leaf("FSDP::post_backward_accumulate (layers.0, layers.1)");
     s.leaf("Optimizer.step#SGD.step");
-    Report r = check(s);
+    Findings r = check(s);
     EXPECT_EQ(r.units, (std::vector<std::string>{"layers.0, layers.1"}));
     EXPECT_TRUE(r.violations.empty()) << to_json(r).dump(2);
 }
@@ -402,7 +402,7 @@ TEST(Lifecycle, RanksThatRanDifferentUnitOrdersDivergeAtTheFirstPoint) {
     auto b = training(3, 2, [](int g, int m, StepPlan& p) {
         if (g == 1 && m == 0) p.order = {"layers.0", "layers.2", "layers.1", "layers.3"};
     });
-    Report ra = check(a), rb = check(b);
+    Findings ra = check(a), rb = check(b);
     EXPECT_TRUE(cross_rank({{"rank 0", &ra}, {"rank 1", &ra}}).empty());
     auto fs = cross_rank({{"rank 0", &ra}, {"rank 1", &rb}});
     ASSERT_EQ(fs.size(), 1u);
@@ -425,7 +425,7 @@ TEST(Lifecycle, RanksWithTheSameOrderButOtherCollectivesDiverge) {
     size_t seen = 0;
     for (auto& it : b.items)
         if (!it.scope && it.name == "c10d.all_gather" && ++seen == 8 + 3) it.bytes = 2048;
-    Report ra = check(a), rb = check(b);
+    Findings ra = check(a), rb = check(b);
     auto fs = cross_rank({{"rank 0", &ra}, {"rank 1", &rb}});
     ASSERT_EQ(fs.size(), 1u);
     EXPECT_EQ(fs[0].phase, "collectives");
@@ -550,7 +550,7 @@ TEST(Lifecycle, ProfileFromAFileRecognisesAnotherFrameworksLabelsFirst) {
     ASSERT_NE(found, nullptr);
     EXPECT_EQ(found->name, "my-hsdp");
     EXPECT_EQ(detect_profile(s.items), nullptr) << "no built-in profile knows these labels";
-    Report r = analyse(s.items, *found, Options{true});
+    Findings r = analyse(s.items, *found, Options{true});
     EXPECT_EQ(r.units, (std::vector<std::string>{"blocks.0", "blocks.1"}));
     EXPECT_EQ(r.optimizer_steps, 2u);
     ASSERT_EQ(r.micro_steps.size(), 2u);
@@ -571,7 +571,7 @@ TEST(Lifecycle, MicroStepCutByTheWindowsEndIsNotChecked) {
     s.leaf("FSDP::root_pre_forward");
     s.begin("FSDP::pre_forward (layers.0)").end();
     s.leaf("FSDP::forward_prefetch for layers.1");
-    Report r = check(s);
+    Findings r = check(s);
     EXPECT_TRUE(r.violations.empty()) << to_json(r).dump(2);
     ASSERT_EQ(r.micro_steps.size(), 2u);
     bool said = false;
@@ -581,10 +581,10 @@ TEST(Lifecycle, MicroStepCutByTheWindowsEndIsNotChecked) {
     // Another rank's window ended later in the same micro-step: no divergence there.
     Stream later = s;
     later.begin("FSDP::pre_forward (layers.1)").end();
-    Report rl = check(later);
+    Findings rl = check(later);
     EXPECT_TRUE(cross_rank({{"rank 0", &r}, {"rank 1", &rl}}).empty());
     // Ended by the process, the micro-step is whole as far as it went.
-    Report ended = analyse(s.items, fsdp2(), Options{.from_start = true, .process_ended = true});
+    Findings ended = analyse(s.items, fsdp2(), Options{.from_start = true, .process_ended = true});
     EXPECT_FALSE(ended.micro_steps.back().partial);
     // The same prefetch in a micro-step that ended is checked.
     s.leaf("Optimizer.step#SGD.step");

@@ -14,7 +14,9 @@
 #include <thread>
 
 #include "output_file.hpp"
-#include "report.hpp"
+#include "render.hpp"
+#include "text.hpp"
+#include "wait_status.hpp"
 #include "test_proc.hpp"
 
 using namespace commdbg;
@@ -153,8 +155,6 @@ TEST_F(OutputFileTest, FallbackGoesToTmpdir) {
 }
 
 TEST(ExitStatus, ExitAndSignalAreToldApart) {
-    using report_detail::decode_exit;
-    using report_detail::describe_exit;
     auto e = decode_exit(3 << 8);  // exit(3)
     EXPECT_EQ(e.code, 3);
     EXPECT_FALSE(e.signal);

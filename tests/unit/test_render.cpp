@@ -13,7 +13,9 @@
 #include "nccl.hpp"
 #include "output_file.hpp"
 #include "perfetto_check.hpp"
-#include "report.hpp"
+#include "render.hpp"
+#include "text.hpp"
+#include "wait_status.hpp"
 #include "result.hpp"
 
 using namespace commdbg;
@@ -141,8 +143,8 @@ struct Scenario {
         exit(e, base + 107000, 4);
     }
 
-    ProcessReport report() const {
-        ProcessReport r;
+    ProcessSnapshot report() const {
+        ProcessSnapshot r;
         r.pid = kPid;
         r.command = "python3 train.py";
         r.libraries = {"/usr/local/cuda/lib64/libnccl.so.2", "/usr/lib/libtorch_cpu.so"};
@@ -340,11 +342,11 @@ TEST(Render, MultiProcessJsonIsOrderedByPidAndSingleIsFlat) {
     auto b = s.report();
     b.pid = 17;
     b.tree = nullptr;
-    auto multi = to_json(std::vector<ProcessReport>{a, b}, s.t, 1);
+    auto multi = to_json(std::vector<ProcessSnapshot>{a, b}, s.t, 1);
     ASSERT_EQ(multi["processes"].size(), 2u);
     EXPECT_EQ(multi["processes"][0]["process"]["pid"], 17);
     EXPECT_EQ(multi["processes"][1]["process"]["pid"], kPid);
-    auto single = to_json(std::vector<ProcessReport>{a}, s.t, 1);
+    auto single = to_json(std::vector<ProcessSnapshot>{a}, s.t, 1);
     EXPECT_FALSE(single.contains("processes"));
     EXPECT_EQ(single.begin().key(), "comm_counts");
 }
@@ -400,7 +402,7 @@ TEST(Render, FramesStillOpenAtExitEndWithTheirLastChildNotAtTheExit) {
     x.enter_ts_ns = c.ts_ns;
     m.on_event(x);
     m.on_event(ProcExit{1, 5'000'000'000, 0});  // ~5 s later
-    ProcessReport r;
+    ProcessSnapshot r;
     r.pid = 1;
     r.tree = m.process(1);
     auto trace = chrome_trace({r}, t);
@@ -443,7 +445,7 @@ TEST(Render, ChromeTraceClampsUnknownEndsInsideParents) {
     ev(op, 1300, 900, 1);
     ev(leaf, 5000, 800, 1);
     ev(leaf, 1500, 100, 2);
-    ProcessReport r;
+    ProcessSnapshot r;
     r.pid = 1;
     r.tree = m.process(1);
     auto trace = chrome_trace({r}, t);
@@ -540,7 +542,7 @@ TEST(Render, NcclRecordsCarryStreamAndBuffersInJsonTraceAndVerboseTable) {
 TEST(Render, CommunicatorCallsAreShownWithTheMeaningOfTheirSlots) {
     Scenario s;
     auto r = s.report();
-    std::string id = report_detail::hex16(*r.comms[0].id);
+    std::string id = hex16(*r.comms[0].id);
     std::string table = render_table(r, s.t, 0, false);
     std::string init = line_with(table, "ncclCommInitRank");
     EXPECT_NE(init.find("ncclCommInitRank nranks=2 rank=0 new_comm=0x5555c0ffee00 id=" + id + " ret=0"),
@@ -610,7 +612,7 @@ TEST(Render, CommInitAllShowsTheDeviceCount) {
     x.enter_ts_ns = e.ts_ns;
     x.out_value = 0xabc0;
     m.on_event(x);
-    ProcessReport r;
+    ProcessSnapshot r;
     r.pid = 1;
     r.tree = m.process(1);
     EXPECT_NE(render_table(r, t, 0, false).find("ncclCommInitAll ndev=4 new_comm=0xabc0 ret=0"),
@@ -667,7 +669,7 @@ TEST(Render, JsonCountersAreExactAndSortedAndCommBytesSumsCollectives) {
     EXPECT_EQ(ar["layer"], "nccl");
     EXPECT_EQ(ar["collective"], "all_reduce");
     EXPECT_EQ(ar["comm"], "0x5555c0ffee00");
-    EXPECT_EQ(ar["comm_id"], report_detail::hex16(*r.comms[0].id));
+    EXPECT_EQ(ar["comm_id"], hex16(*r.comms[0].id));
     EXPECT_EQ(ar["dtype"], "float32");
     EXPECT_EQ(ar["calls"], 1);
     EXPECT_EQ(ar["elements"], 1024);
@@ -783,10 +785,10 @@ struct RandomStream {
         for (const auto& e : events) std::visit([&](const auto& x) { model.on_event(x); }, e);
     }
 
-    std::vector<ProcessReport> reports() const {
-        std::vector<ProcessReport> out;
+    std::vector<ProcessSnapshot> reports() const {
+        std::vector<ProcessSnapshot> out;
         for (uint32_t pid : {7001u, 7002u}) {
-            ProcessReport r;
+            ProcessSnapshot r;
             r.pid = pid;
             r.command = "python3 train.py --rank " + std::to_string(pid - 7001);
             r.tree = model.process(pid);
@@ -798,7 +800,7 @@ struct RandomStream {
 
 // The call tree as the model built it, in Perfetto's terms: each record's
 // thread, start, name, depth and parent's name.  Perfetto must show this.
-std::vector<perfetto_check::Slice> tree_as_slices(const std::vector<ProcessReport>& reports,
+std::vector<perfetto_check::Slice> tree_as_slices(const std::vector<ProcessSnapshot>& reports,
                                                  const SymbolTable& syms) {
     std::vector<perfetto_check::Slice> out;
     for (const auto& r : reports) {
@@ -808,9 +810,9 @@ std::vector<perfetto_check::Slice> tree_as_slices(const std::vector<ProcessRepor
             sl.pid = r.pid;
             sl.tid = rec.tid;
             sl.ts = static_cast<int64_t>(rec.start_ns);
-            sl.name = report_detail::record_name(rec, syms);
+            sl.name = record_name(rec, syms);
             for (uint32_t p = rec.parent; p != kNoRecord; p = recs[p].parent) {
-                if (sl.depth++ == 0) sl.parent = report_detail::record_name(recs[p], syms);
+                if (sl.depth++ == 0) sl.parent = record_name(recs[p], syms);
             }
             out.push_back(sl);
         }
@@ -919,8 +921,8 @@ TEST(Render, StreamedJsonTextIsTheDumpOfTheJsonValue) {
     nlohmann::ordered_json extra = {{"kernel_drops", {{"ringbuf_full", 3}}}};
     for (int level = 0; level <= 3; ++level) {
         SCOPED_TRACE("noise level " + std::to_string(level));
-        for (const auto& ps : {std::vector<ProcessReport>{one}, std::vector<ProcessReport>{one, two, none},
-                               std::vector<ProcessReport>{none}, std::vector<ProcessReport>{}}) {
+        for (const auto& ps : {std::vector<ProcessSnapshot>{one}, std::vector<ProcessSnapshot>{one, two, none},
+                               std::vector<ProcessSnapshot>{none}, std::vector<ProcessSnapshot>{}}) {
             auto j = to_json(ps, s.t, level);
             EXPECT_EQ(to_json_text(ps, s.t, level), j.dump(2));
             for (const auto& [k, v] : extra.items()) j[k] = v;

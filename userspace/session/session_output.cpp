@@ -8,7 +8,7 @@
 #include <chrono>
 #include <cmath>
 
-#include "report.hpp"
+#include "render.hpp"
 
 namespace commdbg {
 
@@ -18,16 +18,16 @@ std::array<std::pair<const char*, std::string*>, 4> named_outputs(SessionOutput&
 
 namespace {
 
-int rank_of(const ProcessReport& r) {
+int rank_of(const ProcessSnapshot& r) {
     for (const CommInfo& c : r.comms)
         if (c.rank >= 0) return c.rank;
     return -1;
 }
 
 // The verdict of the lifecycle checks: each process's section, then across ranks.
-void fsdp_verdict(const std::vector<ProcessReport>& reports, const std::vector<lifecycle::Finding>& cross,
+void fsdp_verdict(const std::vector<ProcessSnapshot>& reports, const std::vector<lifecycle::Finding>& cross,
                   SessionOutput::Fsdp& out) {
-    for (const auto* r : report_detail::by_pid(reports)) {
+    for (const auto* r : render_parts::by_pid(reports)) {
         if (!r->fsdp) continue;
         ++out.processes;
         out.violations += r->fsdp->violations.size();
@@ -40,9 +40,9 @@ void fsdp_verdict(const std::vector<ProcessReport>& reports, const std::vector<l
 
 }  // namespace
 
-std::vector<lifecycle::Finding> fsdp_cross_rank(const std::vector<ProcessReport>& reports) {
-    std::vector<const ProcessReport*> ranks;
-    for (const auto* r : report_detail::by_pid(reports))
+std::vector<lifecycle::Finding> fsdp_cross_rank(const std::vector<ProcessSnapshot>& reports) {
+    std::vector<const ProcessSnapshot*> ranks;
+    for (const auto* r : render_parts::by_pid(reports))
         if (r->fsdp && !r->fsdp->empty()) ranks.push_back(r);
     std::stable_sort(ranks.begin(), ranks.end(),
                      [](const auto* a, const auto* b) { return lifecycle::rank_before(rank_of(*a), rank_of(*b)); });

@@ -21,17 +21,12 @@
 
 #include "elf_symbols.hpp"
 #include "procfs.hpp"
+#include "text.hpp"
 
 namespace commdbg {
 namespace {
 
 using Status = PyDiscovery::Status;
-
-std::string hex(uint64_t v) {
-    char buf[24];
-    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-    return buf;
-}
 
 // ---- the target's memory -------------------------------------------------
 

@@ -407,12 +407,12 @@ std::vector<std::string> TraceSession::take_messages() {
     return out;
 }
 
-std::vector<ProcessReport> TraceSession::reports() const {
+std::vector<ProcessSnapshot> TraceSession::reports() const {
     auto snapshot = bpf_->counter_snapshot();
     auto comms = bpf_->comms();
-    std::vector<ProcessReport> out;
+    std::vector<ProcessSnapshot> out;
     for (const auto& [pid, p] : procs_) {
-        ProcessReport r;
+        ProcessSnapshot r;
         r.pid = pid;
         r.command = p.command;
         r.exit_code = p.exit_code;

@@ -7,13 +7,15 @@
 
 #include "call_fields.hpp"
 #include "nccl.hpp"
-#include "report.hpp"
+#include "render.hpp"
+#include "text.hpp"
+#include "wait_status.hpp"
 
 namespace commdbg {
 
 namespace {
 
-using namespace report_detail;
+using namespace render_parts;
 using nlohmann::ordered_json;
 
 const char* json_type(RecordKind k) {
@@ -28,7 +30,7 @@ const char* json_type(RecordKind k) {
 
 class JsonWriter {
 public:
-    JsonWriter(const ProcessReport& p, const SymbolTable& syms, int noise)
+    JsonWriter(const ProcessSnapshot& p, const SymbolTable& syms, int noise)
         : p_(p), syms_(syms), noise_(noise) {}
 
     // With `records_mark`, "records" holds that string in place of the tree:
@@ -77,7 +79,7 @@ public:
         proc["command"] = p_.command;
         // exit_code: the status of exit(N); a process killed by a signal has
         // "exit_code": null and "signal": N instead.
-        auto ended = p_.exit_code ? report_detail::decode_exit(*p_.exit_code) : report_detail::ExitInfo{};
+        auto ended = p_.exit_code ? decode_exit(*p_.exit_code) : ExitInfo{};
         proc["exit_code"] = ended.code ? ordered_json(*ended.code) : ordered_json(nullptr);
         if (ended.signal) {
             proc["signal"] = *ended.signal;
@@ -183,17 +185,17 @@ private:
         out.push_back(std::move(o));
     }
 
-    const ProcessReport& p_;
+    const ProcessSnapshot& p_;
     const SymbolTable& syms_;
     int noise_;
 };
 
 }  // namespace
 
-namespace report_detail {
+namespace render_parts {
 
 template <typename Json>
-void collective_json(const Record& r, const ProcessReport& p, const SymbolTable& syms, Json& o) {
+void collective_json(const Record& r, const ProcessSnapshot& p, const SymbolTable& syms, Json& o) {
     for (const CallField& f : call_fields(r, p, syms)) {
         if (f.key.empty()) continue;  // the table's only
         std::string key(f.key);
@@ -206,19 +208,19 @@ void collective_json(const Record& r, const ProcessReport& p, const SymbolTable&
     }
 }
 
-template void collective_json(const Record&, const ProcessReport&, const SymbolTable&,
+template void collective_json(const Record&, const ProcessSnapshot&, const SymbolTable&,
                               nlohmann::ordered_json&);
-template void collective_json(const Record&, const ProcessReport&, const SymbolTable&,
+template void collective_json(const Record&, const ProcessSnapshot&, const SymbolTable&,
                               nlohmann::json&);
 
-std::vector<const ProcessReport*> by_pid(const std::vector<ProcessReport>& ps) {
-    std::vector<const ProcessReport*> sorted;
+std::vector<const ProcessSnapshot*> by_pid(const std::vector<ProcessSnapshot>& ps) {
+    std::vector<const ProcessSnapshot*> sorted;
     for (const auto& p : ps) sorted.push_back(&p);
     std::stable_sort(sorted.begin(), sorted.end(), [](const auto* a, const auto* b) { return a->pid < b->pid; });
     return sorted;
 }
 
-}  // namespace report_detail
+}  // namespace render_parts
 
 namespace {
 
@@ -235,7 +237,7 @@ void append_indented(std::string& out, const std::string& text, size_t n) {
 
 }  // namespace
 
-std::string to_json_text(const std::vector<ProcessReport>& ps, const SymbolTable& syms, int noise_level,
+std::string to_json_text(const std::vector<ProcessSnapshot>& ps, const SymbolTable& syms, int noise_level,
                          const nlohmann::ordered_json& extra) {
     const auto sorted = by_pid(ps);
     // The skeleton, with a mark per process where its records go.  The mark
@@ -284,11 +286,11 @@ std::string to_json_text(const std::vector<ProcessReport>& ps, const SymbolTable
     return out;
 }
 
-nlohmann::ordered_json to_json(const ProcessReport& p, const SymbolTable& syms, int noise_level) {
+nlohmann::ordered_json to_json(const ProcessSnapshot& p, const SymbolTable& syms, int noise_level) {
     return JsonWriter(p, syms, noise_level).render();
 }
 
-nlohmann::ordered_json to_json(const std::vector<ProcessReport>& ps, const SymbolTable& syms,
+nlohmann::ordered_json to_json(const std::vector<ProcessSnapshot>& ps, const SymbolTable& syms,
                                int noise_level) {
     if (ps.size() == 1) return to_json(ps.front(), syms, noise_level);
     const auto sorted = by_pid(ps);

@@ -1,18 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the renderers share: counts, visibility, communicator lookup.
-#include "report.hpp"
-
-#include <sys/wait.h>
+#include "render.hpp"
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
-#include <cstdio>
-#include <csignal>
-#include <cstring>
 
 #include "nccl.hpp"
-#include "result.hpp"
 
 namespace commdbg {
 
@@ -47,87 +40,19 @@ bool record_visible(const Record& r, const SymbolTable& syms, int noise_level) {
     case RecordKind::Op:
         if (noise_level < 1) return false;
         if (noise_level >= 3) return true;
-        return !is_trivial_op(report_detail::record_name(r, syms));
+        return !is_trivial_op(record_name(r, syms));
     }
     return true;
 }
 
-namespace report_detail {
+namespace render_parts {
 
-ExitInfo decode_exit(int ws) {
-    ExitInfo e;
-    if (WIFEXITED(ws)) e.code = WEXITSTATUS(ws);
-    else if (WIFSIGNALED(ws)) {
-        e.signal = WTERMSIG(ws);
-        e.core_dumped = WCOREDUMP(ws);
-    }
-    return e;
-}
-
-std::string describe_exit(const ExitInfo& e) {
-    if (e.code) return "exited with status " + std::to_string(*e.code);
-    if (e.signal) {
-        const char* abbrev = sigabbrev_np(*e.signal);
-        return std::string("killed by ") + (abbrev ? std::string("SIG") + abbrev : "a signal") + " (signal " +
-               std::to_string(*e.signal) + ")" + (e.core_dumped ? ", core dumped" : "");
-    }
-    return "ended";
-}
-
-std::string hex(uint64_t v) {
-    char buf[24];
-    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-    return buf;
-}
-
-std::string hex16(uint64_t v) {
-    char buf[24];
-    std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
-    return buf;
-}
-
-std::string dtype_name(uint32_t dtype) {
-    if (auto n = nccl_datatype_name(dtype)) return std::string(*n);
-    return "dtype(" + std::to_string(dtype) + ")";
-}
-
-std::optional<uint64_t> record_bytes(const Record& r) {
-    if (!r.has(kHasCount) || !r.has(kHasDtype)) return std::nullopt;
-    auto size = nccl_datatype_size(r.dtype);
-    if (!size) return std::nullopt;
-    return r.count * *size;
-}
-
-std::optional<Elements> record_elements(const Record& r, int32_t nranks) {
-    if (!r.has(kHasCount)) return std::nullopt;
-    auto n = static_cast<uint64_t>(nranks);
-    switch (r.coll) {
-    case CD_COLL_ALL_GATHER:
-        if (nranks <= 0) return std::nullopt;
-        return Elements{r.count, r.count * n};
-    case CD_COLL_REDUCE_SCATTER:
-        if (nranks <= 0) return std::nullopt;
-        return Elements{r.count * n, r.count};
-    default: return Elements{r.count, r.count};
-    }
-}
-
-std::string_view record_name(const Record& r, const SymbolTable& syms) {
-    const SymbolInfo* s = syms.find(r.sym);
-    return s ? std::string_view(s->name) : std::string_view("?");
-}
-
-std::string_view record_layer(const Record& r, const SymbolTable& syms) {
-    const SymbolInfo* s = syms.find(r.sym);
-    return s ? std::string_view(s->layer) : std::string_view("?");
-}
-
-std::string_view record_name(const Record& r, const ProcessReport& p, const SymbolTable& syms) {
+std::string_view record_name(const Record& r, const ProcessSnapshot& p, const SymbolTable& syms) {
     if (r.ctx != kNoCtx && p.tree) return p.tree->context_name(r);
     return record_name(r, syms);
 }
 
-std::string_view record_layer(const Record& r, const ProcessReport& /*p*/, const SymbolTable& syms) {
+std::string_view record_layer(const Record& r, const ProcessSnapshot& /*p*/, const SymbolTable& syms) {
     if (r.kind == RecordKind::Module && r.ctx != kNoCtx) return "python";
     return record_layer(r, syms);
 }
@@ -164,18 +89,7 @@ std::string py_location(const Record& r, const ProcessTree& t) {
     return {};
 }
 
-cd_role record_role(const Record& r, const SymbolTable& syms) {
-    const SymbolInfo* s = syms.find(r.sym);
-    return s ? s->role : CD_ROLE_OTHER;
-}
-
-bool is_init_all(const Record& r, const SymbolTable& syms) {
-    const SymbolInfo* s = syms.find(r.sym);
-    return s && s->role == CD_ROLE_COMM_INIT &&
-           (s->tail == CD_TAIL_COMM_LIST || s->name == "ncclCommInitAll");
-}
-
-std::vector<const CounterRow*> sorted_counters(const ProcessReport& p, const SymbolTable& syms) {
+std::vector<const CounterRow*> sorted_counters(const ProcessSnapshot& p, const SymbolTable& syms) {
     std::vector<const CounterRow*> out;
     out.reserve(p.counters.size());
     for (const CounterRow& c : p.counters) out.push_back(&c);
@@ -192,6 +106,6 @@ std::vector<const CounterRow*> sorted_counters(const ProcessReport& p, const Sym
     return out;
 }
 
-}  // namespace report_detail
+}  // namespace render_parts
 
 }  // namespace commdbg

@@ -147,7 +147,7 @@ struct MicroStep {
     std::vector<Coll> collectives;
 };
 
-struct Report {
+struct Findings {
     std::string profile;
     bool from_start = false;  // the window began with the process
     std::vector<std::string> units;  // sorted
@@ -167,13 +167,13 @@ struct Options {
 // before the built-in ones; nullptr: none.  Points into `first` or the
 // built-ins: `first` must outlive it.
 const Profile* detect_profile(const std::vector<TraceItem>& items, const std::vector<Profile>& first = {});
-Report analyse(const std::vector<TraceItem>& items, const Profile& profile, const Options& o);
+Findings analyse(const std::vector<TraceItem>& items, const Profile& profile, const Options& o);
 
 // The ranks of one job: the first point where any rank's unit order or
 // collective sequence differs from the first rank's, per rank.
 struct RankView {
     std::string name;  // "rank 1 (pid 4242)"
-    const Report* report = nullptr;
+    const Findings* report = nullptr;
 };
 std::vector<Finding> cross_rank(const std::vector<RankView>& ranks);
 // The order of the ranks of a job: by rank, an unknown one (-1) last.
@@ -181,10 +181,10 @@ inline bool rank_before(int a, int b) { return static_cast<unsigned>(a) < static
 // "rank 1 (pid 4242)", or `who` alone when the rank is unknown (-1).
 std::string rank_view_name(int rank, const std::string& who);
 
-nlohmann::ordered_json to_json(const Report& r);
+nlohmann::ordered_json to_json(const Findings& r);
 nlohmann::ordered_json to_json(const Finding& f);
 // The "FSDP lifecycle" table section: per micro-step orders, then findings.
-std::string render_section(const Report& r);
+std::string render_section(const Findings& r);
 std::string render_findings(const std::vector<Finding>& fs, std::string_view title);
 // The cross-rank verdict over `ranks` processes ("" for fewer than two).
 std::string render_cross_rank(const std::vector<Finding>& cross, size_t ranks);

@@ -4,13 +4,14 @@
 #include <cstdio>
 
 #include "nccl.hpp"
-#include "report.hpp"
+#include "record_facts.hpp"
+#include "snapshot.hpp"
+#include "text.hpp"
 
 namespace commdbg {
 
 namespace {
 
-using namespace report_detail;
 
 // Table positions: the table reads "count dtype op peer comm new_comm
 // [stream buffers] group ret time", the JSON groups by meaning.
@@ -58,7 +59,7 @@ public:
 // Communicator calls reuse the generic slots: init count/peer = nranks/rank,
 // split comm/peer/count = parent/color/key (see probe_spec.cpp).  int
 // arguments are read from 64-bit registers: only the low 32 bits are defined.
-void lifecycle_fields(const Record& r, const ProcessReport& p, const SymbolTable& syms, cd_role role, Fields& f) {
+void lifecycle_fields(const Record& r, const ProcessSnapshot& p, const SymbolTable& syms, cd_role role, Fields& f) {
     if (role == CD_ROLE_COMM_INIT) {
         if (r.has(kHasCount)) f.int_both(is_init_all(r, syms) ? "ndev" : "nranks", static_cast<int32_t>(r.count), kPosFirst);
         if (r.has(kHasPeer)) f.int_both("rank", r.peer, kPosSecond);
@@ -81,7 +82,7 @@ void lifecycle_fields(const Record& r, const ProcessReport& p, const SymbolTable
     }
 }
 
-void collective_fields(const Record& r, const ProcessReport& p, Fields& f) {
+void collective_fields(const Record& r, const ProcessSnapshot& p, Fields& f) {
     if (r.coll != CD_COLL_NONE) f.json("collective", FieldType::Text, 0, 0, std::string(coll_name(static_cast<cd_coll>(r.coll))));
     // The communicator a call runs on.
     std::optional<uint64_t> ptr;
@@ -116,7 +117,7 @@ void collective_fields(const Record& r, const ProcessReport& p, Fields& f) {
 
 }  // namespace
 
-std::vector<CallField> call_fields(const Record& r, const ProcessReport& p, const SymbolTable& syms) {
+std::vector<CallField> call_fields(const Record& r, const ProcessSnapshot& p, const SymbolTable& syms) {
     Fields f;
     if (r.kind == RecordKind::Module && r.ctx != kNoCtx && p.tree) {
         f.json("module_fqn", FieldType::Text, 0, 0, std::string(p.tree->context_name(r)));

@@ -56,10 +56,10 @@ struct CommInfo {
 // stays in the TraceSession's model (200000 records are ~22 MB, not worth a
 // copy per output) and is valid until that session resets its window or is
 // destroyed; null when the process made no recorded call.
-struct ProcessReport {
+struct ProcessSnapshot {
     uint32_t pid = 0;
     std::string command;
-    std::optional<int> exit_code;  // raw wait status: see report_detail::decode_exit
+    std::optional<int> exit_code;  // raw wait status: see decode_exit
     std::vector<std::string> libraries;
     std::vector<CounterRow> counters;
     std::vector<CommInfo> comms;
@@ -69,7 +69,7 @@ struct ProcessReport {
     std::vector<std::string> notes;
     std::map<uint32_t, std::string> thread_names;  // tid -> name, where known
     // The FSDP lifecycle of its scopes, when a lifecycle profile recognised them.
-    std::optional<lifecycle::Report> fsdp;
+    std::optional<lifecycle::Findings> fsdp;
 };
 
 // The kernel's state for `pid`, joined: its counters (a coarse counter merged
@@ -78,10 +78,10 @@ struct ProcessReport {
 // counters, comms and counter_breakdown_lost, and appends a note for calls
 // that could not be counted.
 void join_kernel_state(uint32_t pid, const CounterSnapshot& counters, const std::vector<CommEntry>& comms,
-                       ProcessReport& r);
+                       ProcessSnapshot& r);
 void join_kernel_state(uint32_t pid, const std::vector<CounterEntry>& counters,
                        const std::map<uint32_t, CounterLoss>& loss, const std::vector<CommEntry>& comms,
-                       ProcessReport& r);
+                       ProcessSnapshot& r);
 
 // Per collective kind, summed from the exact counters of collective-role
 // symbols (never from records, which may be dropped), CommDebugMode's way:
@@ -94,23 +94,23 @@ struct CollSummary {
     uint64_t calls = 0, bytes = 0, errors = 0;
 };
 std::map<std::string, CollSummary> coll_summary(const std::vector<CounterRow>& counters, const SymbolTable& syms);
-std::map<std::string, CollSummary> coll_summary(const ProcessReport& p, const SymbolTable& syms);
+std::map<std::string, CollSummary> coll_summary(const ProcessSnapshot& p, const SymbolTable& syms);
 // "nccl.all_reduce" -> calls / bytes (the same keys as coll_summary).
-std::map<std::string, uint64_t> comm_counts(const ProcessReport& p, const SymbolTable& syms);
-std::map<std::string, uint64_t> comm_bytes(const ProcessReport& p, const SymbolTable& syms);
+std::map<std::string, uint64_t> comm_counts(const ProcessSnapshot& p, const SymbolTable& syms);
+std::map<std::string, uint64_t> comm_bytes(const ProcessSnapshot& p, const SymbolTable& syms);
 // Each logical collective once, at its outermost collective call of any
 // layer: the collective calls minus those the kernel counted as nested (c10d
 // _allgather_base -> allgather, c10d allreduce -> ncclAllReduce), exact
 // whatever records were lost.  Where the model saw more nesting than the
 // kernel (threads deeper than the kernel's CD_MAX_FRAMES), its count wins.
-uint64_t total_counts(const ProcessReport& p, const SymbolTable& syms);
+uint64_t total_counts(const ProcessSnapshot& p, const SymbolTable& syms);
 
 // Collectives per module path (ProcessTree::module_comm_counts); empty when
 // the process has no records.
-std::map<std::string, ProcessTree::ModuleCommCounts> module_comm_counts(const ProcessReport& p);
+std::map<std::string, ProcessTree::ModuleCommCounts> module_comm_counts(const ProcessSnapshot& p);
 
 // The communicator at `ptr` (pointers are reused after a destroy: the most
 // recent wins), or nullptr.
-const CommInfo* find_comm(const ProcessReport& p, uint64_t ptr);
+const CommInfo* find_comm(const ProcessSnapshot& p, uint64_t ptr);
 
 }  // namespace commdbg

@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "model.hpp"
-#include "report.hpp"
+#include "record_facts.hpp"
 
 namespace commdbg::lifecycle {
 
@@ -188,7 +188,7 @@ struct TreeWalk {
     // the collectives it issued (its NCCL calls).
     uint64_t bytes_of(uint32_t idx) const {
         const auto& recs = t.records();
-        if (auto b = report_detail::record_bytes(recs[idx])) return *b;
+        if (auto b = record_bytes(recs[idx])) return *b;
         uint64_t sum = 0;
         for (uint32_t c = recs[idx].first_child; c != kNoRecord; c = recs[c].next_sibling)
             if (recs[c].kind == RecordKind::Collective) sum += bytes_of(c);

@@ -8,13 +8,15 @@
 #include <limits>
 #include <map>
 
-#include "report.hpp"
+#include "render.hpp"
+#include "text.hpp"
+#include "wait_status.hpp"
 
 namespace commdbg {
 
 namespace {
 
-using namespace report_detail;
+using namespace render_parts;
 using nlohmann::json;
 
 constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
@@ -23,7 +25,7 @@ constexpr uint64_t kMinDurNs = 1000;  // stand-in length of a call whose exit ne
 class TraceWriter {
 public:
     using Sink = std::function<void(json&&)>;
-    TraceWriter(const ProcessReport& p, const SymbolTable& syms, Sink sink)
+    TraceWriter(const ProcessSnapshot& p, const SymbolTable& syms, Sink sink)
         : p_(p), syms_(syms), recs_(p.tree->records()), emit_(std::move(sink)) {}
 
     void render() {
@@ -46,7 +48,7 @@ private:
     // Each lifecycle violation and warning as an instant event on the thread
     // of its last record, when that began (a pending all-gather: at the
     // optimizer step that found it).
-    void render_findings(const lifecycle::Report& r) {
+    void render_findings(const lifecycle::Findings& r) {
         for (const auto* list : {&r.violations, &r.warnings})
             for (const lifecycle::Finding& f : *list) {
                 if (f.records.empty()) continue;
@@ -127,13 +129,13 @@ private:
         return end;
     }
 
-    const ProcessReport& p_;
+    const ProcessSnapshot& p_;
     const SymbolTable& syms_;
     const std::vector<Record>& recs_;
     Sink emit_;
 };
 
-void for_each_event(const std::vector<ProcessReport>& ps, const SymbolTable& syms, const TraceWriter::Sink& sink) {
+void for_each_event(const std::vector<ProcessSnapshot>& ps, const SymbolTable& syms, const TraceWriter::Sink& sink) {
     const auto sorted = by_pid(ps);
     for (const auto* p : sorted) {
         if (!p->tree) continue;
@@ -143,7 +145,7 @@ void for_each_event(const std::vector<ProcessReport>& ps, const SymbolTable& sym
 
 }  // namespace
 
-nlohmann::json chrome_trace(const std::vector<ProcessReport>& ps, const SymbolTable& syms) {
+nlohmann::json chrome_trace(const std::vector<ProcessSnapshot>& ps, const SymbolTable& syms) {
     json events = json::array();
     for_each_event(ps, syms, [&](json&& ev) { events.push_back(std::move(ev)); });
     // No "displayTimeUnit": the format says it only changes the display, but
@@ -152,7 +154,7 @@ nlohmann::json chrome_trace(const std::vector<ProcessReport>& ps, const SymbolTa
     return {{"traceEvents", std::move(events)}};
 }
 
-std::string chrome_trace_text(const std::vector<ProcessReport>& ps, const SymbolTable& syms) {
+std::string chrome_trace_text(const std::vector<ProcessSnapshot>& ps, const SymbolTable& syms) {
     std::string out = "{\"traceEvents\":[";
     bool first = true;
     for_each_event(ps, syms, [&](json&& ev) {

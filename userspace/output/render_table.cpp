@@ -7,13 +7,15 @@
 
 #include "call_fields.hpp"
 #include "nccl.hpp"
-#include "report.hpp"
+#include "render.hpp"
+#include "text.hpp"
+#include "wait_status.hpp"
 
 namespace commdbg {
 
 namespace {
 
-using namespace report_detail;
+using namespace render_parts;
 
 constexpr const char* kReset = "\x1b[0m";
 constexpr const char* kWarn = "\x1b[1;31m";
@@ -37,7 +39,7 @@ std::string us(uint64_t ns) {
 
 class TableWriter {
 public:
-    TableWriter(const ProcessReport& p, const SymbolTable& syms, int noise, bool color)
+    TableWriter(const ProcessSnapshot& p, const SymbolTable& syms, int noise, bool color)
         : p_(p), syms_(syms), noise_(noise), color_(color) {}
 
     std::string render() {
@@ -56,7 +58,7 @@ private:
     void summary() {
         std::string head = "commdbg: pid " + std::to_string(p_.pid);
         if (!p_.command.empty()) head += " (" + p_.command + ")";
-        if (p_.exit_code) head += " " + report_detail::describe_exit(report_detail::decode_exit(*p_.exit_code));
+        if (p_.exit_code) head += " " + describe_exit(decode_exit(*p_.exit_code));
         line(paint(kBold, head));
         if (!p_.libraries.empty()) {
             std::string libs = "libraries:";
@@ -113,7 +115,7 @@ private:
         if (p_.fsdp) fsdp_section(*p_.fsdp);
     }
 
-    void fsdp_section(const lifecycle::Report& r) {
+    void fsdp_section(const lifecycle::Findings& r) {
         std::string text = lifecycle::render_section(r);
         const bool bad = !r.violations.empty();
         for (size_t from = 0, nl; (nl = text.find('\n', from)) != std::string::npos; from = nl + 1) {
@@ -197,7 +199,7 @@ private:
         }
     }
 
-    const ProcessReport& p_;
+    const ProcessSnapshot& p_;
     const SymbolTable& syms_;
     int noise_;
     bool color_;
@@ -206,7 +208,7 @@ private:
 
 }  // namespace
 
-std::string render_table(const ProcessReport& p, const SymbolTable& syms, int noise_level,
+std::string render_table(const ProcessSnapshot& p, const SymbolTable& syms, int noise_level,
                          bool color) {
     return TableWriter(p, syms, noise_level, color).render();
 }

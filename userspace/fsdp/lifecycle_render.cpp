@@ -66,7 +66,7 @@ ordered_json to_json(const Finding& f) {
     return o;
 }
 
-ordered_json to_json(const Report& r) {
+ordered_json to_json(const Findings& r) {
     ordered_json o;
     o["profile"] = r.profile;
     o["window"] = r.from_start ? "from_start" : "attached";
@@ -106,7 +106,7 @@ std::string render_summary(size_t violations, size_t warnings, size_t processes)
            " warning(s) in " + std::to_string(processes) + " process(es)\n";
 }
 
-std::string render_section(const Report& r) {
+std::string render_section(const Findings& r) {
     std::string s = "FSDP lifecycle (" + r.profile + "): " + std::to_string(r.units.size()) + " units, " +
                     std::to_string(r.optimizer_steps) + " optimizer steps, " +
                     std::to_string(r.micro_steps.size()) + " micro-steps\n";

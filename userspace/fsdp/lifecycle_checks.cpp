@@ -61,7 +61,7 @@ public:
         step_complete_ = o.from_start;
     }
 
-    Report run() {
+    Findings run() {
         matches_.reserve(items_.size());
         for (const TraceItem& it : items_)
             matches_.push_back(it.scope ? profile_.match(it.name) : std::nullopt);
@@ -210,7 +210,7 @@ private:
 
     const std::vector<TraceItem>& items_;
     const Profile& profile_;
-    Report out_;
+    Findings out_;
     std::vector<std::optional<Match>> matches_;
     std::set<std::string> units_;
     uint64_t lost_ = 0;
@@ -352,7 +352,7 @@ std::vector<Finding> cross_rank(const std::vector<RankView>& ranks) {
     return out;
 }
 
-Report analyse(const std::vector<TraceItem>& items, const Profile& profile, const Options& o) {
+Findings analyse(const std::vector<TraceItem>& items, const Profile& profile, const Options& o) {
     return Analysis(items, profile, o).run();
 }
 

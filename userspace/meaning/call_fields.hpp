@@ -19,7 +19,7 @@
 
 namespace commdbg {
 
-struct ProcessReport;
+struct ProcessSnapshot;
 
 enum class FieldType : uint8_t {
     Int,    // signed integer
@@ -55,7 +55,7 @@ struct CallField {
 // The fields of a collective-kind record (collectives and the communicator
 // lifecycle) or of a module record seen in Python stacks (module_fqn,
 // module_class, event_type), in JSON order; empty for other kinds.
-std::vector<CallField> call_fields(const Record& r, const ProcessReport& p, const SymbolTable& syms);
+std::vector<CallField> call_fields(const Record& r, const ProcessSnapshot& p, const SymbolTable& syms);
 
 // A field's value as JSON / table text.
 std::string field_text(const CallField& f);

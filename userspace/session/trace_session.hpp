@@ -18,7 +18,7 @@
 #include "probe_attach.hpp"
 #include "py_config.hpp"
 #include "py_objects.hpp"
-#include "report.hpp"
+#include "render.hpp"
 #include "result.hpp"
 #include "resume_guard.hpp"
 #include "symbol_table.hpp"
@@ -97,7 +97,7 @@ public:
     bool exited(int pid) const;
     const std::map<uint32_t, TracedProcess>& processes() const { return procs_; }
 
-    std::vector<ProcessReport> reports() const;
+    std::vector<ProcessSnapshot> reports() const;
     // Ends a window of records for every process at once (commdbgd
     // --fsdp-checks): their records go, open frames stay as placeholders,
     // and exited processes are forgotten here, in the model and in the

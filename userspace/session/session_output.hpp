@@ -28,7 +28,7 @@ struct SessionOutput {
 
 // The ranks of one job compared: every report with a lifecycle, in rank
 // order where a communicator says the rank, else by pid.
-std::vector<lifecycle::Finding> fsdp_cross_rank(const std::vector<ProcessReport>& reports);
+std::vector<lifecycle::Finding> fsdp_cross_rank(const std::vector<ProcessSnapshot>& reports);
 
 // The outputs by their control-protocol names ("table", "table_color",
 // "json", "trace"), in the order a daemon session sends them.

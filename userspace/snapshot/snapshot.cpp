@@ -20,13 +20,13 @@ std::string_view to_string(CommOrigin o) {
 }
 
 void join_kernel_state(uint32_t pid, const CounterSnapshot& counters, const std::vector<CommEntry>& comms,
-                       ProcessReport& r) {
+                       ProcessSnapshot& r) {
     join_kernel_state(pid, counters.entries, counters.loss, comms, r);
 }
 
 void join_kernel_state(uint32_t pid, const std::vector<CounterEntry>& counters,
                        const std::map<uint32_t, CounterLoss>& losses, const std::vector<CommEntry>& comms,
-                       ProcessReport& r) {
+                       ProcessSnapshot& r) {
     for (const auto& c : counters) {
         if (c.key.tgid != pid) continue;
         auto same = std::find_if(r.counters.begin(), r.counters.end(), [&](const CounterRow& row) {
@@ -70,23 +70,23 @@ std::map<std::string, CollSummary> coll_summary(const std::vector<CounterRow>& c
     return out;
 }
 
-std::map<std::string, CollSummary> coll_summary(const ProcessReport& p, const SymbolTable& syms) {
+std::map<std::string, CollSummary> coll_summary(const ProcessSnapshot& p, const SymbolTable& syms) {
     return coll_summary(p.counters, syms);
 }
 
-std::map<std::string, uint64_t> comm_counts(const ProcessReport& p, const SymbolTable& syms) {
+std::map<std::string, uint64_t> comm_counts(const ProcessSnapshot& p, const SymbolTable& syms) {
     std::map<std::string, uint64_t> out;
     for (const auto& [k, sum] : coll_summary(p, syms)) out[k] = sum.calls;
     return out;
 }
 
-std::map<std::string, uint64_t> comm_bytes(const ProcessReport& p, const SymbolTable& syms) {
+std::map<std::string, uint64_t> comm_bytes(const ProcessSnapshot& p, const SymbolTable& syms) {
     std::map<std::string, uint64_t> out;
     for (const auto& [k, sum] : coll_summary(p, syms)) out[k] = sum.bytes;
     return out;
 }
 
-uint64_t total_counts(const ProcessReport& p, const SymbolTable& syms) {
+uint64_t total_counts(const ProcessSnapshot& p, const SymbolTable& syms) {
     uint64_t calls = 0, nested = 0;
     for (const CounterRow& c : p.counters) {
         const SymbolInfo* s = syms.find(c.sym);
@@ -98,11 +98,11 @@ uint64_t total_counts(const ProcessReport& p, const SymbolTable& syms) {
     return calls > nested ? calls - nested : 0;
 }
 
-std::map<std::string, ProcessTree::ModuleCommCounts> module_comm_counts(const ProcessReport& p) {
+std::map<std::string, ProcessTree::ModuleCommCounts> module_comm_counts(const ProcessSnapshot& p) {
     return p.tree ? p.tree->module_comm_counts() : std::map<std::string, ProcessTree::ModuleCommCounts>{};
 }
 
-const CommInfo* find_comm(const ProcessReport& p, uint64_t ptr) {
+const CommInfo* find_comm(const ProcessSnapshot& p, uint64_t ptr) {
     for (auto it = p.comms.rbegin(); it != p.comms.rend(); ++it)
         if (it->ptr == ptr) return &*it;
     return nullptr;

@@ -1,0 +1,26 @@
+# SPDX-License-Identifier: Apache-2.0
+# Builds each scratch target of tests/layering/CMakeLists.txt: TARGET=ok must
+# compile; TARGET=HEADER must fail, and for HEADER not being found.
+string(REPLACE "," ";" checks "${CHECKS}")
+set(failures "")
+foreach(check ${checks})
+  string(REPLACE "=" ";" kv "${check}")
+  list(GET kv 0 target)
+  list(GET kv 1 expect)
+  execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD_DIR} --target ${target}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(expect STREQUAL "ok")
+    if(NOT rc EQUAL 0)
+      string(APPEND failures "${target}: an allowed include did not compile:\n${out}\n")
+    endif()
+  elseif(rc EQUAL 0)
+    string(APPEND failures "${target}: including ${expect} from the layer below it compiled\n")
+  elseif(NOT out MATCHES "${expect}: No such file or directory")
+    string(APPEND failures "${target}: failed, but not for ${expect} being out of reach:\n${out}\n")
+  else()
+    message(STATUS "${target}: ${expect} out of reach, as it should be")
+  endif()
+endforeach()
+if(failures)
+  message(FATAL_ERROR "${failures}")
+endif()
