@@ -367,7 +367,7 @@ struct cd_proc {
 };
 
 /* Largest record the kernel side emits (tails are for future kinds: the
- * unique id stays in the kernel's comms map, see commdbg.bpf.c). */
+ * unique id stays in the kernel's comms map, see lib/comms.h). */
 #define CD_MAX_RECORD                                                                                         \
 	(sizeof(struct cd_call) + sizeof(struct cd_context) + CD_MAX_PY_FRAMES * sizeof(struct cd_py_frame))
 
@@ -534,7 +534,7 @@ struct cd_thread {
 	__u32 announced;   /* its first record woke the consumer */
 	__u32 coll_frames; /* bit i: frames[i] is a framework collective's (cd_count_val.nested) */
 	__u32 unchecked;   /* records since it last looked at the wake-up watermark */
-	__u32 flags;	   /* its process's CD_TRACE_* as of traced_gen flags_gen (commdbg.bpf.c) */
+	__u32 flags;	   /* its process's CD_TRACE_* as of traced_gen flags_gen (lib/process.h) */
 	__u32 flags_gen;
 	struct cd_inflight s[CD_MAX_INFLIGHT];
 	struct cd_frame frames[CD_MAX_FRAMES];

@@ -65,7 +65,7 @@ int quiet_print(enum libbpf_print_level level, const char* fmt, va_list args) {
 }
 
 // Call records wake the consumer once the ring buffer is this fraction full
-// (bpf/commdbg.bpf.c, wakeup_bytes): room for 7/8 more while it wakes.
+// (bpf/lib/config.h, wakeup_bytes): room for 7/8 more while it wakes.
 constexpr size_t kWakeupFraction = 8;
 
 size_t round_ringbuf(size_t bytes) {
@@ -153,7 +153,7 @@ void BpfSession::set_armed(bool on) {
 
 void BpfSession::traced_changed() {
     // After the map's change: threads that cached their process's flags
-    // read them again (bpf/commdbg.bpf.c, traced_gen).
+    // read them again (bpf/lib/process.h, traced_gen).
     __atomic_add_fetch(&skel_->data->traced_gen, 1u, __ATOMIC_SEQ_CST);
 }
 
