@@ -425,7 +425,7 @@ struct cd_count_val {
 #define CD_COARSE_SLOTS 64 /* distinct collective symbols per process; a power of two */
 
 struct cd_coarse_slot {
-	__u32 sym1; /* symbol id + 1; 0: free */
+	__u32 sym_plus1; /* symbol id + 1; 0: free */
 	__u32 pad;
 	struct cd_count_val val;
 };
@@ -536,7 +536,7 @@ struct cd_thread {
 	__u32 unchecked;   /* records since it last looked at the wake-up watermark */
 	__u32 flags;	   /* its process's CD_TRACE_* as of traced_gen flags_gen (lib/process.h) */
 	__u32 flags_gen;
-	struct cd_inflight s[CD_MAX_INFLIGHT];
+	struct cd_inflight inflight[CD_MAX_INFLIGHT]; /* [0, depth): innermost last */
 	struct cd_frame frames[CD_MAX_FRAMES];
 	__u8 unique_id[CD_UNIQUE_ID_BYTES]; /* of the open CommInitRank */
 };

@@ -51,10 +51,10 @@ FUNC_GLOBAL __u32 count_coarse(struct cd_proc_counts *pc, __u32 sym, __u64 eleme
 	for (__u32 i = 0; i < CD_COARSE_SLOTS; i++) {
 		__u32 idx = (start + i) & (CD_COARSE_SLOTS - 1);
 		struct cd_coarse_slot *slot = &pc->coarse[idx];
-		__u32 cur = slot->sym1;
+		__u32 cur = slot->sym_plus1;
 
 		if (cur == 0) {
-			cur = __sync_val_compare_and_swap(&slot->sym1, 0, sym + 1);
+			cur = __sync_val_compare_and_swap(&slot->sym_plus1, 0, sym + 1);
 			if (cur == 0)
 				cur = sym + 1;
 		}

@@ -88,7 +88,7 @@ FUNC_INLINE void emit_open_call(const struct cd_inflight *call, __u32 tid)
 FUNC_INLINE void emit_open_calls(struct cd_thread *st, __u32 tid)
 {
 	for (__u32 i = 0; i < CD_MAX_INFLIGHT; i++) {
-		struct cd_inflight *call = &st->s[i & (CD_MAX_INFLIGHT - 1)];
+		struct cd_inflight *call = &st->inflight[i & (CD_MAX_INFLIGHT - 1)];
 
 		if (i >= st->depth)
 			break;

@@ -125,7 +125,7 @@ FUNC_INLINE bool push_inflight(struct cd_thread *st, const struct entry *en, con
 		count_drop(CD_DROP_INFLIGHT_DEEP);
 		return false;
 	}
-	call = &st->s[d & (CD_MAX_INFLIGHT - 1)];
+	call = &st->inflight[d & (CD_MAX_INFLIGHT - 1)];
 	call->cookie = en->cookie;
 	call->ts = en->ts;
 	call->out_ptr = slot_arg(en->args, CD_COOKIE_OUT(en->cookie));
@@ -156,7 +156,7 @@ FUNC_INLINE struct cd_inflight *pop_inflight(struct cd_thread *st)
 		return 0;
 	d = st->depth - 1;
 	st->depth = d;
-	return &st->s[d & (CD_MAX_INFLIGHT - 1)];
+	return &st->inflight[d & (CD_MAX_INFLIGHT - 1)];
 }
 
 #endif /* COMMDBG_LIB_THREAD_H */
