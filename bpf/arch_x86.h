@@ -8,6 +8,8 @@
 #ifndef COMMDBG_ARCH_X86_H
 #define COMMDBG_ARCH_X86_H
 
+#include "lib/compiler.h"
+
 #if !defined(__TARGET_ARCH_x86)
 #error "commdbg's BPF programs support x86-64 only: build on x86-64 (bpf/arch_x86.h holds what another architecture must define)"
 #endif
@@ -18,7 +20,7 @@
 #define CD_STACK_ARGS_OFFSET 8
 CD_STATIC_ASSERT(CD_REG_SLOTS == 6, "x86-64 passes six integer arguments in registers (events.h slots)");
 
-static __always_inline void cd_read_reg_args(struct pt_regs *ctx, __u64 *args)
+FUNC_INLINE void cd_read_reg_args(struct pt_regs *ctx, __u64 *args)
 {
 	args[0] = PT_REGS_PARM1(ctx);
 	args[1] = PT_REGS_PARM2(ctx);
@@ -30,7 +32,7 @@ static __always_inline void cd_read_reg_args(struct pt_regs *ctx, __u64 *args)
 
 /* The calling thread's thread pointer (glibc's struct pthread, pthread_self()):
  * x86-64 keeps it in fs. */
-static __always_inline __u64 cd_thread_pointer(void)
+FUNC_INLINE __u64 cd_thread_pointer(void)
 {
 	struct task_struct *t = bpf_get_current_task_btf();
 

@@ -367,7 +367,7 @@ struct cd_proc {
 };
 
 /* Largest record the kernel side emits (tails are for future kinds: the
- * unique id stays in the kernel's comms map, see commdbg.bpf.c). */
+ * unique id stays in the kernel's comms map, see lib/comms.h). */
 #define CD_MAX_RECORD                                                                                         \
 	(sizeof(struct cd_call) + sizeof(struct cd_context) + CD_MAX_PY_FRAMES * sizeof(struct cd_py_frame))
 
@@ -425,7 +425,7 @@ struct cd_count_val {
 #define CD_COARSE_SLOTS 64 /* distinct collective symbols per process; a power of two */
 
 struct cd_coarse_slot {
-	__u32 sym1; /* symbol id + 1; 0: free */
+	__u32 sym_plus1; /* symbol id + 1; 0: free */
 	__u32 pad;
 	struct cd_count_val val;
 };
@@ -534,9 +534,9 @@ struct cd_thread {
 	__u32 announced;   /* its first record woke the consumer */
 	__u32 coll_frames; /* bit i: frames[i] is a framework collective's (cd_count_val.nested) */
 	__u32 unchecked;   /* records since it last looked at the wake-up watermark */
-	__u32 flags;	   /* its process's CD_TRACE_* as of traced_gen flags_gen (commdbg.bpf.c) */
+	__u32 flags;	   /* its process's CD_TRACE_* as of traced_gen flags_gen (lib/process.h) */
 	__u32 flags_gen;
-	struct cd_inflight s[CD_MAX_INFLIGHT];
+	struct cd_inflight inflight[CD_MAX_INFLIGHT]; /* [0, depth): innermost last */
 	struct cd_frame frames[CD_MAX_FRAMES];
 	__u8 unique_id[CD_UNIQUE_ID_BYTES]; /* of the open CommInitRank */
 };

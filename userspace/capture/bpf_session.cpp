@@ -65,7 +65,7 @@ int quiet_print(enum libbpf_print_level level, const char* fmt, va_list args) {
 }
 
 // Call records wake the consumer once the ring buffer is this fraction full
-// (bpf/commdbg.bpf.c, wakeup_bytes): room for 7/8 more while it wakes.
+// (bpf/lib/config.h, wakeup_bytes): room for 7/8 more while it wakes.
 constexpr size_t kWakeupFraction = 8;
 
 size_t round_ringbuf(size_t bytes) {
@@ -153,7 +153,7 @@ void BpfSession::set_armed(bool on) {
 
 void BpfSession::traced_changed() {
     // After the map's change: threads that cached their process's flags
-    // read them again (bpf/commdbg.bpf.c, traced_gen).
+    // read them again (bpf/lib/process.h, traced_gen).
     __atomic_add_fetch(&skel_->data->traced_gen, 1u, __ATOMIC_SEQ_CST);
 }
 
@@ -237,10 +237,10 @@ CounterSnapshot BpfSession::counter_snapshot() const {
     for (auto& [tgid, pc] : dump_map<uint32_t, cd_proc_counts>(skel_->maps.proc_counts)) {
         out.loss[tgid] = {pc.fine_keys, pc.breakdown_lost, pc.uncounted};
         for (const cd_coarse_slot& s : pc.coarse) {
-            if (s.sym1 == 0 || s.val.calls == 0) continue;
+            if (s.sym_plus1 == 0 || s.val.calls == 0) continue;
             cd_count_key k{};
             k.tgid = tgid;
-            k.sym = s.sym1 - 1;
+            k.sym = s.sym_plus1 - 1;
             k.dtype = CD_DTYPE_NONE;
             out.entries.push_back({k, s.val, true});
         }
@@ -258,7 +258,7 @@ std::vector<CallEnter> BpfSession::open_calls() const {
         prev = &key;
         if (bpf_map__lookup_elem(skel_->maps.threads, &key, sizeof(key), st.get(), sizeof(*st), 0) != 0) continue;
         for (uint32_t i = 0; i < st->depth && i < CD_MAX_INFLIGHT; ++i) {
-            const cd_inflight& s = st->s[i];
+            const cd_inflight& s = st->inflight[i];
             if (!(s.flags & CD_TRACE_RECORDS) || s.entry_sent) continue;  // sent: the model has it
             CallEnter& e = out.emplace_back();
             e.tgid = s.ckey.tgid;

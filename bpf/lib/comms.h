@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Communicators, kept in the kernel (`comms`, events.h cd_comm_key/val) so
+ * that they survive record drops: noted at the return of the call that
+ * created, split or ended one.
+ */
+#ifndef COMMDBG_LIB_COMMS_H
+#define COMMDBG_LIB_COMMS_H
+
+#include "lib/drops.h"
+#include "lib/entry.h"
+#include "lib/records.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct cd_comm_key);
+	__type(value, struct cd_comm_val);
+} comms SEC(".maps");
+
+/* A cd_comm_val is built here: too large for the BPF stack. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cd_comm_val);
+} comm_scratch SEC(".maps");
+
+/* Remember a communicator created by the call that just returned. */
+FUNC_INLINE void note_comm(const struct cd_inflight *call, struct cd_thread *st, __u64 comm, __u32 role,
+			   __s32 split_index)
+{
+	struct cd_comm_key k = {.tgid = call->ckey.tgid, .comm = comm};
+	__u32 zero = 0;
+	struct cd_comm_val *v = bpf_map_lookup_elem(&comm_scratch, &zero);
+
+	if (!v)
+		return;
+	__builtin_memset(v, 0, sizeof(*v));
+	v->created_ns = call->ts;
+	if (role == CD_ROLE_COMM_INIT) {
+		v->origin = CD_COMM_FROM_ID;
+		v->nranks = (__s32)slot_arg(call->args, CD_COOKIE_COUNT(call->cookie));
+		v->rank = (__s32)slot_arg(call->args, CD_COOKIE_PEER(call->cookie));
+		__builtin_memcpy(v->unique_id, st->unique_id, CD_UNIQUE_ID_BYTES);
+	} else {
+		v->origin = CD_COMM_FROM_SPLIT;
+		v->nranks = -1;
+		v->rank = -1;
+		v->key = (__s32)slot_arg(call->args, CD_COOKIE_COUNT(call->cookie));
+		v->color = (__s32)slot_arg(call->args, CD_COOKIE_PEER(call->cookie));
+		v->parent = slot_arg(call->args, CD_COOKIE_COMM(call->cookie));
+		v->split_index = split_index;
+	}
+	if (bpf_map_update_elem(&comms, &k, v, BPF_ANY))
+		count_drop(CD_DROP_COMM_FULL);
+}
+
+/* ncclCommInitAll(comms, ndev, devlist): one comm per device. */
+FUNC_INLINE void note_comm_list(const struct cd_inflight *call)
+{
+	__u64 ndev = slot_arg(call->args, CD_COOKIE_COUNT(call->cookie));
+	__u64 n = ndev < CD_MAX_COMM_LIST ? ndev : CD_MAX_COMM_LIST;
+	__u32 zero = 0;
+	struct cd_comm_val *v = bpf_map_lookup_elem(&comm_scratch, &zero);
+
+	if (!v)
+		return;
+	__builtin_memset(v, 0, sizeof(*v));
+	for (__u32 i = 0; i < CD_MAX_COMM_LIST; i++) {
+		struct cd_comm_key k = {.tgid = call->ckey.tgid};
+		__u64 c = 0;
+
+		if (i >= n)
+			break;
+		if (bpf_probe_read_user(&c, sizeof(c), (void *)(call->out_ptr + 8 * i)) || !c)
+			continue;
+		k.comm = c;
+		v->origin = CD_COMM_FROM_ALL;
+		v->nranks = (__s32)n;
+		v->rank = (__s32)i;
+		v->created_ns = call->ts;
+		bpf_map_update_elem(&comms, &k, v, BPF_ANY);
+	}
+}
+
+/* Communicators created, split or ended by the call that returned. */
+FUNC_INLINE void track_comm(const struct cd_inflight *call, struct cd_thread *st, const struct ret_info *r)
+{
+	__u32 role = CD_COOKIE_ROLE(call->cookie), tail = CD_COOKIE_TAIL(call->cookie);
+	__u64 comm_arg = slot_arg(call->args, CD_COOKIE_COMM(call->cookie));
+	__s32 split_index = -1;
+
+	if (role == CD_ROLE_COMM_SPLIT) {
+		/* Every rank splits a parent in the same order, also ranks that get
+		 * no child (NCCL_SPLIT_NOCOLOR): the n-th split is the same on all. */
+		struct cd_comm_key pk = {.tgid = call->ckey.tgid, .comm = comm_arg};
+		struct cd_comm_val *pv = bpf_map_lookup_elem(&comms, &pk);
+
+		split_index = pv ? (__s32)__sync_fetch_and_add(&pv->nsplits, 1) : -1;
+	}
+	if (r->ret == 0 && r->out &&
+	    (role == CD_ROLE_COMM_SPLIT || (role == CD_ROLE_COMM_INIT && tail == CD_TAIL_UNIQUE_ID)))
+		note_comm(call, st, r->out, role, split_index);
+	if (r->ret == 0 && role == CD_ROLE_COMM_INIT && tail == CD_TAIL_COMM_LIST && call->out_ptr)
+		note_comm_list(call);
+	if (role == CD_ROLE_COMM_END && comm_arg) {
+		struct cd_comm_key k = {.tgid = call->ckey.tgid, .comm = comm_arg};
+		struct cd_comm_val *v = bpf_map_lookup_elem(&comms, &k);
+
+		if (v)
+			v->destroyed = 1;
+	}
+}
+
+#endif /* COMMDBG_LIB_COMMS_H */

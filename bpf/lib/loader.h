@@ -1,0 +1,156 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * New code in a process, caught before it runs: a loader change or an exec
+ * of a traced process (a session), or a libnccl file mapped that is not
+ * probed yet (commdbgd).  The process is stopped with SIGSTOP where asked,
+ * and resumed by userspace once it has probed what was mapped (a watchdog
+ * does it if userspace dies).  The signal goes first: a SIGCONT can then
+ * never precede the stop it is meant to end.
+ */
+#ifndef COMMDBG_LIB_LOADER_H
+#define COMMDBG_LIB_LOADER_H
+
+#include "lib/config.h"
+#include "lib/drops.h"
+#include "lib/process.h"
+#include "lib/ringbuf.h"
+#include "arch_x86.h"
+
+#define SIGSTOP 19
+#define VM_EXEC 0x4
+
+/* Library files already probed, (kernel dev, inode): mapping one needs no stop. */
+struct file_key {
+	__u64 dev;
+	__u64 ino;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct file_key);
+	__type(value, __u32);
+} known_files SEC(".maps");
+
+/* Real uids (not root) that hold their share of known_files (commdbgd,
+ * daemon/node_files.hpp): a new library file of theirs is neither stopped
+ * for nor probed, so one user cannot fill the map and leave every other
+ * user's processes stopped at each start. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u32);
+} capped_uids SEC(".maps");
+
+/* Set by commdbgd: the users other than root together hold their share of
+ * known_files; and, at shutdown, stop no process at all any more (nothing
+ * would attach to its file; the hook's link goes next). */
+volatile __u32 others_capped = 0;
+volatile __u32 stop_on_new_file = 1;
+
+/* tgids stopped by on_mmap_file and not resumed yet: the daemon's guard
+ * process holds this map and resumes them if the daemon dies. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u32);
+} stopped_pids SEC(".maps");
+
+/* A traced process's loader changed (`kind`: CD_EV_DL_CHANGE) or it exec'ed
+ * (CD_EV_EXEC): userspace is told, and with CD_TRACE_DL_STOP the thread
+ * waits stopped for it. */
+FUNC_INLINE void note_new_code(__u32 kind)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32;
+	__u32 *flags = bpf_map_lookup_elem(&traced, &tgid);
+	struct cd_dl_change *e;
+	__u32 stopped = 0;
+
+	if (!flags)
+		return;
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		/* no event, so nobody would resume it: do not stop */
+		count_drop(CD_DROP_DL_EVENT);
+		return;
+	}
+	if ((*flags & CD_TRACE_DL_STOP) && bpf_send_signal_thread(SIGSTOP) == 0)
+		stopped = 1;
+	fill_header(&e->h, kind, sizeof(*e), CD_TAIL_NONE, 0, tgid, (__u32)pid_tgid, bpf_ktime_get_ns());
+	e->stopped = stopped;
+	e->uid = (__u32)bpf_get_current_uid_gid();
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP); /* the thread waits for it */
+}
+
+/* An executable mapping of a "libnccl.so*" file, and its (dev, inode). */
+struct vma_match {
+	struct file_key k;
+	int hit;
+};
+
+FUNC_CALLBACK long check_vma(struct task_struct *task, struct vm_area_struct *vma, void *data)
+{
+	struct vma_match *m = data;
+	char name[16] = {};
+	struct file *f;
+
+	if (!(BPF_CORE_READ(vma, vm_flags) & VM_EXEC))
+		return 0;
+	f = BPF_CORE_READ(vma, vm_file);
+	if (!f)
+		return 0;
+	if (bpf_probe_read_kernel_str(name, sizeof(name), BPF_CORE_READ(f, f_path.dentry, d_name.name)) < 0)
+		return 0;
+	/* "libnccl.so*" only: not the net/tuner/profiler plugins (libnccl-*) */
+	if (name[0] != 'l' || name[1] != 'i' || name[2] != 'b' || name[3] != 'n' || name[4] != 'c' ||
+	    name[5] != 'c' || name[6] != 'l' || name[7] != '.' || name[8] != 's' || name[9] != 'o')
+		return 0;
+	m->k.dev = BPF_CORE_READ(f, f_inode, i_sb, s_dev);
+	m->k.ino = BPF_CORE_READ(f, f_inode, i_ino);
+	m->hit = 1;
+	return 0;
+}
+
+/* At an mmap's return (`ret`: the address mapped): a libnccl file not yet
+ * in known_files stops the process until commdbgd has probed it, unless
+ * its user holds their share of probed files. */
+FUNC_INLINE void stop_for_new_file(struct pt_regs *regs, long ret)
+{
+	struct vma_match m = {};
+	struct cd_dl_change *e;
+	__u64 pid_tgid;
+	__u32 uid;
+
+	if (!count_all || !stop_on_new_file || CD_SYSCALL_NR(regs) != CD_NR_MMAP ||
+	    (unsigned long)ret >= (unsigned long)-4095L)
+		return;
+	bpf_find_vma(bpf_get_current_task_btf(), (__u64)ret, check_vma, &m, 0);
+	if (!m.hit || bpf_map_lookup_elem(&known_files, &m.k) || !in_scope())
+		return;
+	uid = (__u32)bpf_get_current_uid_gid();
+	if (uid != 0 && (others_capped || bpf_map_lookup_elem(&capped_uids, &uid))) {
+		count_drop(CD_DROP_FILE_SHARE);
+		return;
+	}
+	pid_tgid = bpf_get_current_pid_tgid();
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_drop(CD_DROP_DL_EVENT);
+		return;
+	}
+	e->stopped = bpf_send_signal_thread(SIGSTOP) == 0;
+	if (e->stopped) {
+		__u32 tgid = pid_tgid >> 32, one = 1;
+
+		bpf_map_update_elem(&stopped_pids, &tgid, &one, BPF_ANY);
+	}
+	fill_header(&e->h, CD_EV_DL_CHANGE, sizeof(*e), CD_TAIL_NONE, 0, pid_tgid >> 32, (__u32)pid_tgid,
+		    bpf_ktime_get_ns());
+	e->uid = uid;
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP); /* the process waits for it */
+}
+
+#endif /* COMMDBG_LIB_LOADER_H */
