@@ -49,7 +49,8 @@ struct NodeCounterOptions {
     size_t library_files_per_uid = limits::kLibraryFilesPerUid;
     // Return probes on the collectives, only to count their errors
     // (commdbg_collective_errors_total).  Off (commdbgd --no-count-errors):
-    // entry probes alone, ~45% cheaper per call here (README, Costs);
+    // entry probes alone, cheaper per call (bench_anchor measures both;
+    // docs/daemon.md, "Probes and their cost");
     // communicator init/split/destroy keep theirs for the comm labels.
     bool count_errors = true;
 };

@@ -168,7 +168,7 @@ std::map<std::string, int> int_map(const nlohmann::json& j) {
 // torch 1.13 label restored from the rank's own account.  torch 1.13 keeps
 // labels in Python: the kernel reads them once userspace has seen one
 // scope's record_function class, so the very first scope is named only if
-// it was still open when userspace read it (README, "Scopes").  That one may
+// it was still open when userspace read it (docs/python.md, "Scopes").  That one may
 // be "<unnamed>" -- never another scope, never a wrong name.
 std::map<std::string, int> traced_scopes(const std::vector<Placed>& all, const nlohmann::json& rank, bool torch113) {
     std::map<std::string, int> scopes;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The FSDP lifecycle checks on synthetic event streams: the label sequences
-// torch 2.6's FSDP2 emits (see ../shared/fsdp.md), written out step by step,
+// torch 2.6's FSDP2 emits (see docs/design/fsdp-labels.md), written out step by step,
 // with one fault at a time.
 #include <gtest/gtest.h>
 

@@ -30,14 +30,14 @@ struct Interpreter {
     const char* path;
     int minor;
     bool shared;       // CPython in libpython3.X.so
-    uint32_t key_off;  // key_addr - _PyRuntime: python.md's verified offset (+4 where it names the Py_tss_t)
+    uint32_t key_off;  // key_addr - _PyRuntime (docs/design/python-walker.md; +4 where it names the Py_tss_t)
     const char* root = nullptr;  // run chrooted here: a container's python, read through /proc/PID/root
 };
 
 const char* const kTrixieRoot = "/var/cache/commdbg/trixie-root";
 
 // Debian 3.11 loads the key itself at _PyRuntime+596; the pyenv builds pass
-// the Py_tss_t (python.md: +0x248 / +0x608 / +0x870), whose key is 4 further.
+// the Py_tss_t (docs/design/python-walker.md: +0x248 / +0x608 / +0x870), whose key is 4 further.
 // 3.11.7's +0x250 is what objdump shows of its PyGILState_GetThisThreadState.
 const Interpreter kInterpreters[] = {
     {"debian_3_11", "/usr/bin/python3.11", 11, false, 596},
@@ -135,7 +135,7 @@ TEST_P(PythonRuntimeOn, DiscoversKeyCodeOffsetsAndWalksToTheWaitingFunction) {
     EXPECT_EQ(l.key_addr - l.runtime_addr, py.key_off);
     EXPECT_EQ(static_cast<int>(l.key), std::stoi(self["key"])) << "pthread_getspecific found another key inside";
 
-    // python.md's table, here found at run time through tp_members.
+    // docs/design/python-walker.md's table, here found at run time through tp_members.
     const bool v310 = py.minor == 10;
     EXPECT_EQ(l.code_argcount, v310 ? 16u : py.minor == 11 ? 56u : 52u);
     EXPECT_EQ(l.code_flags, v310 ? 36u : 48u);

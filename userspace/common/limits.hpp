@@ -37,7 +37,8 @@ inline constexpr size_t kPyCacheBytesPerProcess = 32u << 20;
 inline constexpr size_t kPyCacheBytesTotal = 128u << 20;
 
 // Ceilings for anyone (root included): past them a session could take the
-// node's memory (~112 B per retained record in the model, ~3 KB in the outputs).
+// node's memory (bench_model prints the bytes per retained record, in the
+// model and held while rendering the outputs).
 inline constexpr size_t kMaxRecordsCeiling = 20'000'000;
 inline constexpr size_t kMaxDepthCeiling = 4096;
 inline constexpr size_t kMinRingbufKb = 4;

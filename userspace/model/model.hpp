@@ -1,32 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The record model: bounded per-process call trees rebuilt from the event
-// stream alone (no BPF, no I/O), the userspace half of a CommDebugMode.
-//
-// Nesting comes from the user stack pointer at entry (framework symbols have
-// no return probes: a uretprobe under a C++ exception aborts the process).
-// The kernel tracks each thread's open entry-only frames and sends the depth
-// left once returned ones are popped (it also checks each frame's saved
-// return address, see events.h); the model pops to that depth.  Without it,
-// the sp rule: on one thread an open frame whose entry sp is <= a new entry's
-// sp has returned.  Return-probed symbols (the NCCL API) are leaves: linked under the
-// open frame, never pushed, completed by their CallExit.
-//
-// Budget: at most max_records retained per process and max_depth nesting.
-// A call past either is counted by cause and not retained, but its frame stays
-// on the stack as a placeholder so later entries still pop and nest
-// correctly.  A child of a placeholder is linked under the nearest retained
-// ancestor (or becomes a root); in practice children of a dropped frame are
-// dropped themselves (the budget never frees up, and they are deeper), so
-// this only matters for frames left open across a window reset().
-//
-// Framework context (py_context.hpp): a record's Python stack is resolved
-// when it is ingested and interned per process (frames and whole stacks are
-// shared).  From the stacks the model keeps each thread's open context chain
-// -- record_function scopes and nn.Module calls, ordered by Python stack
-// depth -- and opens a Scope or Module record for each link, so what ran
-// inside nests under it.  Module calls have no probe of their own: a module
-// is opened when a record's stack first shows it and closed (end inferred)
-// when a later record's stack no longer does.
+// The record model (bounded per-process call trees from the event stream); design: docs/design/model.md.
 #pragma once
 
 #include <array>

@@ -43,7 +43,8 @@ nlohmann::ordered_json to_json(const std::vector<ProcessSnapshot>& ps, const Sym
 
 // The same as to_json(ps, ...) with `extra`'s keys added at the top level,
 // dump(2)'d -- byte for byte -- but built one top-level record at a time:
-// the tree as a json value costs ~3 KB per record, its text ~0.5 KB.
+// the tree as a json value holds several times the memory of its text
+// (bench_model prints both per record: "render ... --json").
 std::string to_json_text(const std::vector<ProcessSnapshot>& ps, const SymbolTable& syms,
                          int noise_level = kDefaultNoiseLevel,
                          const nlohmann::ordered_json& extra = nlohmann::ordered_json::object());

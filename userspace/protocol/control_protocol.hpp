@@ -97,8 +97,8 @@ std::string deny_message(const Request& req, const PeerCred& peer);
 
 // What a user other than root may ask of the root daemon, per uid: the
 // sessions, kernel memory and model memory it may hold and for how long.
-// Root is held only to the ceilings of limits.hpp.  `commdbg status` and the
-// README state these numbers.
+// Root is held only to the ceilings of limits.hpp.  `commdbg status` and
+// docs/daemon.md ("Tracing sessions", "Control socket") state these numbers.
 struct UnprivilegedLimits {
     size_t sessions_per_uid = 2;
     size_t ringbuf_kb = 65536;  // 64 MiB of kernel ring buffer per session

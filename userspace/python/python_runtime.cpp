@@ -303,7 +303,7 @@ std::string decode_getspecific(const std::vector<uint8_t>& c, TlsSlots& out) {
 
 namespace {
 
-// ---- the verified per-version table (python.md) --------------------------
+// ---- the verified per-version table (docs/design/python-walker.md) -------
 
 void fill_table(PyLayout& l) {
     l.ob_type = 8, l.tp_name = 24, l.tp_flags = 168, l.tuple_items = 24, l.cell_contents = 16;
@@ -335,7 +335,7 @@ void fill_table(PyLayout& l) {
     }
 }
 
-// The code-object offsets python.md verified, by member name.
+// The code-object offsets verified (docs/design/python-walker.md), by member name.
 std::map<std::string, uint32_t> expected_code_members(int minor) {
     if (minor == 10)
         return {{"co_argcount", 16}, {"co_flags", 36}, {"co_firstlineno", 40}, {"co_filename", 104}, {"co_name", 112}};

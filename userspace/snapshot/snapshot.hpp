@@ -53,9 +53,10 @@ struct CommInfo {
 };
 
 // One process's snapshot.  Owns its values, except `tree`: the record tree
-// stays in the TraceSession's model (200000 records are ~22 MB, not worth a
-// copy per output) and is valid until that session resets its window or is
-// destroyed; null when the process made no recorded call.
+// stays in the TraceSession's model (a full window, bench_model's bytes per
+// retained record times 200000, is not worth a copy per output) and is
+// valid until that session resets its window or is destroyed; null when the
+// process made no recorded call.
 struct ProcessSnapshot {
     uint32_t pid = 0;
     std::string command;
