@@ -63,11 +63,14 @@ TraceSession::TraceSession(std::unique_ptr<ResumeGuard> guard, std::unique_ptr<B
                            std::vector<ProbeSpec> specs, const SessionOptions& opts)
     : guard_(std::move(guard)),
       bpf_(std::move(bpf)),
+      py_maps_(*bpf_),
       attacher_(*bpf_, symbols_, std::move(specs)),
       model_(symbols_, opts.limits),
-      opts_(opts) {
+      opts_(opts),
+      python_(py_maps_, PySupportOptions{.stacks = opts.py_stack != PyStackMode::Off && opts.records,
+                                         .depth = opts.py_depth}) {
     bpf_->set_event_handler([this](std::span<const uint8_t> b) { on_record(b); });
-    if (opts_.py_stack != PyStackMode::Off && opts_.records) model_.set_resolver(&resolver_);
+    if (python_.stacks()) model_.set_resolver(&python_.resolver());
     model_.set_scope_check([this](uint32_t tgid, uint64_t self) { return bpf_->scope_open(tgid, self); });
 }
 
@@ -143,9 +146,7 @@ void TraceSession::withhold(TracedProcess& p) {
     if (p.withheld) return;
     p.withheld = true;
     bpf_->untrace_process(p.pid);
-    bpf_->clear_python(p.pid);
-    resolver_.forget(p.pid);
-    p.python_ready = false;
+    python_.withhold(p.pid);
     p.notes.push_back("pid " + std::to_string(p.pid) + " is no longer traced: uid " + std::to_string(opts_.owner_uid) +
                       " may not read it since it became a set-user-ID or set-group-ID program, another user's or "
                       "not dumpable (the kernel's ptrace rule); its records end here — trace it as root");
@@ -200,61 +201,13 @@ Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
     p.libraries.insert(scan_result->libraries.begin(), scan_result->libraries.end());
     for (auto& n : scan_result->notes) messages_.push_back(std::move(n));
     // Traced anew, its kernel flags were rewritten: CD_TRACE_PYTHON with them.
-    if (p.python_ready) (void)bpf_->set_python(p.pid, p.py_cfg);
+    python_.retrace(p.pid);
     setup_python(p);
     return true;
 }
 
-// Python stacks need the interpreter initialised (its thread-state key set):
-// tried at attach and at each loader change (an import loads a C extension
-// soon after start), a bounded number of times.
 void TraceSession::setup_python(TracedProcess& p) {
-    static constexpr uint32_t kMaxTries = 16;
-    if (opts_.py_stack == PyStackMode::Off || !opts_.records || p.python_ready || p.python_tries >= kMaxTries)
-        return;
-    ++p.python_tries;
-    PyDiscovery d = discover_python(static_cast<int>(p.pid));
-    if (d.status == PyDiscovery::Status::not_python) return;
-    if (!d.ok()) {
-        // Not initialised yet (a `run` that starts the interpreter): later.
-        if (p.python_tries == kMaxTries || d.status == PyDiscovery::Status::unsupported)
-            p.notes.push_back("no Python stacks for pid " + std::to_string(p.pid) + ": " + d.reason);
-        if (d.status == PyDiscovery::Status::unsupported) p.python_tries = kMaxTries;
-        return;
-    }
-    auto cfg = py_walk_config(d.layout, opts_.py_depth);
-    bpf_->set_py_codes(p.pid, nullptr);  // what an earlier image of the pid taught
-    if (cfg) {
-        if (auto set = bpf_->set_python(p.pid, *cfg); !set) cfg = Result<cd_py_cfg>::fail(set.error());
-    }
-    if (!cfg) {
-        p.notes.push_back("no Python stacks for pid " + std::to_string(p.pid) + ": " + cfg.error());
-        p.python_tries = kMaxTries;
-        return;
-    }
-    resolver_.adopt(p.pid, d);
-    p.py_cfg = *cfg;
-    p.python_ready = true;
-}
-
-// torch 1.13 keeps a scope's label only in its Python record_function: once
-// a scope's stack shows that class, the kernel is told where instances keep
-// `name`, and reads it at every later scope's begin (events.h, rf_type).
-void TraceSession::learn_scope_labels(TracedProcess& p, const CallEnter& e) {
-    static constexpr uint32_t kMaxTries = 4;
-    if (!p.python_ready || p.py_cfg.rf_type || !e.label.empty() || p.label_tries >= kMaxTries) return;
-    for (size_t i = 0; i < e.py_frames.size() && i < CD_SCOPE_LABEL_FRAMES; ++i) {
-        const cd_py_frame& f = e.py_frames[i];
-        if (resolver_.frame(e.tgid, f).kind != PyFrameKind::RecordFunctionEnter) continue;
-        ++p.label_tries;
-        auto idx = resolver_.values_index(e.tgid, f.self_type, "name");
-        if (!idx) return;
-        cd_py_cfg cfg = p.py_cfg;
-        cfg.rf_type = f.self_type;
-        cfg.rf_name_index = *idx;
-        if (bpf_->set_python(p.pid, cfg)) p.py_cfg = cfg;
-        return;
-    }
+    if (auto note = python_.setup(p.pid)) p.notes.push_back(std::move(*note));
 }
 
 void TraceSession::scan(uint32_t pid) {
@@ -330,8 +283,9 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
         if (it != procs_.end() && !it->second.exited) {
             it->second.exited = true;
             it->second.exit_code = x->exit_code;
+            python_.exited(x->tgid);
         }
-        bpf_->clear_python(x->tgid);
+        python_.clear(x->tgid);
     } else if (const CallEnter* e = entry_of(ev)) {
         // A thread's name is read while it runs: at the report it may be gone.
         auto it = procs_.find(e->tgid);
@@ -339,27 +293,19 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
             it->second.thread_names.size() < TracedProcess::kMaxThreadNames)
             it->second.thread_names[e->tid] = read_thread_name(static_cast<int>(e->tgid), static_cast<int>(e->tid));
         const SymbolInfo* info = symbols_.from_cookie(e->cookie);
-        if (it != procs_.end() && info && info->role == CD_ROLE_SCOPE_BEGIN && !e->py_frames.empty())
-            learn_scope_labels(it->second, *e);
+        if (it != procs_.end() && info && info->role == CD_ROLE_SCOPE_BEGIN && !e->py_frames.empty() &&
+            e->label.empty())
+            python_.learn_scope_label(e->tgid, e->py_frames);
     }
     model_.on_event(ev);
 }
 
 int TraceSession::poll(int timeout_ms) {
     recheck_access();
-    resolver_.begin_batch();
+    python_.begin_batch();
     const int n = bpf_->poll(timeout_ms);
-    tell_code_kinds();
+    python_.tell_code_kinds();
     return n;
-}
-
-// What the batch's frames taught of code objects goes to the kernel, for the
-// processes it walks (a process is told nothing before its config is set).
-void TraceSession::tell_code_kinds() {
-    resolver_.take_code_tables([&](uint32_t pid, const cd_py_codes& t) {
-        auto it = procs_.find(pid);
-        if (it != procs_.end() && it->second.python_ready && !it->second.exited) bpf_->set_py_codes(pid, &t);
-    });
 }
 
 void TraceSession::drain() {
@@ -381,7 +327,7 @@ void TraceSession::reset_window() {
             continue;
         }
         bpf_->forget_process(it->first);
-        resolver_.drop_stats(it->first);
+        python_.forget(it->first);
         it = procs_.erase(it);
     }
 }
@@ -394,6 +340,7 @@ void TraceSession::mark_exited(int pid, int wait_status) {
     auto& p = track(static_cast<uint32_t>(pid));
     p.exited = true;
     p.exit_code = wait_status;
+    python_.exited(static_cast<uint32_t>(pid));
 }
 
 bool TraceSession::exited(int pid) const {
@@ -420,7 +367,7 @@ std::vector<ProcessSnapshot> TraceSession::reports() const {
         r.tree = model_.process(pid);
         r.kernel_dropped_records = bpf_->ringbuf_drops_of(pid);
         r.notes = p.notes;
-        if (auto n = resolver_.cache_note(pid)) r.notes.push_back(std::move(*n));
+        if (auto n = python_.resolver().cache_note(pid)) r.notes.push_back(std::move(*n));
         for (const auto& [tid, name] : p.thread_names)
             if (!name.empty()) r.thread_names[tid] = name;
 

@@ -13,11 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "bpf_py_maps.hpp"
 #include "bpf_session.hpp"
 #include "model.hpp"
 #include "probe_attach.hpp"
 #include "py_config.hpp"
-#include "py_objects.hpp"
+#include "python_support.hpp"
 #include "render.hpp"
 #include "result.hpp"
 #include "resume_guard.hpp"
@@ -59,12 +60,6 @@ struct TracedProcess {
     // Traced from its first instruction (a `run`'s command, a followed
     // fork): the lifecycle checks then trust the window's first step.
     bool from_start = false;
-    // Python stacks: the kernel walks its frames (python_ready), or
-    // discovery was tried this many times without success.
-    bool python_ready = false;
-    uint32_t python_tries = 0;
-    cd_py_cfg py_cfg{};          // what the kernel walks it with (python_ready)
-    uint32_t label_tries = 0;    // looking for its record_function type (torch 1.13)
     // The session's owner may no longer read it (SessionOptions::owner_uid):
     // untraced since, and nothing more of it is read or recorded.
     bool withheld = false;
@@ -120,8 +115,6 @@ private:
     void scan(uint32_t pid);
     TracedProcess& track(uint32_t pid);
     void setup_python(TracedProcess& p);
-    void learn_scope_labels(TracedProcess& p, const CallEnter& e);
-    void tell_code_kinds();
     // The session's owner may read `pid` now (always for root; a process gone meanwhile too).
     bool owner_may_read(uint32_t pid) const;
     void withhold(TracedProcess& p);
@@ -129,11 +122,12 @@ private:
 
     std::unique_ptr<ResumeGuard> guard_;  // forked before the BPF object exists
     std::unique_ptr<BpfSession> bpf_;
+    BpfPyMaps py_maps_;  // what python_ writes to bpf_
     SymbolTable symbols_;
     ProbeAttacher attacher_;
     TraceModel model_;
     SessionOptions opts_;
-    LivePyResolver resolver_;  // names the frames of records as they arrive
+    PythonSupport python_;  // Python stacks: discovery, the kernel's walker, frame names
     std::map<uint32_t, TracedProcess> procs_;
     std::vector<std::string> messages_;
     uint64_t decode_errors_ = 0;

@@ -1,0 +1,23 @@
+// SPDX-License-Identifier: Apache-2.0
+// The kernel's per-process Python maps (python_support.hpp, PyMaps) as the
+// session's BPF object holds them.  BpfSession (capture) cannot see PyMaps
+// (python, the layer above it), so the adapter lives here, where both are seen.
+#pragma once
+
+#include "bpf_session.hpp"
+#include "python_support.hpp"
+
+namespace commdbg {
+
+class BpfPyMaps final : public PyMaps {
+public:
+    explicit BpfPyMaps(BpfSession& bpf) : bpf_(bpf) {}
+    Result<bool> write_config(uint32_t pid, const cd_py_cfg& cfg) override { return bpf_.set_python(pid, cfg); }
+    void write_code_kinds(uint32_t pid, const cd_py_codes* codes) override { bpf_.set_py_codes(pid, codes); }
+    void clear(uint32_t pid) override { bpf_.clear_python(pid); }
+
+private:
+    BpfSession& bpf_;
+};
+
+}  // namespace commdbg
