@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "node_series.hpp"
+#include "series.hpp"
 
 #include <cstdio>
 

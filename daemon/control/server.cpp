@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "control_server.hpp"
+#include "server.hpp"
 
 #include <fcntl.h>
 #include <malloc.h>

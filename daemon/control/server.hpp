@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "control_protocol.hpp"
-#include "node_counter.hpp"
+#include "counter.hpp"
 #include "result.hpp"
 #include "session_output.hpp"
 #include "trace_session.hpp"

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "node_process.hpp"
+#include "process.hpp"
 
 #include <dirent.h>
 #include <unistd.h>
