@@ -11,7 +11,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 
 #include "limits.hpp"
 #include "procfs.hpp"
@@ -23,15 +22,6 @@ namespace commdbg {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// The thread group of a task id (a process's pid is its own), 0 when none.
-int tgid_of(int pid) {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-    std::string line;
-    while (std::getline(in, line))
-        if (line.rfind("Tgid:", 0) == 0) return atoi(line.c_str() + 5);
-    return 0;
-}
 
 // Who `pid` is to the kernel's ptrace rule; nullopt when there is no such
 // process.  One that is there but cannot be read is nobody's but root's.
