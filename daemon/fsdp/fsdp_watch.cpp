@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "procfs.hpp"
+#include "text.hpp"
 
 namespace commdbg {
 
@@ -31,11 +32,6 @@ constexpr uint64_t kMaxMessages = 32;
 // of its job have exited too (ranks end within moments of one another), or
 // this long after, so that a rank still finishing its last step is not cut.
 constexpr auto kExitGrace = std::chrono::seconds(5);
-
-std::string lower(std::string s) {
-    for (auto& c : s) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
-    return s;
-}
 
 // Whether the process maps libtorch_cpu, and whether it runs CPython.  A
 // plain search of the maps text: this runs for every process once a scan.

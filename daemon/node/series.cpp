@@ -13,11 +13,6 @@ namespace {
 
 constexpr size_t kFamilies = 3;  // calls, bytes, errors: series per label set
 
-std::string lower(std::string s) {
-    for (auto& c : s) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
-    return s;
-}
-
 }  // namespace
 
 SeriesExporter::SeriesExporter(MetricsRegistry& metrics, const SymbolTable& symbols, std::string host,
