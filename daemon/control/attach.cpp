@@ -47,7 +47,8 @@ bool AttachSessions::detach(uint64_t id, std::optional<uint32_t> only_uid) {
     return true;
 }
 
-std::string AttachSessions::take_slot(const std::shared_ptr<ActiveSession>& session, const std::string& who) {
+Result<uint64_t> AttachSessions::take_slot(const std::shared_ptr<ActiveSession>& session, const std::string& who) {
+    using R = Result<uint64_t>;
     const uint32_t uid = session->owner_uid;
     const std::string what_to_do = " — wait for one to end or end one (`commdbg sessions`, `commdbg detach ID`)";
     std::lock_guard lock(mu_);
@@ -57,27 +58,27 @@ std::string AttachSessions::take_slot(const std::shared_ptr<ActiveSession>& sess
     const std::string yours =
         uid == 0 ? std::string() : " (" + std::to_string(mine) + " of them yours; root sees and ends all)";
     if (session_slots_ >= max_sessions_)
-        return error_response(who + ": commdbgd already runs " + std::to_string(max_sessions_) +
-                              " tracing sessions, its limit" + yours + what_to_do +
-                              ", or trace with `commdbg attach --no-daemon`; commdbgd --max-sessions raises "
-                              "the limit");
+        return R::fail(who + ": commdbgd already runs " + std::to_string(max_sessions_) +
+                       " tracing sessions, its limit" + yours + what_to_do +
+                       ", or trace with `commdbg attach --no-daemon`; commdbgd --max-sessions raises "
+                       "the limit");
     if (uid != 0) {
         const size_t per_uid = kUnprivilegedLimits.sessions_per_uid;
         if (mine >= per_uid)
-            return error_response(who + ": uid " + std::to_string(uid) + " already runs " + std::to_string(mine) +
-                                  " tracing sessions in commdbgd, the most one user "
-                                  "other than root may run" + what_to_do + ", or ask root");
+            return R::fail(who + ": uid " + std::to_string(uid) + " already runs " + std::to_string(mine) +
+                           " tracing sessions in commdbgd, the most one user "
+                           "other than root may run" + what_to_do + ", or ask root");
         // The last slot stays free for root, who can then see and end the others.
         if (max_sessions_ > 1 && session_slots_ + 1 >= max_sessions_)
-            return error_response(who + ": commdbgd runs " + std::to_string(session_slots_) + " of its " +
-                                  std::to_string(max_sessions_) +
-                                  " tracing sessions and keeps the last one for root" + yours + what_to_do +
-                                  ", or ask root");
+            return R::fail(who + ": commdbgd runs " + std::to_string(session_slots_) + " of its " +
+                           std::to_string(max_sessions_) +
+                           " tracing sessions and keeps the last one for root" + yours + what_to_do +
+                           ", or ask root");
     }
     ++session_slots_;
     session->id = next_session_++;
     sessions_[session->id] = session;
-    return {};
+    return session->id;
 }
 
 void AttachSessions::release_slot(uint64_t id) {
@@ -91,11 +92,12 @@ void AttachSessions::set_state(ActiveSession& session, const char* state) {
     session.state = state;
 }
 
-std::string AttachSessions::attach(const Request& req, const PeerCred& peer, Connection& client) {
+Result<bool> AttachSessions::attach(const Request& req, const PeerCred& peer, Connection& client) {
+    using R = Result<bool>;
     const std::string who = "attach " + std::to_string(*req.pid);
     // Users other than root may not size the root daemon's memory or hold it
     // for long (UnprivilegedLimits).
-    if (auto problem = unprivileged_problem(req, peer.uid)) return error_response(who + ": " + *problem);
+    if (auto problem = unprivileged_problem(req, peer.uid)) return R::fail(who + ": " + *problem);
     auto session = std::make_shared<ActiveSession>();
     session->owner_uid = peer.uid;
     session->pid = *req.pid;
@@ -103,21 +105,22 @@ std::string AttachSessions::attach(const Request& req, const PeerCred& peer, Con
     session->started = Clock::now();
     // A slot first: a session holds BPF maps, a ring buffer, its model (up to
     // its record budget) and then its outputs.  It is listed from now on.
-    if (std::string refused = take_slot(session, who); !refused.empty()) return refused;
+    auto slot = take_slot(session, who);
+    if (!slot) return R::fail(slot.error());
     struct SlotRelease {
         AttachSessions* s;
         uint64_t id;
         ~SlotRelease() { s->release_slot(id); }
-    } release{this, session->id};
+    } release{this, *slot};
     auto created = TraceSession::create(session_options(req, peer));
-    if (!created) return error_response(who + ": " + created.error());
+    if (!created) return R::fail(who + ": " + created.error());
     // Children forked during the window are traced as with --no-daemon;
     // never stopped at a loader change (its parent may be a shell).
     if (auto r = created.value()->add_process(*req.pid, req.follow, false); !r)
-        return error_response(who + ": " + r.error());
+        return R::fail(who + ": " + r.error());
     set_state(*session, "tracing");
     trace_and_send(req, peer, client, *session, std::move(created.value()));
-    return "";  // all sent, or the client is gone
+    return true;  // all sent, or the client is gone
 }
 
 void AttachSessions::trace_and_send(const Request& req, const PeerCred& peer, Connection& client,

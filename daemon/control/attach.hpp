@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "control_protocol.hpp"
+#include "result.hpp"
 #include "session_output.hpp"
 #include "trace_session.hpp"
 
@@ -55,18 +56,19 @@ public:
     static constexpr size_t kDefaultMaxSessions = 4;
     size_t max_sessions() const { return max_sessions_; }
 
-    // Traces req.pid and sends the session's lines and outputs itself:
-    // returns an error reply to send, or "" when everything was sent.
-    std::string attach(const Request& req, const PeerCred& peer, Connection& client);
+    // Traces req.pid and sends the session's lines and outputs itself; true
+    // when all was sent or the client is gone.  Fails, before any line is
+    // sent, with the message of the error reply to send instead.
+    Result<bool> attach(const Request& req, const PeerCred& peer, Connection& client);
     // The sessions listed for `commdbg sessions`: all, or only_uid's.
     nlohmann::json list(std::optional<uint32_t> only_uid);
     // Asks session `id` to end; false when there is none (of only_uid's).
     bool detach(uint64_t id, std::optional<uint32_t> only_uid);
 
 private:
-    // attach's steps.  A slot: "" when taken (the session is listed from
-    // now on), else the error reply that says why not.
-    std::string take_slot(const std::shared_ptr<ActiveSession>& session, const std::string& who);
+    // attach's steps.  A slot: the session's id when taken (it is listed
+    // from now on), else why not.
+    Result<uint64_t> take_slot(const std::shared_ptr<ActiveSession>& session, const std::string& who);
     void release_slot(uint64_t id);
     void set_state(ActiveSession& session, const char* state);
     void trace_and_send(const Request& req, const PeerCred& peer, Connection& client, ActiveSession& session,

@@ -24,13 +24,13 @@ std::optional<ProcessCreds> creds_of(int pid) {
 
 }  // namespace
 
-std::string RequestHandler::handle(std::string_view line, const PeerCred& peer, Connection& client) {
+std::optional<std::string> RequestHandler::handle(std::string_view line, const PeerCred& peer, Connection& client) {
     auto req = parse_request(line);
     if (!req) return error_response(req.error());
     return answer(*req, peer, client);
 }
 
-std::string RequestHandler::answer(const Request& req, const PeerCred& peer, Connection& client) {
+std::optional<std::string> RequestHandler::answer(const Request& req, const PeerCred& peer, Connection& client) {
     Access a = authorize(req, peer, creds_of);
     if (a == Access::Deny) return error_response(deny_message(req, peer));
     std::optional<uint32_t> only_uid;
@@ -57,11 +57,12 @@ std::string RequestHandler::answer(const Request& req, const PeerCred& peer, Con
         return ok_response({{"detached", *req.id}});
     }
     if (req.op == "attach") {
-        std::string r = sessions_.attach(req, peer, client);
+        auto sent = sessions_.attach(req, peer, client);
         // The session's model and outputs (hundreds of MB at a full budget)
         // are freed by now: hand the pages back to the node, not to the heap.
         malloc_trim(0);
-        return r;
+        if (!sent) return error_response(sent.error());
+        return std::nullopt;
     }
     return error_response("unknown op \"" + req.op + "\"");
 }

@@ -21,12 +21,12 @@ public:
     RequestHandler(NodeCounter& counter, size_t max_sessions, const std::atomic<bool>& stopping)
         : counter_(counter), sessions_(max_sessions, stopping) {}
 
-    // The reply to one request line of `peer`; "" when the request sent its
-    // replies itself (attach streams its session to `client`).
-    std::string handle(std::string_view line, const PeerCred& peer, Connection& client);
+    // The reply to one request line of `peer`; nullopt when the request sent
+    // its replies itself (attach streams its session to `client`).
+    std::optional<std::string> handle(std::string_view line, const PeerCred& peer, Connection& client);
 
 private:
-    std::string answer(const Request& req, const PeerCred& peer, Connection& client);
+    std::optional<std::string> answer(const Request& req, const PeerCred& peer, Connection& client);
     std::string counts(const Request& req, const NodeCounter::ProcessFilter& may_see);
 
     NodeCounter& counter_;

@@ -100,9 +100,9 @@ void ControlServer::accept_loop() {
             continue;
         }
         PeerCred peer{static_cast<uint32_t>(cred.pid), cred.uid, cred.gid};
-        if (std::string why = take_connection(peer.uid); !why.empty()) {
+        if (auto taken = take_connection(peer.uid); !taken) {
             // A fresh socket's buffer takes this line without blocking.
-            send_all(fd, error_response(why), 0);
+            send_all(fd, error_response(taken.error()), 0);
             close(fd);
             continue;
         }
@@ -116,27 +116,28 @@ void ControlServer::accept_loop() {
     }
 }
 
-std::string ControlServer::take_connection(uint32_t uid) {
+Result<bool> ControlServer::take_connection(uint32_t uid) {
+    using R = Result<bool>;
     std::lock_guard lock(conn_mu_);
     if (uid != 0) {
         const size_t per_uid = kUnprivilegedLimits.connections_per_uid;
         auto mine = open_by_uid_.find(uid);
         if (mine != open_by_uid_.end() && mine->second >= per_uid)
-            return "commdbgd: uid " + std::to_string(uid) + " already has " + std::to_string(per_uid) +
-                   " connections open, the most one user other than root may hold — end idle clients of "
-                   "this user (commdbg attach/status/counts, scripts holding the socket) and retry";
+            return R::fail("commdbgd: uid " + std::to_string(uid) + " already has " + std::to_string(per_uid) +
+                           " connections open, the most one user other than root may hold — end idle clients of "
+                           "this user (commdbg attach/status/counts, scripts holding the socket) and retry");
         if (open_unprivileged_ >= kMaxConnections - kRootConnections)
-            return "commdbgd is busy (" + std::to_string(open_unprivileged_) +
-                   " connections of users other than root open) — retry shortly; root may still connect";
+            return R::fail("commdbgd is busy (" + std::to_string(open_unprivileged_) +
+                           " connections of users other than root open) — retry shortly; root may still connect");
     } else if (open_ >= kMaxConnections) {
-        return "commdbgd is busy (" + std::to_string(open_) + " connections open) — retry shortly";
+        return R::fail("commdbgd is busy (" + std::to_string(open_) + " connections open) — retry shortly");
     }
     ++open_;
     if (uid != 0) {
         ++open_unprivileged_;
         ++open_by_uid_[uid];
     }
-    return {};
+    return true;
 }
 
 void ControlServer::release_connection(uint32_t uid) {
@@ -173,8 +174,8 @@ void ControlServer::serve(int fd, const PeerCred& peer) {
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) return;
         for (const auto& line : reader.feed(std::string_view(buf, static_cast<size_t>(n)))) {
-            std::string reply = handler_.handle(line, peer, client);
-            if (!reply.empty() && !client.send(reply)) return;
+            auto reply = handler_.handle(line, peer, client);
+            if (reply && !client.send(*reply)) return;
             deadline = Clock::now() + std::chrono::milliseconds(kRequestDeadlineMs);
         }
         if (reader.overflowed()) {

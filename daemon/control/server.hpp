@@ -48,8 +48,8 @@ public:
 private:
     ControlServer(NodeCounter& c, size_t max_sessions) : handler_(c, max_sessions, stopping_) {}
     void accept_loop();
-    // Why a connection of `uid` is refused now, or "" (and it is counted).
-    std::string take_connection(uint32_t uid);
+    // Counts a connection of `uid`, or fails saying why it is refused now.
+    Result<bool> take_connection(uint32_t uid);
     void release_connection(uint32_t uid);
     void serve(int fd, const PeerCred& peer);
 
