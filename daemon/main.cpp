@@ -21,10 +21,10 @@
 #include <thread>
 #include <vector>
 
-#include "control_server.hpp"
+#include "counter.hpp"
 #include "fsdp_watch.hpp"
 #include "option_checks.hpp"
-#include "node_counter.hpp"
+#include "server.hpp"
 
 namespace {
 

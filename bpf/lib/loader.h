@@ -33,7 +33,7 @@ struct {
 } known_files SEC(".maps");
 
 /* Real uids (not root) that hold their share of known_files (commdbgd,
- * daemon/node_files.hpp): a new library file of theirs is neither stopped
+ * daemon/node/files.hpp): a new library file of theirs is neither stopped
  * for nor probed, so one user cannot fill the map and leave every other
  * user's processes stopped at each start. */
 struct {

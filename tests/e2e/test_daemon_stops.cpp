@@ -3,7 +3,7 @@
 // the file is probed.  Nobody may be left stopped by it, nor be made to
 // wait on another user: a shutdown resumes every process it stopped however
 // many new files one user maps, and one user cannot take the kernel's map
-// of probed files (daemon/node_files.hpp, FileShares).
+// of probed files (daemon/node/files.hpp, FileShares).
 #include <sys/stat.h>
 
 #include <filesystem>

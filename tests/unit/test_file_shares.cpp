@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // FileShares: no user but root can take the kernel's map of probed library
-// files (daemon/node_files.hpp), whatever it maps.
+// files (daemon/node/files.hpp), whatever it maps.
 #include <gtest/gtest.h>
 
-#include "node_files.hpp"
+#include "files.hpp"
 
 namespace commdbg {
 namespace {

@@ -188,13 +188,11 @@ bool is_libnccl_path(std::string_view path) {
     return true;
 }
 
-Result<ProcessInfo> read_process(int pid, const std::string& proc_root) {
-    using R = Result<ProcessInfo>;
+Result<ProcessStat> read_stat(int pid, const std::string& proc_root) {
+    using R = Result<ProcessStat>;
     std::string dir = pid_dir(proc_root, pid);
     if (pid <= 0) return R::fail(read_error(pid, dir, ENOENT));
-    ProcessInfo info;
-    info.pid = pid;
-
+    ProcessStat st;
     std::string stat_text;
     std::string stat_file = dir + "/stat";
     if (int err = read_file(stat_file, stat_text)) return R::fail(read_error(pid, stat_file, err));
@@ -203,18 +201,53 @@ Result<ProcessInfo> read_process(int pid, const std::string& proc_root) {
     if (open_paren == std::string::npos || close_paren == std::string::npos || close_paren < open_paren) {
         return R::fail(stat_file + ": malformed (no '(comm)')");
     }
-    info.comm = stat_text.substr(open_paren + 1, close_paren - open_paren - 1);
+    st.comm = stat_text.substr(open_paren + 1, close_paren - open_paren - 1);
     std::string_view rest = std::string_view(stat_text).substr(close_paren + 1);
     // Fields 3.. : state ppid pgrp session tty_nr tpgid flags ... starttime (22)
     std::string_view fields[20];
     for (auto& f : fields) f = next_field(rest);
     uint64_t flags = 0;
-    if (fields[0].size() != 1 || !parse_num(fields[1], info.ppid, 10) || !parse_num(fields[6], flags, 10)) {
+    if (fields[0].size() != 1 || !parse_num(fields[1], st.ppid, 10) || !parse_num(fields[6], flags, 10)) {
         return R::fail(stat_file + ": malformed (cannot parse state/ppid/flags)");
     }
-    if (!fields[19].empty()) parse_num(fields[19], info.start_time, 10);
-    info.state = fields[0][0];
-    info.kernel_thread = (flags & kPfKthread) != 0;
+    if (!fields[19].empty()) parse_num(fields[19], st.start_time, 10);
+    st.state = fields[0][0];
+    st.kernel_thread = (flags & kPfKthread) != 0;
+    return st;
+}
+
+namespace {
+
+// The Tgid line of /proc/PID/status; 0 when there is none.
+int parse_tgid(std::string_view status) {
+    size_t at = status.find("\nTgid:");
+    if (at == std::string_view::npos) return 0;
+    std::string_view line = status.substr(at + 6);
+    line = line.substr(0, line.find('\n'));
+    int tgid = 0;
+    return parse_num(next_field(line), tgid, 10) && tgid > 0 ? tgid : 0;
+}
+
+}  // namespace
+
+int tgid_of(int pid, const std::string& proc_root) {
+    std::string status;
+    if (pid <= 0 || read_file(pid_dir(proc_root, pid) + "/status", status) != 0) return 0;
+    return parse_tgid(status);
+}
+
+Result<ProcessInfo> read_process(int pid, const std::string& proc_root) {
+    using R = Result<ProcessInfo>;
+    auto st = read_stat(pid, proc_root);
+    if (!st) return R::fail(st.error());
+    std::string dir = pid_dir(proc_root, pid);
+    ProcessInfo info;
+    info.pid = pid;
+    info.comm = std::move(st->comm);
+    info.state = st->state;
+    info.ppid = st->ppid;
+    info.kernel_thread = st->kernel_thread;
+    info.start_time = st->start_time;
 
     std::string status_text;
     std::string status_file = dir + "/status";
@@ -226,13 +259,8 @@ Result<ProcessInfo> read_process(int pid, const std::string& proc_root) {
         return R::fail(status_file + ": malformed (no 'Uid:' line)");
     }
     // A thread id names its thread group's /proc entry too: Tgid says whose.
-    info.tgid = pid;
-    if (size_t tgid_at = status_text.find("\nTgid:"); tgid_at != std::string::npos) {
-        std::string_view tgid_line = std::string_view(status_text).substr(tgid_at + 6);
-        tgid_line = tgid_line.substr(0, tgid_line.find('\n'));
-        int tgid = 0;
-        if (parse_num(next_field(tgid_line), tgid, 10) && tgid > 0) info.tgid = tgid;
-    }
+    const int tgid = parse_tgid(status_text);
+    info.tgid = tgid > 0 ? tgid : pid;
 
     std::string cmd;
     std::string cmd_file = dir + "/cmdline";

@@ -78,6 +78,22 @@ struct ProcessInfo {
 // Fails with "no such process" or "permission denied" messages a user can act on.
 Result<ProcessInfo> read_process(int pid, const std::string& proc_root = "/proc");
 
+// What /proc/PID/stat alone says (ProcessInfo's fields of the same names),
+// from one read of it: for a look at every process, where read_process's
+// status and cmdline reads would triple the cost.  Fails as read_process does.
+struct ProcessStat {
+    std::string comm;
+    char state = '?';
+    int ppid = 0;
+    bool kernel_thread = false;
+    uint64_t start_time = 0;
+};
+Result<ProcessStat> read_stat(int pid, const std::string& proc_root = "/proc");
+
+// The thread group of a task id (a process's pid is its own, a thread's its
+// process's, as ProcessInfo::tgid); 0 when there is no such task.
+int tgid_of(int pid, const std::string& proc_root = "/proc");
+
 // Who a process is to the kernel's ptrace rule: its ids and dumpability.
 struct ProcessCreds {
     std::array<uint32_t, 4> uids{};  // real, effective, saved, filesystem (status "Uid:")

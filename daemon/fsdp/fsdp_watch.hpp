@@ -20,9 +20,9 @@
 
 #include "lifecycle.hpp"
 #include "metrics.hpp"
-#include "node_process.hpp"
-#include "node_scope.hpp"
+#include "process.hpp"
 #include "result.hpp"
+#include "scope.hpp"
 #include "trace_session.hpp"
 
 namespace commdbg {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "node_scope.hpp"
+#include "scope.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -13,7 +13,7 @@
 
 #include "bpf_session.hpp"
 #include "metrics.hpp"
-#include "node_process.hpp"
+#include "process.hpp"
 #include "render.hpp"  // CommInfo
 #include "symbol_table.hpp"
 

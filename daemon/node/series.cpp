@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "node_series.hpp"
+#include "series.hpp"
 
 #include <cstdio>
 
@@ -12,11 +12,6 @@ namespace commdbg {
 namespace {
 
 constexpr size_t kFamilies = 3;  // calls, bytes, errors: series per label set
-
-std::string lower(std::string s) {
-    for (auto& c : s) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
-    return s;
-}
 
 }  // namespace
 

@@ -1,12 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "node_process.hpp"
+#include "process.hpp"
 
 #include <dirent.h>
 #include <unistd.h>
 
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include "procfs.hpp"
 
@@ -16,16 +14,8 @@ const std::vector<std::string> kLabelEnv = {"RANK",         "LOCAL_RANK",       
                                             "MASTER_ADDR", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"};
 
 uint64_t process_start_time(uint32_t pid) {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-    std::string line;
-    if (!std::getline(in, line)) return 0;
-    size_t paren = line.rfind(')');  // comm may hold spaces and parentheses
-    if (paren == std::string::npos) return 0;
-    std::istringstream rest(line.substr(paren + 1));
-    std::string field;
-    for (int i = 3; i <= 22; ++i)
-        if (!(rest >> field)) return 0;
-    return strtoull(field.c_str(), nullptr, 10);
+    auto stat = read_stat(static_cast<int>(pid));
+    return stat ? stat->start_time : 0;
 }
 
 CountedProcess read_counted_process(uint32_t pid, uint64_t start_time) {

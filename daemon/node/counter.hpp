@@ -18,14 +18,14 @@
 
 #include "bpf_session.hpp"
 #include "events.hpp"
+#include "files.hpp"
 #include "limits.hpp"
 #include "metrics.hpp"
-#include "node_files.hpp"
-#include "node_process.hpp"
-#include "node_scope.hpp"
-#include "node_series.hpp"
 #include "probe_attach.hpp"
+#include "process.hpp"
 #include "resume_guard.hpp"
+#include "scope.hpp"
+#include "series.hpp"
 #include "symbol_table.hpp"
 
 namespace commdbg {

@@ -8,9 +8,9 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
-#include <sstream>
 
 #include "procfs.hpp"
+#include "text.hpp"
 
 namespace commdbg {
 
@@ -32,33 +32,6 @@ constexpr uint64_t kMaxMessages = 32;
 // of its job have exited too (ranks end within moments of one another), or
 // this long after, so that a rank still finishing its last step is not cut.
 constexpr auto kExitGrace = std::chrono::seconds(5);
-
-std::string lower(std::string s) {
-    for (auto& c : s) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
-    return s;
-}
-
-// comm and start time (field 22) from one read of /proc/PID/stat.
-bool stat_of(uint32_t pid, std::string& comm, uint64_t& start) {
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%u/stat", pid);
-    FILE* f = fopen(path, "re");
-    if (!f) return false;
-    char buf[1024];
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char* open = strchr(buf, '(');
-    const char* close = strrchr(buf, ')');  // comm may hold parentheses
-    if (!open || !close || close < open) return false;
-    comm.assign(open + 1, close);
-    std::istringstream rest(close + 1);
-    std::string field;
-    for (int i = 3; i <= 22; ++i)
-        if (!(rest >> field)) return false;
-    start = strtoull(field.c_str(), nullptr, 10);
-    return true;
-}
 
 // Whether the process maps libtorch_cpu, and whether it runs CPython.  A
 // plain search of the maps text: this runs for every process once a scan.
@@ -157,9 +130,10 @@ void FsdpWatch::discover() {
     std::unordered_map<uint32_t, Looked> still;
     for (uint32_t pid : other_pids()) {
         if (traced.count(pid)) continue;
-        std::string comm;
-        uint64_t start = 0;
-        if (!stat_of(pid, comm, start)) continue;
+        auto stat = read_stat(static_cast<int>(pid));
+        if (!stat) continue;
+        const std::string& comm = stat->comm;
+        const uint64_t start = stat->start_time;
         Looked l;
         if (auto it = looked_.find(pid); it != looked_.end() && it->second.start == start && it->second.comm == comm)
             l = it->second;

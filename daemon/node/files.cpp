@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "node_files.hpp"
+#include "files.hpp"
 
 #include <dirent.h>
 #include <sys/stat.h>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "node_counter.hpp"
+#include "counter.hpp"
 
 #include <signal.h>
 #include <unistd.h>
@@ -8,10 +8,10 @@
 #include <cstdio>
 #include <iostream>
 
-#include "snapshot.hpp"
+#include "files.hpp"
 #include "nccl.hpp"
-#include "node_files.hpp"
 #include "procfs.hpp"
+#include "snapshot.hpp"
 #include "text.hpp"
 
 namespace commdbg {
