@@ -3,7 +3,7 @@
  * Everything the BPF side assumes about x86-64, in one place: how a probe
  * reads a function's integer arguments, where stack arguments start, and the
  * mmap syscall's number and register.  Another architecture needs its own
- * header with these definitions (and the userspace half, userspace/arch.hpp).
+ * header with these definitions (and the userspace half, userspace/arch/arch.hpp).
  */
 #ifndef COMMDBG_ARCH_X86_H
 #define COMMDBG_ARCH_X86_H

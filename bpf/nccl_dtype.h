@@ -2,7 +2,7 @@
 /*
  * Bytes per element of an ncclDataType_t, shared by the BPF program (bytes
  * counters) and the unit test that ties it to userspace's table in
- * userspace/nccl.cpp: the two must never disagree on a size.
+ * userspace/capture/nccl.cpp: the two must never disagree on a size.
  */
 #ifndef COMMDBG_NCCL_DTYPE_H
 #define COMMDBG_NCCL_DTYPE_H

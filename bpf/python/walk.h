@@ -4,7 +4,7 @@
  * code object, the instruction and the first local (`self`), and that
  * `self`'s type where the code's kind asks for it.  Names and line numbers
  * are userspace's, from the code objects.  Every layout offset comes from
- * userspace (events.h, cd_py_cfg; userspace/py_config.cpp).
+ * userspace (events.h, cd_py_cfg; userspace/python/py_config.cpp).
  */
 #ifndef COMMDBG_PYTHON_WALK_H
 #define COMMDBG_PYTHON_WALK_H

@@ -13,7 +13,7 @@ namespace commdbg::e2e {
 namespace {
 
 // NCCL's datatypes and their sizes, written out here independently of
-// userspace/nccl.cpp so a wrong table there fails this test.
+// userspace/capture/nccl.cpp so a wrong table there fails this test.
 const std::map<std::string, int> kDtypeBytes = {
     {"int8", 1},    {"uint8", 1},   {"int32", 4},   {"uint32", 4},    {"int64", 8},   {"uint64", 8},
     {"float16", 2}, {"float32", 4}, {"float64", 8}, {"bfloat16", 2},  {"fp8e4m3", 1}, {"fp8e5m2", 1},

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Where outputs go (userspace/output_file.hpp) and how an exit is told:
+// Where outputs go (userspace/host/output_file.hpp) and how an exit is told:
 // no privileges, no BPF.  Paths live in a fresh temp dir; the only device
 // used is a FIFO made there.
 #include <gtest/gtest.h>

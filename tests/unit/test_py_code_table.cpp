@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the kernel's frame walker is told of code objects (events.h,
-// cd_py_codes; userspace/py_code_table.hpp): a kind per code object, found
+// cd_py_codes; userspace/python/py_code_table.hpp): a kind per code object, found
 // by the walker's own lookup (cd_py_code_lookup), so that it reads `self`'s
 // type only where a record can use it.  A code object the table does not
 // hold -- never noted, dropped, given up for another, or at an address the

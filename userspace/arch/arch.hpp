@@ -9,7 +9,7 @@
 #include "events.h"
 
 #if !defined(__x86_64__)
-#error "commdbg supports x86-64 only: userspace/arch.hpp and bpf/arch_x86.h hold what another arch must define"
+#error "commdbg supports x86-64 only: userspace/arch/arch.hpp and bpf/arch_x86.h hold what another arch must define"
 #endif
 
 namespace commdbg::arch {
