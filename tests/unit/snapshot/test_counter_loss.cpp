@@ -4,6 +4,7 @@
 // how many calls lost their communicator and datatype.
 #include <gtest/gtest.h>
 
+#include "fixtures.hpp"
 #include "render.hpp"
 
 using namespace commdbg;
@@ -14,12 +15,7 @@ struct Fixture {
     SymbolTable t;
     uint32_t allreduce;
     Fixture() {
-        SymbolInfo s;
-        s.name = "ncclAllReduce";
-        s.layer = "nccl";
-        s.role = CD_ROLE_COLLECTIVE;
-        s.coll = CD_COLL_ALL_REDUCE;
-        allreduce = t.intern(s);
+        allreduce = t.intern(test::symbol("ncclAllReduce", "nccl", CD_ROLE_COLLECTIVE, CD_COLL_ALL_REDUCE));
     }
     // 5 calls with their breakdown, 7 counted coarsely (comm 0, no dtype).
     ProcessSnapshot report(uint64_t lost) const {

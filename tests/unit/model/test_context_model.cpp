@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "fixtures.hpp"
 #include "model.hpp"
 #include "render.hpp"
 #include "snapshot.hpp"
@@ -115,10 +116,7 @@ const Stack kBackwardHook = kTop + Stack{F(kEngineRun), F(kHook, kBlock)};
 
 SymbolInfo sym(const char* name, const char* layer, cd_role role, ArgSlots slots = {}, cd_coll coll = CD_COLL_NONE,
                bool ret = false) {
-    SymbolInfo s;
-    s.name = name, s.layer = layer, s.role = role, s.slots = slots, s.coll = coll, s.return_probe = ret;
-    s.py_stack = true;
-    return s;
+    return test::symbol(name, layer, role, coll, slots, ret, /*py_stack=*/true);
 }
 
 struct Ctx {

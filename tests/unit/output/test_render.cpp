@@ -10,6 +10,7 @@
 #include <sstream>
 #include <variant>
 
+#include "fixtures.hpp"
 #include "nccl.hpp"
 #include "output_file.hpp"
 #include "perfetto_check.hpp"
@@ -37,14 +38,7 @@ ArgSlots with_buffers(ArgSlots s, uint8_t send, uint8_t recv, uint8_t stream) {
 
 SymbolInfo sym(const char* name, const char* layer, cd_role role, cd_coll coll = CD_COLL_NONE,
                ArgSlots slots = {}, bool ret = false) {
-    SymbolInfo s;
-    s.name = name;
-    s.layer = layer;
-    s.role = role;
-    s.coll = coll;
-    s.slots = slots;
-    s.return_probe = ret;
-    return s;
+    return test::symbol(name, layer, role, coll, slots, ret);
 }
 
 // One synthetic window: a module with ops, a c10d collective issuing an NCCL

@@ -3,6 +3,7 @@
 
 #include <tuple>
 
+#include "fixtures.hpp"
 #include "model.hpp"
 
 using namespace commdbg;
@@ -13,23 +14,11 @@ constexpr uint32_t kPid = 4242;
 constexpr uint32_t kTid = 4242;
 
 SymbolInfo nccl(const char* name, cd_coll coll, ArgSlots slots, cd_role role = CD_ROLE_COLLECTIVE) {
-    SymbolInfo s;
-    s.name = name;
-    s.layer = "nccl";
-    s.role = role;
-    s.coll = coll;
-    s.slots = slots;
-    s.return_probe = true;
-    return s;
+    return test::symbol(name, "nccl", role, coll, slots, /*return_probe=*/true);
 }
 
 SymbolInfo frame_sym(const char* name, const char* layer, cd_role role, cd_coll coll = CD_COLL_NONE) {
-    SymbolInfo s;
-    s.name = name;
-    s.layer = layer;
-    s.role = role;
-    s.coll = coll;
-    return s;
+    return test::symbol(name, layer, role, coll);
 }
 
 struct Fixture {

@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "fixtures.hpp"
 #include "resume_guard.hpp"
 #include "result.hpp"
 #include "symbol_table.hpp"
@@ -23,11 +24,7 @@ using namespace commdbg;
 namespace {
 
 SymbolInfo nccl_symbol(const std::string& name) {
-    SymbolInfo s;
-    s.name = name;
-    s.layer = "nccl";
-    s.role = CD_ROLE_COLLECTIVE;
-    return s;
+    return test::symbol(name, "nccl", CD_ROLE_COLLECTIVE);
 }
 
 // /proc/PID/stat state letter ('T': stopped), '?' when unreadable.

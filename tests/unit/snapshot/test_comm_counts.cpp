@@ -7,6 +7,7 @@
 // not change any of it.
 #include <gtest/gtest.h>
 
+#include "fixtures.hpp"
 #include "render.hpp"
 
 using namespace commdbg;
@@ -14,13 +15,7 @@ using namespace commdbg;
 namespace {
 
 SymbolInfo coll(const char* name, const char* layer, cd_coll kind, bool return_probe) {
-    SymbolInfo s;
-    s.name = name;
-    s.layer = layer;
-    s.role = CD_ROLE_COLLECTIVE;
-    s.coll = kind;
-    s.return_probe = return_probe;
-    return s;
+    return test::symbol(name, layer, CD_ROLE_COLLECTIVE, kind, {}, return_probe);
 }
 
 CounterRow row(uint32_t sym, uint64_t calls, uint64_t nested = 0, uint64_t bytes = 0, uint64_t nested_bytes = 0) {

@@ -1,0 +1,26 @@
+// SPDX-License-Identifier: Apache-2.0
+// What many unit tests build: a probed symbol, as a probe spec would make it.
+#pragma once
+
+#include <string>
+
+#include "events.h"
+#include "symbol_table.hpp"
+
+namespace commdbg::test {
+
+// A SymbolInfo with the fields a test names; the rest as a spec leaves them.
+inline SymbolInfo symbol(std::string name, std::string layer, cd_role role, cd_coll coll = CD_COLL_NONE,
+                         ArgSlots slots = {}, bool return_probe = false, bool py_stack = false) {
+    SymbolInfo s;
+    s.name = std::move(name);
+    s.layer = std::move(layer);
+    s.role = role;
+    s.coll = coll;
+    s.slots = slots;
+    s.return_probe = return_probe;
+    s.py_stack = py_stack;
+    return s;
+}
+
+}  // namespace commdbg::test
