@@ -135,6 +135,8 @@ int BPF_PROG(on_exit, struct task_struct *p)
 
 	if (st && st->depth)
 		emit_open_calls(st, tid);
+	if (st)
+		emit_thread_exit(tgid, tid);
 	bpf_map_delete_elem(&threads, &tid);
 	bpf_map_delete_elem(&record_bufs, &tid);
 	note_exit(&tgid, p);

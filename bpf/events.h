@@ -291,6 +291,7 @@ enum cd_event_kind {
 	CD_EV_PROC_SEEN = 6,  /* count-all mode: first probed call of a process, now traced */
 	CD_EV_CALL = 7,	      /* a return-probed call, sent at its return: entry and return */
 	CD_EV_EXEC = 8,	      /* a traced process exec'd (maybe into another loader): cd_dl_change */
+	CD_EV_THREAD_EXIT = 9, /* a thread that made probed calls exited: cd_thread_exit (its last name) */
 };
 
 struct cd_header {
@@ -364,6 +365,14 @@ struct cd_proc {
 	struct cd_header h;
 	__u32 parent_tgid; /* fork: parent; exit: 0 */
 	__s32 exit_code;   /* exit: task->exit_code */
+};
+
+/* CD_EV_THREAD_EXIT: the thread's name (task->comm) as it exits, for a
+ * thread userspace may only see in records read after it is gone. */
+#define CD_THREAD_NAME_LEN 16
+struct cd_thread_exit {
+	struct cd_header h;
+	char name[CD_THREAD_NAME_LEN]; /* NUL-terminated unless 16 bytes long */
 };
 
 /* Largest record the kernel side emits (tails are for future kinds: the
@@ -556,6 +565,7 @@ CD_STATIC_ASSERT(sizeof(struct cd_call_exit) == 24 + 8 * 4 + 8, "cd_call_exit");
 CD_STATIC_ASSERT(sizeof(struct cd_call) == sizeof(struct cd_call_enter) + 8 * 4, "cd_call");
 CD_STATIC_ASSERT(sizeof(struct cd_dl_change) == 32, "cd_dl_change");
 CD_STATIC_ASSERT(sizeof(struct cd_proc) == 32, "cd_proc");
+CD_STATIC_ASSERT(sizeof(struct cd_thread_exit) == 24 + CD_THREAD_NAME_LEN, "cd_thread_exit");
 CD_STATIC_ASSERT(sizeof(struct cd_count_key) == 24, "cd_count_key");
 CD_STATIC_ASSERT(sizeof(struct cd_count_val) == 48, "cd_count_val");
 CD_STATIC_ASSERT(sizeof(struct cd_comm_key) == 16, "cd_comm_key");

@@ -67,6 +67,21 @@ FUNC_INLINE void emit_proc(__u32 kind, __u32 tgid, __u32 parent, __s32 code)
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 }
 
+/* A thread that made probed calls is exiting: its name, which userspace
+ * reads from /proc at its first record and cannot once it is gone. */
+FUNC_INLINE void emit_thread_exit(__u32 tgid, __u32 tid)
+{
+	struct cd_thread_exit *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+
+	if (!e) {
+		count_drop(CD_DROP_PROC_EVENT);
+		return;
+	}
+	fill_header(&e->h, CD_EV_THREAD_EXIT, sizeof(*e), CD_TAIL_NONE, 0, tgid, tid, bpf_ktime_get_ns());
+	bpf_get_current_comm(e->name, sizeof(e->name));
+	bpf_ringbuf_submit(e, 0);
+}
+
 /* CD_TRACE_* flags for `tgid`, 0 when it is not traced.  In count-all mode a
  * process's first probed call puts it in `traced` and tells userspace, which
  * reads its labels (RANK, ...) while it surely still runs. */

@@ -31,6 +31,7 @@ size_t body_size(uint16_t kind) {
     case CD_EV_PROC_FORK:
     case CD_EV_PROC_EXIT:
     case CD_EV_PROC_SEEN: return sizeof(cd_proc);
+    case CD_EV_THREAD_EXIT: return sizeof(cd_thread_exit);
     default: return 0;
     }
 }
@@ -171,6 +172,11 @@ DecodeResult decode(std::span<const uint8_t> bytes) {
         return ok(ProcExit{h.tgid, h.ts_ns, e.exit_code});
     }
     case CD_EV_PROC_SEEN: return ok(ProcSeen{h.tgid, h.ts_ns});
+    case CD_EV_THREAD_EXIT: {
+        cd_thread_exit e;
+        std::memcpy(&e, bytes.data(), sizeof(e));
+        return ok(ThreadExit{h.tgid, h.tid, h.ts_ns, std::string(e.name, strnlen(e.name, sizeof(e.name)))});
+    }
     }
     return fail(DecodeError::UnknownKind);
 }

@@ -78,12 +78,19 @@ struct ProcExit {
     int32_t exit_code = 0;
 };
 
+struct ThreadExit {  // a thread that made probed calls exited, with its last name
+    uint32_t tgid = 0;
+    uint32_t tid = 0;
+    uint64_t ts_ns = 0;
+    std::string name;
+};
+
 struct ProcSeen {  // count-all mode: a process made its first probed call
     uint32_t tgid = 0;
     uint64_t ts_ns = 0;
 };
 
-using Event = std::variant<CallEnter, CallExit, Call, DlChange, ProcFork, ProcExit, ProcSeen>;
+using Event = std::variant<CallEnter, CallExit, Call, DlChange, ProcFork, ProcExit, ProcSeen, ThreadExit>;
 
 // Why a record could not be decoded; each cause is counted, never hidden.
 enum class DecodeError { Truncated, BadSize, UnknownKind, BadTail };

@@ -236,6 +236,17 @@ void TraceSession::on_record(std::span<const uint8_t> bytes) noexcept {
         (void)run_without_throwing([&] { messages_.push_back("a ring-buffer record could not be handled: " + *failed); });
 }
 
+// Its records may all have been read after it was gone: the name it had at
+// its exit stands in for the one /proc could not give.
+void TraceSession::name_exited_thread(const ThreadExit& t) {
+    auto it = procs_.find(t.tgid);
+    if (it == procs_.end() || t.name.empty()) return;
+    auto& names = it->second.thread_names;
+    auto known = names.find(t.tid);
+    if (known != names.end() && known->second.empty()) known->second = t.name;
+    else if (known == names.end() && names.size() < TracedProcess::kMaxThreadNames) names[t.tid] = t.name;
+}
+
 void TraceSession::handle_record(std::span<const uint8_t> bytes) {
     DecodeResult d = decode(bytes);
     if (!d.event) {
@@ -286,6 +297,8 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
             python_.exited(x->tgid);
         }
         python_.clear(x->tgid);
+    } else if (auto* t = std::get_if<ThreadExit>(&ev)) {
+        name_exited_thread(*t);
     } else if (const CallEnter* e = entry_of(ev)) {
         // A thread's name is read while it runs: at the report it may be gone.
         auto it = procs_.find(e->tgid);

@@ -110,6 +110,7 @@ private:
     TraceSession(std::unique_ptr<ResumeGuard> guard, std::unique_ptr<BpfSession> bpf,
                  std::vector<ProbeSpec> specs, const SessionOptions& opts);
     void on_record(std::span<const uint8_t> bytes) noexcept;
+    void name_exited_thread(const ThreadExit& t);
     void handle_record(std::span<const uint8_t> bytes);
     uint32_t trace_flags(bool follow, bool dl_stop);
     void scan(uint32_t pid);

@@ -191,6 +191,26 @@ TEST(Decode, CallExitDlChangeForkAndExit) {
     EXPECT_EQ(std::get<ProcExit>(*r.event).ts_ns, 5555u);
 }
 
+// A thread's exit carries its name (task->comm): cut at the first NUL, and
+// all 16 bytes when the kernel filled them without one.
+TEST(Decode, ThreadExitCarriesTheThreadsName) {
+    cd_thread_exit t{};
+    t.h = header(CD_EV_THREAD_EXIT, sizeof(t));
+    std::memcpy(t.name, "nccl-worker-0", 13);
+    auto r = decode(bytes_of(t));
+    ASSERT_TRUE(r.event);
+    const auto& x = std::get<ThreadExit>(*r.event);
+    EXPECT_EQ(x.tgid, 100u);
+    EXPECT_EQ(x.tid, 101u);
+    EXPECT_EQ(x.name, "nccl-worker-0");
+    std::memcpy(t.name, "0123456789abcdef", CD_THREAD_NAME_LEN);
+    r = decode(bytes_of(t));
+    ASSERT_TRUE(r.event);
+    EXPECT_EQ(std::get<ThreadExit>(*r.event).name, "0123456789abcdef");
+    t.h.size = sizeof(t) - 1;  // shorter than its body
+    EXPECT_FALSE(decode(bytes_of(t)).event);
+}
+
 // An exec is a loader change of its own kind (the new image may run another
 // loader file): the session scans and resumes as after a dlopen.
 TEST(Decode, ExecIsALoaderChangeMarkedExec) {
