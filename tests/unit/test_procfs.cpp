@@ -205,6 +205,31 @@ TEST_F(FakeProc, KernelThreadIsRecognisedByPfKthreadFlag) {
     EXPECT_FALSE(q->kernel_thread);
 }
 
+TEST_F(FakeProc, StatGivesCommStateFlagsAndStartTime) {
+    write_file(proc_ + "/301/stat", stat_line(301, "a) (b", 'S', 12, 0x400104));
+    auto st = read_stat(301, proc_);
+    ASSERT_TRUE(st.ok()) << st.error();
+    EXPECT_EQ(st->comm, "a) (b");
+    EXPECT_EQ(st->state, 'S');
+    EXPECT_EQ(st->ppid, 12);
+    EXPECT_EQ(st->start_time, 9u);
+    EXPECT_TRUE(st->exiting()) << "PF_EXITING is 0x4";
+    EXPECT_FALSE(st->kernel_thread());
+    write_file(proc_ + "/302/stat", "302 (x) S\n");
+    EXPECT_NE(read_stat(302, proc_).error().find("302/stat: malformed"), std::string::npos);
+    EXPECT_NE(read_stat(303, proc_).error().find("no such process"), std::string::npos);
+}
+
+TEST_F(FakeProc, ReadTgidOfAThreadIdIsItsProcessAndAStatusWithoutOneFails) {
+    write_file(proc_ + "/311/status", "Name:\tpy\nTgid:\t310\nPid:\t311\n");
+    auto t = read_tgid(311, proc_);
+    ASSERT_TRUE(t.ok()) << t.error();
+    EXPECT_EQ(*t, 310);
+    write_file(proc_ + "/312/status", "Name:\tpy\nPid:\t312\n");
+    EXPECT_NE(read_tgid(312, proc_).error().find("no 'Tgid:' line"), std::string::npos);
+    EXPECT_NE(read_tgid(313, proc_).error().find("no such process"), std::string::npos);
+}
+
 TEST_F(FakeProc, MissingPidSaysNoSuchProcess) {
     for (int pid : {999999, 0, -5}) {
         auto p = read_process(pid, proc_);

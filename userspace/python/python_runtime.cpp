@@ -366,18 +366,8 @@ PyDiscovery fail(Status s, std::string why) {
 // Gone, a zombie, or past the start of do_exit (PF_EXITING in stat's flags):
 // its memory map may already be torn down, so nothing read is evidence.
 bool process_gone(int pid, const std::string& proc_root) {
-    auto p = read_process(pid, proc_root);
-    if (!p.ok() || p->state == 'Z' || p->state == 'X') return true;
-    std::ifstream in(proc_root + "/" + std::to_string(pid) + "/stat");
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    auto close = stat.rfind(')');
-    if (close == std::string::npos) return true;
-    std::istringstream fields(stat.substr(close + 2));
-    std::string state, ppid, pgrp, session, tty, tpgid;
-    unsigned long flags = 0;
-    fields >> state >> ppid >> pgrp >> session >> tty >> tpgid >> flags;
-    constexpr unsigned long kPfExiting = 0x4;
-    return (flags & kPfExiting) != 0;
+    auto st = read_stat(pid, proc_root);
+    return !st || st->state == 'Z' || st->state == 'X' || st->exiting();
 }
 
 // An error that happened because the process went away says so.
