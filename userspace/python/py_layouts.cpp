@@ -74,23 +74,11 @@ std::map<std::string, uint32_t> expected_code_members(int minor) {
     return m;
 }
 
-// PyMemberDef on x86-64.
-struct MemberDef {
-    uint64_t name;
-    int32_t type;
-    int32_t pad;
-    int64_t offset;
-    int32_t flags;
-    int32_t pad2;
-    uint64_t doc;
-};
-static_assert(sizeof(MemberDef) == 40, "PyMemberDef on x86-64");
-
 // The members of PyCode_Type's tp_members table at `members`, by name.
 Step read_members(ProcessMemory& mem, uint64_t members, std::map<std::string, uint32_t>& found) {
     for (int i = 0; i < 64; ++i) {
         MemberDef m{};
-        if (auto r = read_field(mem, members + 40ull * static_cast<uint64_t>(i), m, "a PyMemberDef"); !r) return r;
+        if (auto r = read_field(mem, members + sizeof m * static_cast<uint64_t>(i), m, "a PyMemberDef"); !r) return r;
         if (m.name == 0) break;
         std::string name;
         if (auto r = read_c_string(mem, m.name, name, 64, "a member name"); !r) return r;

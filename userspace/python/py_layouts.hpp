@@ -30,6 +30,18 @@ Step read_field(ProcessMemory& mem, uint64_t addr, T& out, const char* what) {
     return Step::fail(unreadable(mem, what));
 }
 
+// An entry of a type's tp_members table (PyMemberDef on x86-64).
+struct MemberDef {
+    uint64_t name;
+    int32_t type;
+    int32_t pad;
+    int64_t offset;
+    int32_t flags;
+    int32_t pad2;
+    uint64_t doc;
+};
+static_assert(sizeof(MemberDef) == 40, "PyMemberDef on x86-64");
+
 // A failure to read memory (the process may be gone), not a layout we refuse.
 inline Step as_error(Step failed, Status& status) {
     status = Status::error;
