@@ -81,7 +81,7 @@ private:
     const std::vector<uint8_t>& b_;
 };
 
-// CPython 3.11's objects at the offsets py_objects.cpp and python_runtime.cpp verified.
+// CPython 3.11's objects at the offsets the resolver (py_process.hpp) and discovery (py_layouts.cpp) verified.
 class World {
 public:
     Image img;
