@@ -167,14 +167,6 @@ Result<Headers> begin_elf(const std::string& path, ElfHandle& h, uint64_t file_s
     return out;
 }
 
-// Opens `path` into `h` and checks its headers.
-Result<Headers> open_elf(const std::string& path, ElfHandle& h) {
-    if (!libelf_ready()) return Result<Headers>::fail("libelf: elf_version failed: " + libelf_error());
-    auto size = open_file(path, h);
-    if (!size) return Result<Headers>::fail(size.error());
-    return begin_elf(path, h, *size);
-}
-
 // The PT_LOAD segments, which translate a symbol's address to a file offset.
 Result<std::vector<ElfSegment>> read_loads(const std::string& path, Elf* elf, size_t phnum) {
     using R = Result<std::vector<ElfSegment>>;
@@ -190,6 +182,23 @@ Result<std::vector<ElfSegment>> read_loads(const std::string& path, Elf* elf, si
                               "pass a linked shared library or executable");
     }
     return loads;
+}
+
+// Opens `path` into `h`, checks its headers and reads its load segments:
+// an ElfData without symbols yet.
+Result<ElfData> open_elf(const std::string& path, ElfHandle& h) {
+    using R = Result<ElfData>;
+    if (!libelf_ready()) return R::fail("libelf: elf_version failed: " + libelf_error());
+    auto size = open_file(path, h);
+    if (!size) return R::fail(size.error());
+    auto headers = begin_elf(path, h, *size);
+    if (!headers) return R::fail(headers.error());
+    auto loads = read_loads(path, h.elf_, headers->phnum);
+    if (!loads) return R::fail(loads.error());
+    ElfData out;
+    out.exec = headers->exec;
+    out.loads = std::move(*loads);
+    return out;
 }
 
 // Every defined function of .dynsym and .symtab.
@@ -251,31 +260,24 @@ std::vector<ElfSymbol> merge_candidates(std::vector<Candidate>& cands, const std
 Result<ElfSymbols> ElfSymbols::open(const std::string& path) {
     using R = Result<ElfSymbols>;
     ElfHandle h;
-    auto headers = open_elf(path, h);
-    if (!headers) return R::fail(headers.error());
-    auto loads = read_loads(path, h.elf_, headers->phnum);
-    if (!loads) return R::fail(loads.error());
+    auto file = open_elf(path, h);
+    if (!file) return R::fail(file.error());
     auto cands = read_functions(path, h.elf_);
     if (!cands) return R::fail(cands.error());
     ElfSymbols out;
     out.path_ = path;
-    out.functions_ = merge_candidates(*cands, *loads);
+    out.functions_ = merge_candidates(*cands, file->loads);
     return out;
 }
 
 Result<ElfData> read_elf_data(const std::string& path, const std::set<std::string, std::less<>>& names) {
     using R = Result<ElfData>;
     ElfHandle h;
-    auto headers = open_elf(path, h);
-    if (!headers) return R::fail(headers.error());
-    auto loads = read_loads(path, h.elf_, headers->phnum);
-    if (!loads) return R::fail(loads.error());
-    ElfData out;
-    out.exec = headers->exec;
-    out.loads = std::move(*loads);
+    auto out = open_elf(path, h);
+    if (!out) return out;
     auto defined = [](const GElf_Sym& s) { return s.st_shndx != SHN_UNDEF && s.st_value != 0; };
     auto have_table = visit_symbols(path, h.elf_, defined, [&](const GElf_Sym& s, std::string_view name, bool) {
-        if (names.count(name) != 0) out.symbols.emplace(std::string(name), s.st_value);
+        if (names.count(name) != 0) out->symbols.emplace(std::string(name), s.st_value);
     });
     if (!have_table) return R::fail(have_table.error());
     return out;  // no symbol table: no symbols, as for a stripped executable
