@@ -76,7 +76,8 @@ std::string RequestHandler::counts(const Request& req, const NodeCounter::Proces
     if (!pid || !reply.value("processes", nlohmann::json::array()).empty()) return ok_response(std::move(reply));
     const std::string who = "counts --pid " + std::to_string(*pid);
     const std::string p = std::to_string(*pid);
-    int tgid = tgid_of(static_cast<int>(*pid));
+    auto task = read_tgid(static_cast<int>(*pid));
+    const int tgid = task ? *task : 0;
     if (tgid <= 0) return error_response(who + ": no such process");
     const std::string not_counted =
         " has made no call into a probed library (libnccl, ...) since commdbgd started, or runs outside its "

@@ -2,13 +2,14 @@
 // libFuzzer target for the Python resolver (py_objects.hpp): a synthetic
 // CPython 3.11 memory image -- types, strs, dicts, tuples, bytes, code
 // objects and a module tree, shaped by the input's first bytes -- is read
-// through an in-memory PyMemory while the rest of the input mutates it
+// through an in-memory RemoteMemory while the rest of the input mutates it
 // (words overwritten with pointers anywhere into it, huge lengths, _modules
 // pointing back up, non-str keys, hostile line tables) and drives the readers
 // (frame, module_path, attr, str, type).  Two processes share one budget.  A
 // crash, a sanitizer report, a str over its bound or caches over their byte
 // bounds (per process, in total, or bytes not all given back) is a finding.
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -65,20 +66,22 @@ public:
     std::vector<uint64_t> objects;
 };
 
-class ImageMemory final : public PyMemory {
+class ImageMemory final : public RemoteMemory {
 public:
     explicit ImageMemory(const std::vector<uint8_t>& b) : b_(b) {}
-    bool read(uint64_t addr, void* out, size_t n) override {
-        if (addr < kBase || addr - kBase > b_.size() || n > b_.size() - (addr - kBase)) return false;
+
+protected:
+    int fetch(uint64_t addr, void* out, size_t n) override {
+        if (addr < kBase || addr - kBase > b_.size() || n > b_.size() - (addr - kBase)) return EFAULT;
         std::memcpy(out, b_.data() + (addr - kBase), n);
-        return true;
+        return 0;
     }
 
 private:
     const std::vector<uint8_t>& b_;
 };
 
-// CPython 3.11's objects at the offsets py_objects.cpp and python_runtime.cpp verified.
+// CPython 3.11's objects at the offsets the resolver (py_process.hpp) and discovery (py_layouts.cpp) verified.
 class World {
 public:
     Image img;

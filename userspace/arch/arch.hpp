@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Everything userspace assumes about x86-64, in one place (bpf/arch_x86.h is
-// the BPF half): another architecture needs its own definitions of these.
+// Everything userspace assumes about x86-64, in one folder (bpf/arch_x86.h is
+// the BPF half; x86_decode.hpp reads machine code): another architecture
+// needs its own definitions of these.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,12 @@ inline constexpr std::string_view kDefaultLoaderPath = "/lib64/ld-linux-x86-64.s
 // System V AMD64 passes six integer arguments in registers; a spec's slots
 // past them are stack words (events.h), read by the BPF half at sp + 8 on.
 static_assert(CD_REG_SLOTS == 6, "x86-64 passes six integer arguments in registers (events.h slots)");
+
+// x86-64 user space ends at 2^47 (4-level paging, as Linux maps user
+// processes unless they ask for more), and its first page is never mapped:
+// a pointer read from a target outside that is garbage, not worth a read.
+inline constexpr uint64_t kUserAddressEnd = 1ull << 47;
+inline bool is_user_address(uint64_t addr) { return addr >= 4096 && addr < kUserAddressEnd; }
 
 // NCCL's getHash() reads the unique id through `const char*`: char is signed
 // on x86-64, so each byte is sign-extended before it is mixed in.

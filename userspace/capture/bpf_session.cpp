@@ -260,17 +260,7 @@ std::vector<CallEnter> BpfSession::open_calls() const {
         for (uint32_t i = 0; i < st->depth && i < CD_MAX_INFLIGHT; ++i) {
             const cd_inflight& s = st->inflight[i];
             if (!(s.flags & CD_TRACE_RECORDS) || s.entry_sent) continue;  // sent: the model has it
-            CallEnter& e = out.emplace_back();
-            e.tgid = s.ckey.tgid;
-            e.tid = key;
-            e.ts_ns = s.ts;
-            e.cookie = s.cookie;
-            e.ip = s.ip;
-            e.sp = s.sp;
-            std::memcpy(e.args.data(), s.args, sizeof(s.args));
-            e.group_depth = s.group_depth;
-            e.frame_depth = s.frame_depth;
-            e.stack_args = s.entry_flags & CD_ENTRY_STACK_ARGS;
+            call_entry_fields(s, s.ckey.tgid, key, s.ts, out.emplace_back());
         }
     }
     std::sort(out.begin(), out.end(), [](const CallEnter& a, const CallEnter& b) { return a.ts_ns < b.ts_ns; });

@@ -54,21 +54,6 @@ bool tail_ok(const cd_header& h, size_t body) {
     }
 }
 
-// The entry half of cd_call_enter and cd_call (same field names).
-template <typename Rec>
-void entry_fields(const cd_header& h, const Rec& e, uint64_t enter_ts, CallEnter& out) {
-    out.tgid = h.tgid;
-    out.tid = h.tid;
-    out.ts_ns = enter_ts;
-    out.cookie = e.cookie;
-    out.ip = e.ip;
-    out.sp = e.sp;
-    std::memcpy(out.args.data(), e.args, sizeof(e.args));
-    out.group_depth = e.group_depth;
-    out.frame_depth = e.frame_depth;
-    out.stack_args = e.entry_flags & CD_ENTRY_STACK_ARGS;
-}
-
 // The return half of cd_call_exit and cd_call.
 template <typename Rec>
 void exit_fields(const cd_header& h, const Rec& e, CallExit& out) {
@@ -132,7 +117,7 @@ DecodeResult decode(std::span<const uint8_t> bytes) {
         // Built in place: CallEnter carries a 128-byte id, copies show in profiles.
         DecodeResult r;
         auto& out = std::get<CallEnter>(r.event.emplace(std::in_place_type<CallEnter>));
-        entry_fields(h, e, h.ts_ns, out);
+        call_entry_fields(e, h.tgid, h.tid, h.ts_ns, out);
         unique_id_tail(h, bytes, body, out);
         if (!context_tail(h, bytes, body, out)) return fail(DecodeError::BadTail);
         return r;
@@ -149,7 +134,7 @@ DecodeResult decode(std::span<const uint8_t> bytes) {
         std::memcpy(&e, bytes.data(), sizeof(e));
         DecodeResult r;
         auto& out = std::get<Call>(r.event.emplace(std::in_place_type<Call>));
-        entry_fields(h, e, e.enter_ts_ns, out.enter);
+        call_entry_fields(e, h.tgid, h.tid, e.enter_ts_ns, out.enter);
         unique_id_tail(h, bytes, body, out.enter);
         if (!context_tail(h, bytes, body, out.enter)) return fail(DecodeError::BadTail);
         exit_fields(h, e, out.exit);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <cstring>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -102,6 +103,38 @@ struct DecodeResult {
 };
 
 DecodeResult decode(std::span<const uint8_t> bytes);
+
+// The entry half of a call from a kernel struct that names its fields as
+// cd_call_enter does: the ring buffer's cd_call_enter and cd_call (decode())
+// and the threads map's cd_inflight (BpfSession::open_calls()) alike.
+template <typename Rec>
+void call_entry_fields(const Rec& r, uint32_t tgid, uint32_t tid, uint64_t enter_ts, CallEnter& out) {
+    out.tgid = tgid;
+    out.tid = tid;
+    out.ts_ns = enter_ts;
+    out.cookie = r.cookie;
+    out.ip = r.ip;
+    out.sp = r.sp;
+    std::memcpy(out.args.data(), r.args, sizeof(r.args));
+    out.group_depth = r.group_depth;
+    out.frame_depth = r.frame_depth;
+    out.stack_args = r.entry_flags & CD_ENTRY_STACK_ARGS;
+}
+
+// The value of argument slot `slot` of a call's entry; false for a stack
+// word the kernel did not read (CD_TRACE_STACK_ARGS) or no such slot.
+inline bool slot_value(const CallEnter& e, uint8_t slot, uint64_t& out) {
+    if (slot >= CD_NUM_ARGS || (slot >= CD_REG_SLOTS && !e.stack_args)) return false;
+    out = e.args[slot];
+    return true;
+}
+
+// A stack that shows the whole Python side of the thread: one cut at
+// max_frames or by a fault lacks the outermost frames, so its depths and
+// its root module cannot be compared with other stacks'.
+inline bool py_stack_complete(const CallEnter& e) {
+    return e.py_status == CD_PY_NO_TSTATE || (e.py_status == CD_PY_OK && !(e.ctx_flags & CD_CTX_TRUNCATED));
+}
 
 // The entry of a call event (CallEnter, or a Call's), else nullptr.
 inline const CallEnter* entry_of(const Event& ev) {

@@ -26,10 +26,6 @@ public:
     Elf* elf_ = nullptr;
 };
 
-struct Segment {
-    uint64_t vaddr, memsz, offset;
-};
-
 // A symbol as found in one table; the name points into the mmapped string table.
 struct Candidate {
     std::string_view name;
@@ -65,128 +61,167 @@ bool is_defined_function(const GElf_Sym& sym) {
     return sym.st_shndx != SHN_UNDEF && sym.st_shndx != SHN_ABS && sym.st_shndx != SHN_COMMON;
 }
 
-// Returns an error message, or empty on success.
-std::string read_table(const std::string& path, Elf* elf, Elf_Scn* scn, const GElf_Shdr& shdr,
-                       std::vector<Candidate>& out) {
+// Calls take(sym, name, dynamic) for the named symbols of one table that
+// want(sym) asks for, names without their @VERSION.
+template <typename Want, typename Take>
+Result<bool> visit_table(const std::string& path, Elf* elf, Elf_Scn* scn, const GElf_Shdr& shdr, Want want,
+                         Take take) {
     const char* table = shdr.sh_type == SHT_DYNSYM ? ".dynsym" : ".symtab";
-    if (shdr.sh_entsize == 0) return path + ": " + table + " has entry size 0 (corrupt ELF)";
+    if (shdr.sh_entsize == 0) return Result<bool>::fail(path + ": " + table + " has entry size 0 (corrupt ELF)");
     Elf_Data* data = elf_getdata(scn, nullptr);
     if (data == nullptr) {
-        return path + ": cannot read " + table + ": " + libelf_error() +
-               " — the file is truncated or corrupt; re-copy or reinstall it";
+        return Result<bool>::fail(path + ": cannot read " + table + ": " + libelf_error() +
+                                  " — the file is truncated or corrupt; re-copy or reinstall it");
     }
     size_t count = shdr.sh_size / shdr.sh_entsize;
     bool dynamic = shdr.sh_type == SHT_DYNSYM;
     for (size_t i = 1; i < count; ++i) {  // entry 0 is the reserved null symbol
         GElf_Sym sym;
         if (gelf_getsym(data, static_cast<int>(i), &sym) == nullptr) break;
-        if (!is_defined_function(sym)) continue;
+        if (!want(sym)) continue;
         const char* raw = elf_strptr(elf, shdr.sh_link, sym.st_name);
         if (raw == nullptr || *raw == '\0') continue;
         std::string_view name = strip_version(raw);
-        if (name.empty()) continue;
-        int bind = GELF_ST_BIND(sym.st_info);
-        out.push_back({name, sym.st_value, sym.st_size, bind == STB_WEAK, bind == STB_LOCAL,
-                       dynamic, GELF_ST_TYPE(sym.st_info) == STT_GNU_IFUNC});
+        if (!name.empty()) take(sym, name, dynamic);
     }
-    return {};
+    return true;
 }
 
-// Opens `path` for reading into `h`; an error message, or empty when it is a
-// non-empty regular file.
-std::string open_file(const std::string& path, ElfHandle& h, uint64_t& file_size) {
+// Visits .dynsym, then .symtab (so a name present in both is first seen
+// dynamic); true when the file has either.
+template <typename Want, typename Take>
+Result<bool> visit_symbols(const std::string& path, Elf* elf, Want want, Take take) {
+    bool have_table = false;
+    for (Elf64_Word kind : {SHT_DYNSYM, SHT_SYMTAB}) {
+        Elf_Scn* scn = nullptr;
+        while ((scn = elf_nextscn(elf, scn)) != nullptr) {
+            GElf_Shdr shdr;
+            if (gelf_getshdr(scn, &shdr) == nullptr || shdr.sh_type != kind) continue;
+            have_table = true;
+            if (auto r = visit_table(path, elf, scn, shdr, want, take); !r) return r;
+        }
+    }
+    return have_table;
+}
+
+// Opens `path` for reading into `h`: its size when it is a non-empty regular
+// file.
+Result<uint64_t> open_file(const std::string& path, ElfHandle& h) {
+    using R = Result<uint64_t>;
     h.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (h.fd_ < 0) {
         int err = errno;
         std::string why = std::strerror(err);
-        if (err == ENOENT) return path + ": no such file — check the path";
-        if (err == EACCES) return path + ": permission denied — run as root or make it readable";
-        return path + ": cannot open: " + why;
+        if (err == ENOENT) return R::fail(path + ": no such file — check the path");
+        if (err == EACCES) return R::fail(path + ": permission denied — run as root or make it readable");
+        return R::fail(path + ": cannot open: " + why);
     }
     struct stat st {};
-    if (fstat(h.fd_, &st) != 0) return path + ": cannot stat: " + std::strerror(errno);
-    if (!S_ISREG(st.st_mode)) return path + ": not a regular file — pass an ELF shared library or executable";
-    file_size = static_cast<uint64_t>(st.st_size);
-    if (file_size == 0) return path + ": not an ELF file (empty file)";
-    return {};
+    if (fstat(h.fd_, &st) != 0) return R::fail(path + ": cannot stat: " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) return R::fail(path + ": not a regular file — pass an ELF shared library or executable");
+    auto file_size = static_cast<uint64_t>(st.st_size);
+    if (file_size == 0) return R::fail(path + ": not an ELF file (empty file)");
+    return file_size;
 }
 
-// Starts libelf on the open file and checks its headers are whole; an error
-// message, or empty with the number of program headers in `phnum`.
-std::string begin_elf(const std::string& path, ElfHandle& h, uint64_t file_size, size_t& phnum) {
+// What the ELF header says that a reader needs.
+struct Headers {
+    size_t phnum = 0;   // program headers
+    bool exec = false;  // ET_EXEC: linked at its final address
+};
+
+// Section headers usually sit at the very end, so a cut-short copy loses
+// them first; say "truncated" rather than the misleading "stripped".  Checked
+// on the raw header because libelf quietly reports 0 sections in that case.
+bool section_headers_cut(const GElf_Ehdr& ehdr, uint64_t file_size) {
+    uint64_t sh_entries = std::max<uint64_t>(ehdr.e_shnum, 1);  // 0 = count stored in section 0
+    return ehdr.e_shoff != 0 && (ehdr.e_shoff > file_size ||
+                                 (file_size - ehdr.e_shoff) / std::max<uint64_t>(ehdr.e_shentsize, 1) < sh_entries);
+}
+
+// Starts libelf on the open file and checks its headers are whole.
+Result<Headers> begin_elf(const std::string& path, ElfHandle& h, uint64_t file_size) {
+    using R = Result<Headers>;
     // READ_MMAP: sections are read in place from a private mapping, so a 200 MB
     // libnccl costs page faults on the symbol tables only.
     h.elf_ = elf_begin(h.fd_, ELF_C_READ_MMAP, nullptr);
     if (h.elf_ == nullptr) {
-        return path + ": not a valid ELF file (" + libelf_error() +
-               ") — it is truncated or corrupt; re-copy or reinstall it";
+        return R::fail(path + ": not a valid ELF file (" + libelf_error() +
+                       ") — it is truncated or corrupt; re-copy or reinstall it");
     }
-    if (elf_kind(h.elf_) != ELF_K_ELF) {
-        return path + ": not an ELF file (no ELF magic) — pass a shared library or executable";
-    }
+    if (elf_kind(h.elf_) != ELF_K_ELF)
+        return R::fail(path + ": not an ELF file (no ELF magic) — pass a shared library or executable");
     GElf_Ehdr ehdr;
-    if (gelf_getehdr(h.elf_, &ehdr) == nullptr) {
-        return path + ": truncated or corrupt ELF header: " + libelf_error();
+    if (gelf_getehdr(h.elf_, &ehdr) == nullptr) return R::fail(path + ": truncated or corrupt ELF header: " + libelf_error());
+    if (section_headers_cut(ehdr, file_size)) {
+        return R::fail(path + ": truncated ELF (section headers end past the file's " + std::to_string(file_size) +
+                       " bytes) — re-copy or reinstall it");
     }
-
-    // Section headers usually sit at the very end, so a cut-short copy loses
-    // them first; say "truncated" rather than the misleading "stripped".  Checked
-    // on the raw header because libelf quietly reports 0 sections in that case.
-    uint64_t sh_entries = std::max<uint64_t>(ehdr.e_shnum, 1);  // 0 = count stored in section 0
-    if (ehdr.e_shoff != 0 && (ehdr.e_shoff > file_size ||
-                              (file_size - ehdr.e_shoff) / std::max<uint64_t>(ehdr.e_shentsize, 1) < sh_entries)) {
-        return path + ": truncated ELF (section headers end past the file's " + std::to_string(file_size) +
-               " bytes) — re-copy or reinstall it";
-    }
+    Headers out;
+    out.exec = ehdr.e_type == ET_EXEC;
     size_t shnum = 0;
-    if (elf_getshdrnum(h.elf_, &shnum) != 0 || elf_getphdrnum(h.elf_, &phnum) != 0) {
-        return path + ": corrupt ELF header tables: " + libelf_error() +
-               " — the file is truncated or corrupt; re-copy or reinstall it";
+    if (elf_getshdrnum(h.elf_, &shnum) != 0 || elf_getphdrnum(h.elf_, &out.phnum) != 0) {
+        return R::fail(path + ": corrupt ELF header tables: " + libelf_error() +
+                       " — the file is truncated or corrupt; re-copy or reinstall it");
     }
-    return {};
+    return out;
 }
 
-// The PT_LOAD segments, which translate a symbol's address to a file offset;
-// an error message, or empty.
-std::string read_loads(const std::string& path, Elf* elf, size_t phnum, std::vector<Segment>& loads) {
+// The PT_LOAD segments, which translate a symbol's address to a file offset.
+Result<std::vector<ElfSegment>> read_loads(const std::string& path, Elf* elf, size_t phnum) {
+    using R = Result<std::vector<ElfSegment>>;
+    std::vector<ElfSegment> loads;
     for (size_t i = 0; i < phnum; ++i) {
         GElf_Phdr ph;
-        if (gelf_getphdr(elf, static_cast<int>(i), &ph) == nullptr) {
-            return path + ": cannot read program header " + std::to_string(i) + ": " + libelf_error();
-        }
+        if (gelf_getphdr(elf, static_cast<int>(i), &ph) == nullptr)
+            return R::fail(path + ": cannot read program header " + std::to_string(i) + ": " + libelf_error());
         if (ph.p_type == PT_LOAD) loads.push_back({ph.p_vaddr, ph.p_memsz, ph.p_offset});
     }
     if (loads.empty()) {
-        return path + ": no loadable segments (a relocatable .o or core file?) — "
-                      "pass a linked shared library or executable";
+        return R::fail(path + ": no loadable segments (a relocatable .o or core file?) — "
+                              "pass a linked shared library or executable");
     }
-    return {};
+    return loads;
 }
 
-// Every defined function of .dynsym and .symtab; an error message, or empty.
-std::string read_symbol_tables(const std::string& path, Elf* elf, std::vector<Candidate>& cands) {
-    bool have_table = false;
-    // .dynsym first so a name present in both tables is marked dynamic.
-    for (Elf64_Word want : {SHT_DYNSYM, SHT_SYMTAB}) {
-        Elf_Scn* scn = nullptr;
-        while ((scn = elf_nextscn(elf, scn)) != nullptr) {
-            GElf_Shdr shdr;
-            if (gelf_getshdr(scn, &shdr) == nullptr || shdr.sh_type != want) continue;
-            have_table = true;
-            std::string err = read_table(path, elf, scn, shdr, cands);
-            if (!err.empty()) return err;
-        }
+// Opens `path` into `h`, checks its headers and reads its load segments:
+// an ElfData without symbols yet.
+Result<ElfData> open_elf(const std::string& path, ElfHandle& h) {
+    using R = Result<ElfData>;
+    if (!libelf_ready()) return R::fail("libelf: elf_version failed: " + libelf_error());
+    auto size = open_file(path, h);
+    if (!size) return R::fail(size.error());
+    auto headers = begin_elf(path, h, *size);
+    if (!headers) return R::fail(headers.error());
+    auto loads = read_loads(path, h.elf_, headers->phnum);
+    if (!loads) return R::fail(loads.error());
+    ElfData out;
+    out.exec = headers->exec;
+    out.loads = std::move(*loads);
+    return out;
+}
+
+// Every defined function of .dynsym and .symtab.
+Result<std::vector<Candidate>> read_functions(const std::string& path, Elf* elf) {
+    using R = Result<std::vector<Candidate>>;
+    std::vector<Candidate> cands;
+    auto have_table = visit_symbols(path, elf, is_defined_function,
+                                    [&](const GElf_Sym& sym, std::string_view name, bool dynamic) {
+        int bind = GELF_ST_BIND(sym.st_info);
+        cands.push_back({name, sym.st_value, sym.st_size, bind == STB_WEAK, bind == STB_LOCAL, dynamic,
+                         GELF_ST_TYPE(sym.st_info) == STT_GNU_IFUNC});
+    });
+    if (!have_table) return R::fail(have_table.error());
+    if (!*have_table) {
+        return R::fail(path + ": no symbol table (stripped?) — use an unstripped build, "
+                              "or one that exports its functions in .dynsym");
     }
-    if (!have_table) {
-        return path + ": no symbol table (stripped?) — use an unstripped build, "
-                      "or one that exports its functions in .dynsym";
-    }
-    return {};
+    return cands;
 }
 
 // One ElfSymbol per distinct (name, address), sorted by name, with its file
 // offset; symbols outside every PT_LOAD are left out (nothing to probe).
-std::vector<ElfSymbol> merge_candidates(std::vector<Candidate>& cands, const std::vector<Segment>& loads) {
+std::vector<ElfSymbol> merge_candidates(std::vector<Candidate>& cands, const std::vector<ElfSegment>& loads) {
     // Same name at the same address in both tables is one symbol; aliases
     // (different names, one address) and repeated static names stay apart.
     std::sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
@@ -210,7 +245,7 @@ std::vector<ElfSymbol> merge_candidates(std::vector<Candidate>& cands, const std
             }
         }
         i = j;
-        auto seg = std::find_if(loads.begin(), loads.end(), [&](const Segment& s) {
+        auto seg = std::find_if(loads.begin(), loads.end(), [&](const ElfSegment& s) {
             return c.vaddr >= s.vaddr && c.vaddr - s.vaddr < s.memsz;
         });
         if (seg == loads.end()) continue;  // not mapped at run time: nothing to probe
@@ -224,22 +259,40 @@ std::vector<ElfSymbol> merge_candidates(std::vector<Candidate>& cands, const std
 
 Result<ElfSymbols> ElfSymbols::open(const std::string& path) {
     using R = Result<ElfSymbols>;
-    if (!libelf_ready()) return R::fail("libelf: elf_version failed: " + libelf_error());
-
     ElfHandle h;
-    uint64_t file_size = 0;
-    size_t phnum = 0;
-    std::vector<Segment> loads;
-    std::vector<Candidate> cands;
-    // Each step returns its error message, or empty to go on.
-    if (std::string err = open_file(path, h, file_size); !err.empty()) return R::fail(std::move(err));
-    if (std::string err = begin_elf(path, h, file_size, phnum); !err.empty()) return R::fail(std::move(err));
-    if (std::string err = read_loads(path, h.elf_, phnum, loads); !err.empty()) return R::fail(std::move(err));
-    if (std::string err = read_symbol_tables(path, h.elf_, cands); !err.empty()) return R::fail(std::move(err));
-
+    auto file = open_elf(path, h);
+    if (!file) return R::fail(file.error());
+    auto cands = read_functions(path, h.elf_);
+    if (!cands) return R::fail(cands.error());
     ElfSymbols out;
     out.path_ = path;
-    out.functions_ = merge_candidates(cands, loads);
+    out.functions_ = merge_candidates(*cands, file->loads);
+    return out;
+}
+
+Result<ElfData> read_elf_data(const std::string& path, const std::set<std::string, std::less<>>& names) {
+    using R = Result<ElfData>;
+    ElfHandle h;
+    auto out = open_elf(path, h);
+    if (!out) return out;
+    auto defined = [](const GElf_Sym& s) { return s.st_shndx != SHN_UNDEF && s.st_value != 0; };
+    auto have_table = visit_symbols(path, h.elf_, defined, [&](const GElf_Sym& s, std::string_view name, bool) {
+        if (names.count(name) != 0) out->symbols.emplace(std::string(name), s.st_value);
+    });
+    if (!have_table) return R::fail(have_table.error());
+    return out;  // no symbol table: no symbols, as for a stripped executable
+}
+
+Result<std::vector<uint8_t>> read_function_code(const std::string& path, const ElfSymbol& sym, size_t max) {
+    using R = Result<std::vector<uint8_t>>;
+    if (sym.size != 0) max = std::min<size_t>(max, sym.size);
+    std::vector<uint8_t> out(max, 0);
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return R::fail(path + ": cannot open: " + std::strerror(errno));
+    ssize_t got = pread(fd, out.data(), max, static_cast<off_t>(sym.file_offset));
+    ::close(fd);
+    if (got <= 0) return R::fail(path + ": cannot read " + sym.name + "'s code");
+    out.resize(static_cast<size_t>(got));
     return out;
 }
 

@@ -1,8 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// Function symbols of an ELF file, with the file offsets a uprobe attaches at.
+// What commdbg reads of an ELF file, with libelf: its function symbols with
+// the file offsets a uprobe attaches at, a function's code, and for a reader
+// of a process's data (python/) its load segments and data symbols.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +25,11 @@ struct ElfSymbol {
     bool local = false;        // STB_LOCAL: a static function, name may repeat in the file
     bool dynamic = false;      // present in .dynsym, so it survives stripping
     bool ifunc = false;        // STT_GNU_IFUNC: vaddr is the resolver, not the implementation
+};
+
+// A PT_LOAD program header.
+struct ElfSegment {
+    uint64_t vaddr = 0, memsz = 0, offset = 0;
 };
 
 class ElfSymbols {
@@ -42,5 +52,20 @@ private:
     std::string path_;
     std::vector<ElfSymbol> functions_;
 };
+
+// Up to `max` bytes of a function's code (its size when smaller), from the
+// file: a process's copy may hold a uprobe's int3.
+Result<std::vector<uint8_t>> read_function_code(const std::string& path, const ElfSymbol& sym, size_t max);
+
+// What a reader of a process's data needs of an ELF file beyond its functions.
+struct ElfData {
+    bool exec = false;               // ET_EXEC: linked at its final address
+    std::vector<ElfSegment> loads;   // PT_LOAD, in file order; never empty
+    std::map<std::string, uint64_t, std::less<>> symbols;  // of the names asked for, those defined: link-time address
+};
+// Reads the headers and the symbols of .dynsym and .symtab named in `names`
+// (without @VERSION).  Fails as ElfSymbols::open does, but a file with no
+// symbol table (a stripped executable) is one without those symbols.
+Result<ElfData> read_elf_data(const std::string& path, const std::set<std::string, std::less<>>& names);
 
 }  // namespace commdbg

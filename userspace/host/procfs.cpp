@@ -10,14 +10,13 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <unordered_set>
 #include <utility>
 
 namespace commdbg {
 namespace {
-
-constexpr uint64_t kPfKthread = 0x00200000;  // PF_KTHREAD in /proc/PID/stat flags
 
 std::string pid_dir(const std::string& proc_root, int pid) {
     return proc_root + "/" + std::to_string(pid);
@@ -188,79 +187,92 @@ bool is_libnccl_path(std::string_view path) {
     return true;
 }
 
-Result<ProcessStat> read_stat(int pid, const std::string& proc_root) {
-    using R = Result<ProcessStat>;
-    std::string dir = pid_dir(proc_root, pid);
-    if (pid <= 0) return R::fail(read_error(pid, dir, ENOENT));
-    ProcessStat st;
-    std::string stat_text;
-    std::string stat_file = dir + "/stat";
-    if (int err = read_file(stat_file, stat_text)) return R::fail(read_error(pid, stat_file, err));
-    // comm may hold spaces and ')', so it ends at the last ')'.
-    size_t open_paren = stat_text.find('('), close_paren = stat_text.rfind(')');
-    if (open_paren == std::string::npos || close_paren == std::string::npos || close_paren < open_paren) {
-        return R::fail(stat_file + ": malformed (no '(comm)')");
-    }
-    st.comm = stat_text.substr(open_paren + 1, close_paren - open_paren - 1);
-    std::string_view rest = std::string_view(stat_text).substr(close_paren + 1);
-    // Fields 3.. : state ppid pgrp session tty_nr tpgid flags ... starttime (22)
-    std::string_view fields[20];
-    for (auto& f : fields) f = next_field(rest);
-    uint64_t flags = 0;
-    if (fields[0].size() != 1 || !parse_num(fields[1], st.ppid, 10) || !parse_num(fields[6], flags, 10)) {
-        return R::fail(stat_file + ": malformed (cannot parse state/ppid/flags)");
-    }
-    if (!fields[19].empty()) parse_num(fields[19], st.start_time, 10);
-    st.state = fields[0][0];
-    st.kernel_thread = (flags & kPfKthread) != 0;
-    return st;
-}
-
 namespace {
 
-// The Tgid line of /proc/PID/status; 0 when there is none.
-int parse_tgid(std::string_view status) {
-    size_t at = status.find("\nTgid:");
-    if (at == std::string_view::npos) return 0;
-    std::string_view line = status.substr(at + 6);
-    line = line.substr(0, line.find('\n'));
+// The rest of the /proc/PID/status line that starts with `key` ("\nUid:"),
+// empty when there is none.
+std::string_view status_line(const std::string& status, std::string_view key) {
+    size_t at = status.find(key);
+    if (at == std::string::npos) return {};
+    std::string_view line = std::string_view(status).substr(at + key.size());
+    return line.substr(0, line.find('\n'));
+}
+
+// The four ids of a "\nUid:" or "\nGid:" line.
+bool parse_ids(const std::string& status, std::string_view key, std::array<uint32_t, 4>& ids) {
+    std::string_view line = status_line(status, key);
+    for (uint32_t& id : ids)
+        if (!parse_num(next_field(line), id, 10)) return false;
+    return true;
+}
+
+std::optional<int> parse_tgid(const std::string& status) {
+    std::string_view line = status_line(status, "\nTgid:");
     int tgid = 0;
-    return parse_num(next_field(line), tgid, 10) && tgid > 0 ? tgid : 0;
+    if (!parse_num(next_field(line), tgid, 10) || tgid <= 0) return std::nullopt;
+    return tgid;
+}
+
+Result<std::string> read_status(int pid, const std::string& proc_root) {
+    using R = Result<std::string>;
+    const std::string dir = pid_dir(proc_root, pid), file = dir + "/status";
+    if (pid <= 0) return R::fail(read_error(pid, dir, ENOENT));
+    std::string text;
+    if (int err = read_file(file, text)) return R::fail(read_error(pid, file, err));
+    return text;
 }
 
 }  // namespace
 
-int tgid_of(int pid, const std::string& proc_root) {
-    std::string status;
-    if (pid <= 0 || read_file(pid_dir(proc_root, pid) + "/status", status) != 0) return 0;
-    return parse_tgid(status);
+Result<ProcStat> read_stat(int pid, const std::string& proc_root) {
+    using R = Result<ProcStat>;
+    const std::string dir = pid_dir(proc_root, pid), stat_file = dir + "/stat";
+    if (pid <= 0) return R::fail(read_error(pid, dir, ENOENT));
+    std::string text;
+    if (int err = read_file(stat_file, text)) return R::fail(read_error(pid, stat_file, err));
+    // comm may hold spaces and ')', so it ends at the last ')'.
+    size_t open_paren = text.find('('), close_paren = text.rfind(')');
+    if (open_paren == std::string::npos || close_paren == std::string::npos || close_paren < open_paren)
+        return R::fail(stat_file + ": malformed (no '(comm)')");
+    ProcStat st;
+    st.comm = text.substr(open_paren + 1, close_paren - open_paren - 1);
+    std::string_view rest = std::string_view(text).substr(close_paren + 1);
+    // Fields 3.. : state ppid pgrp session tty_nr tpgid flags ... starttime (22)
+    std::string_view fields[20];
+    for (auto& f : fields) f = next_field(rest);
+    if (fields[0].size() != 1 || !parse_num(fields[1], st.ppid, 10) || !parse_num(fields[6], st.flags, 10))
+        return R::fail(stat_file + ": malformed (cannot parse state/ppid/flags)");
+    if (!fields[19].empty()) (void)parse_num(fields[19], st.start_time, 10);
+    st.state = fields[0][0];
+    return st;
+}
+
+Result<int> read_tgid(int pid, const std::string& proc_root) {
+    auto status = read_status(pid, proc_root);
+    if (!status) return Result<int>::fail(status.error());
+    if (auto tgid = parse_tgid(*status)) return *tgid;
+    return Result<int>::fail(pid_dir(proc_root, pid) + "/status: malformed (no 'Tgid:' line)");
 }
 
 Result<ProcessInfo> read_process(int pid, const std::string& proc_root) {
     using R = Result<ProcessInfo>;
+    const std::string dir = pid_dir(proc_root, pid);
     auto st = read_stat(pid, proc_root);
     if (!st) return R::fail(st.error());
-    std::string dir = pid_dir(proc_root, pid);
     ProcessInfo info;
     info.pid = pid;
     info.comm = std::move(st->comm);
-    info.state = st->state;
     info.ppid = st->ppid;
-    info.kernel_thread = st->kernel_thread;
     info.start_time = st->start_time;
+    info.state = st->state;
+    info.kernel_thread = st->kernel_thread();
 
-    std::string status_text;
-    std::string status_file = dir + "/status";
-    if (int err = read_file(status_file, status_text)) return R::fail(read_error(pid, status_file, err));
-    size_t uid_at = status_text.find("\nUid:");
-    std::string_view uid_line = uid_at == std::string::npos ? std::string_view{}
-                                                            : std::string_view(status_text).substr(uid_at + 5);
-    if (!parse_num(next_field(uid_line), info.uid, 10)) {
-        return R::fail(status_file + ": malformed (no 'Uid:' line)");
-    }
+    auto status = read_status(pid, proc_root);
+    if (!status) return R::fail(status.error());
+    std::string_view uid_line = status_line(*status, "\nUid:");
+    if (!parse_num(next_field(uid_line), info.uid, 10)) return R::fail(dir + "/status: malformed (no 'Uid:' line)");
     // A thread id names its thread group's /proc entry too: Tgid says whose.
-    const int tgid = parse_tgid(status_text);
-    info.tgid = tgid > 0 ? tgid : pid;
+    info.tgid = parse_tgid(*status).value_or(pid);
 
     std::string cmd;
     std::string cmd_file = dir + "/cmdline";
@@ -273,30 +285,15 @@ Result<ProcessInfo> read_process(int pid, const std::string& proc_root) {
     return info;
 }
 
-namespace {
-
-// The four ids after `key` ("\nUid:") in /proc/PID/status.
-bool parse_ids(const std::string& status, std::string_view key, std::array<uint32_t, 4>& ids) {
-    size_t at = status.find(key);
-    if (at == std::string::npos) return false;
-    std::string_view line = std::string_view(status).substr(at + key.size());
-    line = line.substr(0, line.find('\n'));
-    for (uint32_t& id : ids)
-        if (!parse_num(next_field(line), id, 10)) return false;
-    return true;
-}
-
-}  // namespace
-
 Result<ProcessCreds> read_creds(int pid, const std::string& proc_root) {
     using R = Result<ProcessCreds>;
     const std::string dir = pid_dir(proc_root, pid);
     if (pid <= 0) return R::fail(read_error(pid, dir, ENOENT));
     ProcessCreds c;
-    std::string status, status_file = dir + "/status";
-    if (int err = read_file(status_file, status)) return R::fail(read_error(pid, status_file, err));
-    if (!parse_ids(status, "\nUid:", c.uids) || !parse_ids(status, "\nGid:", c.gids))
-        return R::fail(status_file + ": malformed (no 'Uid:' and 'Gid:' lines of four ids)");
+    auto status = read_status(pid, proc_root);
+    if (!status) return R::fail(status.error());
+    if (!parse_ids(*status, "\nUid:", c.uids) || !parse_ids(*status, "\nGid:", c.gids))
+        return R::fail(dir + "/status: malformed (no 'Uid:' and 'Gid:' lines of four ids)");
     // Not /proc/PID itself: the kernel keeps the directory's owner the
     // effective uid whatever the dumpability; its files change owner.
     struct stat st {};

@@ -63,6 +63,26 @@ TracerCreds own_creds(const std::string& proc_root = "/proc");
 // it: "run as root" only when commdbg is not root.
 std::string access_denied_advice(const TracerCreds& c);
 
+// What commdbg reads of /proc/PID/stat.
+struct ProcStat {
+    std::string comm;         // may hold spaces and ')'
+    char state = '?';         // R, S, D, Z, ...
+    int ppid = 0;
+    uint64_t flags = 0;       // the kernel's PF_* flags (field 9)
+    uint64_t start_time = 0;  // clock ticks after boot (field 22); 0 when the line is cut short
+    bool kernel_thread() const { return (flags & 0x00200000) != 0; }  // PF_KTHREAD
+    bool exiting() const { return (flags & 0x4) != 0; }               // PF_EXITING: past the start of do_exit
+};
+
+// Fails with "no such process" or "permission denied" messages a user can
+// act on, or names the file when it is malformed.
+Result<ProcStat> read_stat(int pid, const std::string& proc_root = "/proc");
+
+// The thread group of a task id (a process's pid is its own), from
+// /proc/PID/status's Tgid line; fails as read_stat does, or when there is no
+// such line.
+Result<int> read_tgid(int pid, const std::string& proc_root = "/proc");
+
 struct ProcessInfo {
     int pid = 0;
     int ppid = 0;
@@ -77,22 +97,6 @@ struct ProcessInfo {
 
 // Fails with "no such process" or "permission denied" messages a user can act on.
 Result<ProcessInfo> read_process(int pid, const std::string& proc_root = "/proc");
-
-// What /proc/PID/stat alone says (ProcessInfo's fields of the same names),
-// from one read of it: for a look at every process, where read_process's
-// status and cmdline reads would triple the cost.  Fails as read_process does.
-struct ProcessStat {
-    std::string comm;
-    char state = '?';
-    int ppid = 0;
-    bool kernel_thread = false;
-    uint64_t start_time = 0;
-};
-Result<ProcessStat> read_stat(int pid, const std::string& proc_root = "/proc");
-
-// The thread group of a task id (a process's pid is its own, a thread's its
-// process's, as ProcessInfo::tgid); 0 when there is no such task.
-int tgid_of(int pid, const std::string& proc_root = "/proc");
 
 // Who a process is to the kernel's ptrace rule: its ids and dumpability.
 struct ProcessCreds {

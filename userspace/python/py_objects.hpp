@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The live PyContextResolver: names the frames the kernel captured by reading
-// the target's own objects (code objects, types, instance dicts) with
-// process_vm_readv, per CPython version (3.10-3.13, x86-64, GIL builds).
+// the target's own objects (code objects, types, instance dicts) through
+// RemoteMemory, per CPython version (3.10-3.13, x86-64, GIL builds).
 // Every read is bounded and checked; a pointer that no longer holds what it
 // held (a freed code object, a reused address) resolves to "<unknown>" or to
 // what it holds now, re-validated, never to stale or garbage text.  What is
@@ -23,6 +23,7 @@
 #include "py_code_table.hpp"
 #include "py_context.hpp"
 #include "python_runtime.hpp"
+#include "remote_memory.hpp"
 
 namespace commdbg {
 
@@ -32,22 +33,6 @@ inline constexpr size_t kPyMaxString = 512;
 // Bytes of a module path ("encoder.blocks.1.mixer"); a longer one keeps its
 // innermost names after a leading "…".
 inline constexpr size_t kPyMaxModulePath = 4096;
-
-// The target's memory as the resolver reads it: process_vm_readv on a live
-// process; the fuzz target (tests/fuzz/fuzz_py_objects.cpp) hands it an
-// image in memory.
-class PyMemory {
-public:
-    virtual ~PyMemory() = default;
-    // All `n` bytes at `addr`, or false.
-    virtual bool read(uint64_t addr, void* out, size_t n) = 0;
-    // Two ranges at once (one system call for the live process).
-    virtual bool read2(uint64_t a, void* oa, size_t na, uint64_t b, void* ob, size_t nb) {
-        return read(a, oa, na) && read(b, ob, nb);
-    }
-    // The last failed read failed because the process has no memory any more.
-    virtual bool gone() const { return false; }
-};
 
 // The bytes the caches of all resolvers sharing it hold together (atomic:
 // commdbgd's sessions each run a resolver on their own thread).
@@ -117,8 +102,9 @@ public:
     // pid runs discover_python.  Either way, a failure is kept, not retried.
     // adopt() drops what was cached for pid, as forget() does.
     void adopt(uint32_t pid, const PyDiscovery& d);
-    // The same with the memory it is read from (the fuzz target's image).
-    void adopt(uint32_t pid, const PyDiscovery& d, std::unique_ptr<PyMemory> mem);
+    // The same with the memory it is read from (the fuzz target's image;
+    // otherwise ProcessMemory).
+    void adopt(uint32_t pid, const PyDiscovery& d, std::unique_ptr<RemoteMemory> mem);
     const PyDiscovery& discovery(uint32_t pid);
     // Empty when types and instance attributes can be read; otherwise why
     // not (the frames still get their code objects' names).

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "x86_decode.hpp"
+
 namespace commdbg {
 
 // An offset the version does not have (3.10 has no frame owner, ...).
@@ -106,12 +108,14 @@ struct PyDiscovery {
     bool ok() const { return status == Status::supported; }
 };
 
-// Discovers the CPython of `pid`.  Reads its memory with process_vm_readv
+// Discovers the CPython of `pid`.  Reads its memory with ProcessMemory
 // (root, or the same uid with ptrace access) and its files through
 // <proc_root>/PID/root.  Never throws for anything the target does.
 PyDiscovery discover_python(int pid, const std::string& proc_root = "/proc");
 
-// The bounded decoders, exposed for tests on synthetic bytes.
+// What the bounded x86-64 decoders (x86_decode.hpp) say of CPython's key and
+// glibc's slots, in discovery's words; exposed for tests on synthetic bytes
+// (an error message, or empty).
 struct KeyLoad {
     bool via_got = false;     // the code loads &_PyRuntime from a GOT slot first
     uint64_t got_slot = 0;    // link-time address of that slot (via_got)
@@ -122,9 +126,7 @@ struct KeyLoad {
 // address `vaddr`; an error names the first byte it does not know.
 std::string decode_key_load(const std::vector<uint8_t>& code, uint64_t vaddr, KeyLoad& out);
 
-struct TlsSlots {
-    uint32_t base = 0, stride = 0, data = 0, keys = 0;
-};
+using TlsSlots = arch::TlsSlots;
 // Decodes glibc's pthread_getspecific fast path (keys below a bound, slots
 // in the thread descriptor); an error when it is another shape.
 std::string decode_getspecific(const std::vector<uint8_t>& code, TlsSlots& out);

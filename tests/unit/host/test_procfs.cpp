@@ -205,30 +205,29 @@ TEST_F(FakeProc, KernelThreadIsRecognisedByPfKthreadFlag) {
     EXPECT_FALSE(q->kernel_thread);
 }
 
-// read_stat reads the stat file alone: a process whose status cannot be
-// read still has its comm and start time.
-TEST_F(FakeProc, StatAloneGivesCommStateAndStartTime) {
-    write_file(proc_ + "/301/stat", stat_line(301, "py (worker) 1", 'D', 12, 0x400100));
-    auto s = read_stat(301, proc_);
-    ASSERT_TRUE(s.ok()) << s.error();
-    EXPECT_EQ(s->comm, "py (worker) 1");
-    EXPECT_EQ(s->state, 'D');
-    EXPECT_EQ(s->ppid, 12);
-    EXPECT_EQ(s->start_time, 9u);
-    EXPECT_FALSE(s->kernel_thread);
-    EXPECT_FALSE(read_process(301, proc_).ok()) << "no status file, so read_process cannot say the uid";
-    auto gone = read_stat(999999, proc_);
-    ASSERT_FALSE(gone.ok());
-    EXPECT_NE(gone.error().find("no such process — check the pid"), std::string::npos) << gone.error();
+TEST_F(FakeProc, StatGivesCommStateFlagsAndStartTime) {
+    write_file(proc_ + "/301/stat", stat_line(301, "a) (b", 'S', 12, 0x400104));
+    auto st = read_stat(301, proc_);
+    ASSERT_TRUE(st.ok()) << st.error();
+    EXPECT_EQ(st->comm, "a) (b");
+    EXPECT_EQ(st->state, 'S');
+    EXPECT_EQ(st->ppid, 12);
+    EXPECT_EQ(st->start_time, 9u);
+    EXPECT_TRUE(st->exiting()) << "PF_EXITING is 0x4";
+    EXPECT_FALSE(st->kernel_thread());
+    write_file(proc_ + "/302/stat", "302 (x) S\n");
+    EXPECT_NE(read_stat(302, proc_).error().find("302/stat: malformed"), std::string::npos);
+    EXPECT_NE(read_stat(303, proc_).error().find("no such process"), std::string::npos);
 }
 
-TEST_F(FakeProc, TgidOfAThreadIsItsProcessAndOfNoTaskZero) {
-    write_file(proc_ + "/401/status", "Name:\tpy\nTgid:\t400\nPid:\t401\nUid:\t0\t0\t0\t0\n");
-    write_file(proc_ + "/400/status", "Name:\tpy\nTgid:\t400\nPid:\t400\nUid:\t0\t0\t0\t0\n");
-    EXPECT_EQ(tgid_of(401, proc_), 400);
-    EXPECT_EQ(tgid_of(400, proc_), 400);
-    EXPECT_EQ(tgid_of(999999, proc_), 0);
-    EXPECT_EQ(tgid_of(0, proc_), 0);
+TEST_F(FakeProc, ReadTgidOfAThreadIdIsItsProcessAndAStatusWithoutOneFails) {
+    write_file(proc_ + "/311/status", "Name:\tpy\nTgid:\t310\nPid:\t311\n");
+    auto t = read_tgid(311, proc_);
+    ASSERT_TRUE(t.ok()) << t.error();
+    EXPECT_EQ(*t, 310);
+    write_file(proc_ + "/312/status", "Name:\tpy\nPid:\t312\n");
+    EXPECT_NE(read_tgid(312, proc_).error().find("no 'Tgid:' line"), std::string::npos);
+    EXPECT_NE(read_tgid(313, proc_).error().find("no such process"), std::string::npos);
 }
 
 TEST_F(FakeProc, MissingPidSaysNoSuchProcess) {

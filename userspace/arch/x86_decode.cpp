@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "x86_decode.hpp"
+
+#include <array>
+#include <cstring>
+#include <string>
+
+#include "text.hpp"
+
+namespace commdbg::arch {
+namespace {
+
+struct ModRm {
+    int mod, reg, rm;
+    size_t len;      // modrm + displacement bytes
+    int64_t disp;
+    bool rip;        // [rip + disp32]
+};
+
+bool parse_modrm(const std::vector<uint8_t>& c, size_t at, int rex, ModRm& m) {
+    if (at >= c.size()) return false;
+    uint8_t b = c[at];
+    m.mod = b >> 6;
+    m.reg = ((b >> 3) & 7) | ((rex & 4) ? 8 : 0);
+    m.rm = (b & 7) | ((rex & 1) ? 8 : 0);
+    m.rip = m.mod == 0 && (b & 7) == 5;
+    if (m.mod != 3 && (b & 7) == 4) return false;  // SIB: not a form these functions use
+    size_t dl = m.rip || m.mod == 2 ? 4 : m.mod == 1 ? 1 : 0;
+    if (at + 1 + dl > c.size()) return false;
+    m.disp = 0;
+    if (dl == 1) m.disp = static_cast<int8_t>(c[at + 1]);
+    if (dl == 4) {
+        int32_t d;
+        std::memcpy(&d, &c[at + 1], 4);
+        m.disp = d;
+    }
+    m.len = 1 + dl;
+    return true;
+}
+
+// The address an operand names, from the register file; false when unknown.
+bool memory_operand(const ModRm& m, uint64_t next_ip, const std::array<RegVal, 16>& regs, RegVal& where) {
+    if (m.rip) {
+        where = RegVal{RegVal::pointer, false, 0, next_ip + static_cast<uint64_t>(m.disp)};
+        return true;
+    }
+    const RegVal& base = regs[m.rm];
+    if (m.mod == 3 || base.kind != RegVal::got_value) return false;
+    where = RegVal{RegVal::pointer, true, base.slot, static_cast<uint64_t>(m.disp)};
+    return true;
+}
+
+// One instruction that moves a value: mov/lea forms.  Returns its length, 0 if not one.
+size_t step_move(const std::vector<uint8_t>& c, size_t i, int rex, uint64_t vaddr, std::array<RegVal, 16>& regs) {
+    uint8_t op = c[i];
+    ModRm m{};
+    if ((op != 0x8b && op != 0x8d && op != 0x89) || !parse_modrm(c, i + 1, rex, m)) return 0;
+    size_t len = 1 + m.len;
+    uint64_t next_ip = vaddr + i + len;
+    bool wide = (rex & 8) != 0;
+    if (op == 0x89) {  // mov reg -> r/m: register copies only
+        if (m.mod != 3 || !wide) return 0;
+        regs[m.rm] = regs[m.reg];
+        return len;
+    }
+    RegVal where;
+    if (!memory_operand(m, next_ip, regs, where)) return 0;
+    if (op == 0x8d) {  // lea: the register holds the address itself
+        if (!wide) return 0;
+        regs[m.reg] = where;
+    } else if (wide && !where.via_got && m.rip) {  // mov r64, [rip+d]: a GOT slot's value
+        regs[m.reg] = RegVal{RegVal::got_value, true, where.addr, 0};
+    } else if (!wide) {  // mov r32, [...]: an int, the key itself
+        regs[m.reg] = where;
+        regs[m.reg].kind = RegVal::int_at;
+    } else {
+        return 0;
+    }
+    return len;
+}
+
+// Instructions with no effect on the registers followed: compares, tests,
+// pushes, conditional branches (the fall-through path reads the key).
+size_t step_neutral(const std::vector<uint8_t>& c, size_t i, int rex) {
+    uint8_t op = c[i];
+    ModRm m{};
+    if (op == 0x83 && parse_modrm(c, i + 1, rex, m) && ((c[i + 1] >> 3) & 7) == 7) return 2 + m.len;  // cmp $imm8
+    if (op == 0x85 && parse_modrm(c, i + 1, rex, m) && m.mod == 3) return 1 + m.len;                   // test r,r
+    if ((op >= 0x50 && op <= 0x57) || (op >= 0x58 && op <= 0x5f)) return 1;                          // push/pop
+    if (op >= 0x70 && op <= 0x7f && i + 1 < c.size()) return 2;                                       // jcc rel8
+    if (op == 0x0f && i + 5 < c.size() && c[i + 1] >= 0x80 && c[i + 1] <= 0x8f) return 6;             // jcc rel32
+    return 0;
+}
+
+
+// endbr64 (CET builds) opens a function: not an instruction of its body.
+size_t skip_endbr64(const std::vector<uint8_t>& c) {
+    return c.size() >= 4 && c[0] == 0xf3 && c[1] == 0x0f && c[2] == 0x1e && c[3] == 0xfa ? 4 : 0;
+}
+
+}  // namespace
+
+FirstCall decode_to_first_call(const std::vector<uint8_t>& c, uint64_t vaddr) {
+    std::array<RegVal, 16> regs{};
+    size_t i = skip_endbr64(c);
+    for (int n = 0; n < 16 && i < c.size(); ++n) {
+        int rex = (c[i] & 0xf0) == 0x40 ? c[i] & 0x0f : 0;
+        size_t start = i;
+        if (rex) ++i;
+        if (i >= c.size()) break;
+        if (c[i] == 0xe8 || c[i] == 0xe9) return FirstCall{FirstCall::Stop::call, regs[7], 0, 0};  // call / tail call
+        size_t len = step_move(c, i, rex, vaddr, regs);
+        if (len == 0) len = step_neutral(c, i, rex);
+        if (len == 0) return FirstCall{FirstCall::Stop::unknown_instruction, {}, start, c[start]};
+        i += len;
+    }
+    return FirstCall{};
+}
+
+Result<TlsSlots> getspecific_slots(const std::vector<uint8_t>& c) {
+    using R = Result<TlsSlots>;
+    // glibc 2.34+ (also 2.36 here): cmp $31,%edi; ja slow; mov %edi,%eax;
+    // add $A,%rax; shl $S,%rax; add %fs:0x10,%rax; mov D(%rax),%rdx.
+    static const int16_t shape[] = {0x83, 0xff, -1, 0x77, -1, 0x89, 0xf8, 0x48, 0x83, 0xc0, -1, 0x48,
+                                    0xc1, 0xe0, -1, 0x64, 0x48, 0x03, 0x04, 0x25, 0x10, 0x00, 0x00, 0x00,
+                                    0x48, 0x8b, 0x50, -1};
+    const size_t i = skip_endbr64(c);
+    constexpr size_t n = sizeof shape / sizeof shape[0];
+    if (c.size() < i + n) return R::fail("pthread_getspecific is shorter than glibc's fast path");
+    std::vector<uint8_t> imm;
+    for (size_t k = 0; k < n; ++k) {
+        if (shape[k] < 0) {
+            imm.push_back(c[i + k]);
+        } else if (c[i + k] != shape[k]) {
+            return R::fail("pthread_getspecific is not glibc's fast path (byte 0x" + hex(c[i + k]).substr(2) +
+                           " at +" + std::to_string(i + k) + ")");
+        }
+    }
+    uint32_t shift = imm[3];
+    if (shift > 8 || imm[2] > 0x7f || imm[4] > 0x7f) return R::fail("pthread_getspecific: implausible slot arithmetic");
+    TlsSlots out;
+    out.keys = imm[0] + 1u;
+    out.stride = 1u << shift;
+    out.base = static_cast<uint32_t>(imm[2]) << shift;
+    out.data = imm[4];
+    return out;
+}
+
+}  // namespace commdbg::arch

@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+// Bounded decoders of x86-64 machine code, for the few functions whose code
+// says where a runtime keeps something (python/: CPython's thread-state key,
+// glibc's key slots).  They follow the forms those functions compile to and
+// refuse anything else: a guess would read the wrong memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "result.hpp"
+
+namespace commdbg::arch {
+
+// What a register holds, as far as the decoder follows it.
+struct RegVal {
+    enum Kind { unknown, got_value, pointer, int_at } kind = unknown;
+    bool via_got = false;  // relative to the value of the GOT slot `slot`
+    uint64_t slot = 0;     // GOT slot (via_got)
+    uint64_t addr = 0;     // link-time address, or offset from *slot (via_got)
+};
+
+// Where decoding a function's entry stopped.
+struct FirstCall {
+    enum class Stop { call, unknown_instruction, no_call };
+    Stop stop = Stop::no_call;
+    RegVal rdi;        // the first argument at the call (stop == call)
+    size_t at = 0;     // unknown_instruction: the offset of the instruction not decoded
+    uint8_t byte = 0;  // and the byte there
+};
+
+// Follows at most 16 instructions from a function's entry (at link-time
+// address `vaddr`) to its first call or tail call: moves and leas into
+// registers (rip-relative addresses, GOT loads), stepping over compares,
+// tests, pushes, pops and conditional branches (the fall-through path).
+FirstCall decode_to_first_call(const std::vector<uint8_t>& code, uint64_t vaddr);
+
+// glibc's pthread_getspecific fast path (2.34+): key k < keys has its data
+// at fsbase + base + stride * k + data, in the thread descriptor.
+struct TlsSlots {
+    uint32_t base = 0, stride = 0, data = 0, keys = 0;
+};
+// The slot arithmetic of pthread_getspecific's code; an error when it is
+// another shape (another libc, another compiler).
+Result<TlsSlots> getspecific_slots(const std::vector<uint8_t>& code);
+
+}  // namespace commdbg::arch
