@@ -120,7 +120,8 @@ int attach_via_daemon(const AttachOptions& o, DaemonClient& client) {
     announce_daemon_session(o, *started, id, window);
     bool detached = false;
     for (;;) {
-        auto r = client.receive();
+        // Until detached, a stop signal ends the wait however it fell.
+        auto r = client.receive(detached ? nullptr : &g_stop_signal);
         if (r) {
             auto status = write_daemon_outputs(o, client, *r, window);
             return status ? *status : fail(status.error());

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "daemon_client.hpp"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -40,7 +41,23 @@ DaemonClient::~DaemonClient() {
 
 bool DaemonClient::send(const nlohmann::json& request) { return send_all(fd_, request.dump() + "\n"); }
 
-Result<nlohmann::json> DaemonClient::receive() {
+namespace {
+
+// Until `fd` has bytes to read (true) or *stop is set (false): polled every
+// 100 ms, so a stop that came before the wait began is seen.
+bool wait_readable(int fd, const std::atomic<int>& stop) {
+    for (;;) {
+        if (stop) return false;
+        pollfd p{fd, POLLIN, 0};
+        int n = poll(&p, 1, 100);
+        if (n > 0) return true;
+        if (n < 0 && errno != EINTR) return true;  // let recv say what is wrong
+    }
+}
+
+}  // namespace
+
+Result<nlohmann::json> DaemonClient::receive(const std::atomic<int>* stop) {
     using R = Result<nlohmann::json>;
     auto fail = [this](Failure why, std::string msg) {
         last_failure_ = why;
@@ -61,6 +78,7 @@ Result<nlohmann::json> DaemonClient::receive() {
                 return fail(Failure::Refused, j.value("error", std::string("commdbgd refused the request")));
             return R(std::move(j));
         }
+        if (stop && !wait_readable(fd_, *stop)) return fail(Failure::Interrupted, "interrupted");
         char tmp[65536];
         ssize_t n = recv(fd_, tmp, sizeof(tmp), 0);
         // The message stays "interrupted" for callers that still read the words.

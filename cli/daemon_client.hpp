@@ -2,6 +2,7 @@
 // The CLI's side of the control socket.
 #pragma once
 
+#include <atomic>
 #include <optional>
 #include <string>
 
@@ -36,8 +37,10 @@ public:
 
     bool send(const nlohmann::json& request);
     // Next response line; fails on a closed connection, an {"ok":false}
-    // reply or a signal (EINTR): last_failure() says which.
-    Result<nlohmann::json> receive();
+    // reply or a signal (EINTR): last_failure() says which.  With `stop`, it
+    // also fails as Interrupted once *stop is set, however the signal that
+    // set it fell (a signal caught just before the wait interrupts nothing).
+    Result<nlohmann::json> receive(const std::atomic<int>* stop = nullptr);
     Failure last_failure() const { return last_failure_; }
     bool interrupted() const { return last_failure_ == Failure::Interrupted; }
     Result<nlohmann::json> call(const nlohmann::json& request);
