@@ -60,7 +60,7 @@ void resume_stopped(const pid_t* pids, size_t n, int map_fd) {
     }
 }
 
-// Until the process that forked the guard is gone, resuming every 10 ms what
+// Until the process that forked the guard is gone (reaped), resuming every 10 ms what
 // its BPF programs stop meanwhile.  The guard is reparented only once that
 // process has closed all its files, BPF links included, and closing them
 // takes as long as it takes (~50 ms a uprobe link: hundreds of probed files
@@ -68,7 +68,10 @@ void resume_stopped(const pid_t* pids, size_t n, int map_fd) {
 // bounded only generously (5 minutes) and nobody stays stopped during it.
 void resume_until_parent_gone(pid_t parent, const pid_t* pids, size_t n, int map_fd) {
     const timespec step = {0, 10 * 1000 * 1000};
-    for (int i = 0; i < 30000 && getppid() == parent; ++i) {
+    // Reparented is not gone: when the thread that forked the guard exits,
+    // the guard goes to init while another thread may still be closing the
+    // links.  Gone is reaped, which waits for every thread.
+    for (int i = 0; i < 30000 && (getppid() == parent || kill(parent, 0) == 0 || errno != ESRCH); ++i) {
         nanosleep(&step, nullptr);
         resume_stopped(pids, n, map_fd);
     }
