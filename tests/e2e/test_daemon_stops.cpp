@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "daemon_util.hpp"
@@ -63,7 +64,14 @@ bool map_all(const std::vector<std::string>& argv) {
 // (its state when it did not).
 std::string finishes(Background& mapper, int timeout_s) {
     if (!mapper.wait_for_line("done", timeout_s).empty()) return {};
-    return std::string("never finished mapping: state ") + proc_state(mapper.pid());
+    // What the next one needs to find who stopped it: its signal state and
+    // which commdbgd (or guard) is still about.
+    std::string status, line;
+    std::ifstream in("/proc/" + std::to_string(mapper.pid()) + "/status");
+    while (std::getline(in, line))
+        if (line.rfind("Sig", 0) == 0 || line.rfind("ShdPnd", 0) == 0) status += " " + line;
+    auto ps = run({"sh", "-c", "ps -eo pid,ppid,stat,etime,comm | grep -E 'commdbgd|lib_mapper' || true"});
+    return std::string("never finished mapping: state ") + proc_state(mapper.pid()) + ";" + status + "\n" + ps.out;
 }
 
 // The reproduction: uid 65534 maps hundreds of files new to the node
