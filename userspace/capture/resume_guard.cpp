@@ -77,6 +77,33 @@ void resume_until_parent_gone(pid_t parent, const pid_t* pids, size_t n, int map
     }
 }
 
+// Resumes and forgets every pid in stopped_pids; how many there were.
+// Async-signal-safe.
+int resume_and_forget(int map_fd) {
+    uint32_t key = 0;
+    int n = 0;
+    while (map_fd >= 0 && n < 1 << 16 && bpf_map_get_next_key(map_fd, nullptr, &key) == 0) {
+        kill(static_cast<pid_t>(key), SIGCONT);
+        bpf_map_delete_elem(map_fd, &key);
+        ++n;
+    }
+    return n;
+}
+
+// Reaped is not unlinked either: an exiting process's files are released
+// by a kernel worker after it is gone, ~50 ms a uprobe link, so a daemon
+// with hundreds of probed files keeps stopping processes for seconds after.
+// Every stop it makes lands in stopped_pids: sweep until nothing was
+// stopped for 3 s (5 minutes at most).
+void resume_until_quiet(const pid_t* pids, size_t n, int map_fd) {
+    const timespec step = {0, 10 * 1000 * 1000};
+    for (int i = 0, quiet = 0; i < 30000 && quiet < 300; ++i) {
+        resume_stopped(pids, n, -1);
+        quiet = resume_and_forget(map_fd) > 0 ? 0 : quiet + 1;
+        nanosleep(&step, nullptr);
+    }
+}
+
 // Runs in a child forked from a possibly multi-threaded process: only
 // async-signal-safe calls here (no malloc, no stdio).
 [[noreturn]] void guard_main(int rfd, int map_fd, pid_t parent) {
@@ -114,13 +141,7 @@ void resume_until_parent_gone(pid_t parent, const pid_t* pids, size_t n, int map
     // twice) and be stopped by it once more.  Once commdbg is gone nothing
     // can stop it: resume what is stopped again.
     resume_until_parent_gone(parent, pids, n, map_fd);
-    // And for a second more: a program already running when its link went
-    // away may still stop someone.
-    const timespec step = {0, 10 * 1000 * 1000};
-    for (int i = 0; i < 100; ++i) {
-        resume_stopped(pids, n, map_fd);
-        nanosleep(&step, nullptr);
-    }
+    resume_until_quiet(pids, n, map_fd);
     _exit(0);
 }
 
