@@ -60,12 +60,10 @@ void resume_stopped(const pid_t* pids, size_t n, int map_fd) {
     }
 }
 
-// Until the process that forked the guard is gone (reaped), resuming every 10 ms what
-// its BPF programs stop meanwhile.  The guard is reparented only once that
-// process has closed all its files, BPF links included, and closing them
-// takes as long as it takes (~50 ms a uprobe link: hundreds of probed files
-// keep a killed daemon's links alive for many seconds), so the wait is
-// bounded only generously (5 minutes) and nobody stays stopped during it.
+// Until the process that forked the guard is reaped, resuming every 10 ms
+// what its BPF programs stop meanwhile: closing its links takes as long as
+// it takes (~50 ms a uprobe link), so the wait is bounded only generously
+// (5 minutes) and nobody stays stopped during it.
 void resume_until_parent_gone(pid_t parent, const pid_t* pids, size_t n, int map_fd) {
     const timespec step = {0, 10 * 1000 * 1000};
     // Reparented is not gone: when the thread that forked the guard exits,
@@ -77,19 +75,6 @@ void resume_until_parent_gone(pid_t parent, const pid_t* pids, size_t n, int map
     }
 }
 
-// Resumes and forgets every pid in stopped_pids; how many there were.
-// Async-signal-safe.
-int resume_and_forget(int map_fd) {
-    uint32_t key = 0;
-    int n = 0;
-    while (map_fd >= 0 && n < 1 << 16 && bpf_map_get_next_key(map_fd, nullptr, &key) == 0) {
-        kill(static_cast<pid_t>(key), SIGCONT);
-        bpf_map_delete_elem(map_fd, &key);
-        ++n;
-    }
-    return n;
-}
-
 // Reaped is not unlinked either: an exiting process's files are released
 // by a kernel worker after it is gone, ~50 ms a uprobe link, so a daemon
 // with hundreds of probed files keeps stopping processes for seconds after.
@@ -99,7 +84,7 @@ void resume_until_quiet(const pid_t* pids, size_t n, int map_fd) {
     const timespec step = {0, 10 * 1000 * 1000};
     for (int i = 0, quiet = 0; i < 30000 && quiet < 300; ++i) {
         resume_stopped(pids, n, -1);
-        quiet = resume_and_forget(map_fd) > 0 ? 0 : quiet + 1;
+        quiet = map_fd >= 0 && resume_and_clear_map(map_fd) > 0 ? 0 : quiet + 1;
         nanosleep(&step, nullptr);
     }
 }
@@ -138,8 +123,8 @@ void resume_until_quiet(const pid_t* pids, size_t n, int map_fd) {
     if (map_fd >= 0) resume_all_in_map(map_fd);
     // The pipe closes as commdbg starts to exit, before its BPF links do: a
     // process resumed now may reach the loader probe again (dlopen calls it
-    // twice) and be stopped by it once more.  Once commdbg is gone nothing
-    // can stop it: resume what is stopped again.
+    // twice) and be stopped by it once more: resume what is stopped again
+    // until commdbg is gone and its links have stopped stopping anyone.
     resume_until_parent_gone(parent, pids, n, map_fd);
     resume_until_quiet(pids, n, map_fd);
     _exit(0);
@@ -167,14 +152,16 @@ void resume_all_in_map(int stopped_map_fd) {
     }
 }
 
-void resume_and_clear_map(int stopped_map_fd) {
+int resume_and_clear_map(int stopped_map_fd) {
     // A hash map's first key again after each delete; bounded however the
     // map changes meanwhile.
     uint32_t key = 0;
-    for (int i = 0; i < 1 << 16 && bpf_map_get_next_key(stopped_map_fd, nullptr, &key) == 0; ++i) {
+    int i = 0;
+    for (; i < 1 << 16 && bpf_map_get_next_key(stopped_map_fd, nullptr, &key) == 0; ++i) {
         kill(static_cast<pid_t>(key), SIGCONT);
         bpf_map_delete_elem(stopped_map_fd, &key);
     }
+    return i;
 }
 
 bool ResumeGuard::start() { return start_impl(-1); }

@@ -15,8 +15,8 @@ namespace commdbg {
 // Async-signal-safe: the guard calls it in a forked child.
 void resume_all_in_map(int stopped_map_fd);
 // The same, taking each tgid out of the map once resumed (commdbgd's own
-// shutdown, while nothing adds to it any more).
-void resume_and_clear_map(int stopped_map_fd);
+// shutdown, and the guard's sweeps after it is gone); async-signal-safe.
+int resume_and_clear_map(int stopped_map_fd);  // how many were resumed
 
 class ResumeGuard {
 public:
