@@ -225,8 +225,9 @@ void NodeCounter::on_loader_change(const DlChange& dl) {
         const DlChange& dl;
         ~Resume() {
             if (!dl.stopped) return;
-            kill(static_cast<pid_t>(dl.tgid), SIGCONT);
+            // Out of stopped_pids first (resume_and_clear_map says why).
             n.bpf_->resumed(dl.tgid);
+            kill(static_cast<pid_t>(dl.tgid), SIGCONT);
             ++n.resumed_;
         }
     } resume{*this, dl};

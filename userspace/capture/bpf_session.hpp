@@ -121,7 +121,8 @@ public:
     size_t known_files() const { return known_files_.size(); }
     size_t known_files_capacity() const;
     bool known_files_full() const { return known_files_full_; }
-    // count_all mode: a process stopped at a new library mapping was resumed.
+    // count_all mode: a process stopped at a new library mapping is about to
+    // be resumed: out of stopped_pids before its SIGCONT, never after.
     void resumed(uint32_t tgid);
     int stopped_pids_fd() const;
     // count_all mode: new library files of `uid` (never root's) are not

@@ -154,12 +154,15 @@ void resume_all_in_map(int stopped_map_fd) {
 
 int resume_and_clear_map(int stopped_map_fd) {
     // A hash map's first key again after each delete; bounded however the
-    // map changes meanwhile.
+    // map changes meanwhile.  Out of the map before the SIGCONT: once
+    // resumed, the process may be stopped again at once (its next new file)
+    // and put back; a delete after the SIGCONT would erase that later stop,
+    // and nobody would resume it.
     uint32_t key = 0;
     int i = 0;
     for (; i < 1 << 16 && bpf_map_get_next_key(stopped_map_fd, nullptr, &key) == 0; ++i) {
-        kill(static_cast<pid_t>(key), SIGCONT);
         bpf_map_delete_elem(stopped_map_fd, &key);
+        kill(static_cast<pid_t>(key), SIGCONT);
     }
     return i;
 }
