@@ -26,9 +26,10 @@ namespace {
 
 using namespace daemon_util;
 
-std::vector<std::string> job(const std::string& mode) {
-    return {kRunScript, "--bind", kTestprogs + ":" + kInRoot, trixie_root(), "python3",
-            kInRoot + "/fsdp2_workload.py", mode};
+std::vector<std::string> job(const std::string& mode, std::vector<std::string> extra = {}) {
+    return concat({kRunScript, "--bind", kTestprogs + ":" + kInRoot, trixie_root(), "python3",
+                   kInRoot + "/fsdp2_workload.py", mode},
+                  extra);
 }
 
 using Findings = std::map<std::pair<std::string, std::string>, long>;  // (check, unit) -> count
@@ -139,15 +140,16 @@ TEST(DaemonFsdp, MetricsCountWhatCommdbgCheckFindsForEachMode) {
     EXPECT_EQ(cli({"status", "--socket", d.socket()}).status, 0);
 }
 
-// A window ends every second: the records of each window are dropped (the
-// ranks are traced over several windows), optimizer steps are still counted
-// exactly once, and the steps cut by a window's end give no finding.
+// A window ends every second and each rank pauses 1.5 s inside every step:
+// a window's end cuts each of the 3 steps, so each rank is traced over 3
+// windows at least; the records of each window are dropped, optimizer steps
+// are still counted exactly once, and the cut steps give no finding.
 TEST(DaemonFsdp, ShortWindowsDropRecordsAndCutStepsGiveNoFalseFinding) {
     REQUIRE_BPF();
     REQUIRE_TRIXIE_ROOT(trixie_root());
     SharedDir tmp;
     START_DAEMON(d, tmp, {"--fsdp-checks", "--fsdp-window", "1"});
-    auto r = run(job("clean"), kRootJobEnv, 300);
+    auto r = run(job("clean", {"--pause", "1.5"}), kRootJobEnv, 300);
     ASSERT_EQ(r.status, 0) << r.err.substr(0, 4000);
     const auto pids = rank_pids(r.out);
     ASSERT_EQ(pids.size(), 2u) << r.out.substr(0, 2000);
@@ -155,7 +157,7 @@ TEST(DaemonFsdp, ShortWindowsDropRecordsAndCutStepsGiveNoFalseFinding) {
     for (int pid : pids) {
         SCOPED_TRACE("pid " + std::to_string(pid));
         EXPECT_EQ(pid_value(samples, "commdbg_fsdp_steps_total", pid), 3);
-        EXPECT_GE(pid_value(samples, "commdbg_fsdp_windows_total", pid), 3) << "a rank lives for seconds";
+        EXPECT_GE(pid_value(samples, "commdbg_fsdp_windows_total", pid), 3) << "each step spans a window's end";
         EXPECT_EQ(daemon_findings(samples, pid), Findings{});
     }
     long released = -1;

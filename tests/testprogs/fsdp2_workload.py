@@ -54,6 +54,8 @@ account), "micro_steps" the order in which units ran forward (module forward
 pre-hooks) and backward (the first gradient of a unit's outputs).
 --seconds-before S: each rank sleeps S seconds before init_process_group;
 --wait-file PATH: each rank waits for PATH before its first step.
+--pause S: each rank sleeps S seconds after every micro-step but a step's
+last, so that a time window shorter than S ends inside every step.
 FSDP2_WORKLOAD_PROFILE=1 runs the steps under torch.profiler (CPU) and prints
 each rank's FSDP:: and Optimizer. labels, in order, as a JSON line on stderr.
 """
@@ -337,7 +339,7 @@ class DivergentRank:
             self.armed = False
 
 
-def train(mode, model, trace, rank, dist):
+def train(mode, model, trace, rank, dist, pause=0.0):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     divergent = DivergentRank(model, trace, dist) if mode == "rank_divergence" and rank == 1 else None
     gen = torch.Generator().manual_seed(1000 + rank)
@@ -352,6 +354,8 @@ def train(mode, model, trace, rank, dist):
                 divergent.route(g, m)
             trace.begin(g, m)
             model(inputs[g][m]).sum().backward()
+            if pause and m < MICRO_STEPS - 1:
+                time.sleep(pause)
         if mode == "pending_all_gather":
             model.layers[3].unshard(async_op=True)  # the handle is dropped: never waited for
         opt.step()
@@ -363,7 +367,7 @@ def profiled_labels(prof):
     return [e.name for e in events if e.name.startswith(("FSDP::", "Optimizer."))]
 
 
-def rank_main(rank, mode, port, seconds_before, wait_file):
+def rank_main(rank, mode, port, seconds_before, wait_file, pause):
     import torch.distributed as dist
 
     if seconds_before:
@@ -382,11 +386,11 @@ def rank_main(rank, mode, port, seconds_before, wait_file):
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            train(mode, model, trace, rank, dist)
+            train(mode, model, trace, rank, dist, pause)
         labels = profiled_labels(prof)
         emit({"rank": rank, "labels": sorted(set(labels)), "sequence": labels}, sys.stderr)
     else:
-        train(mode, model, trace, rank, dist)
+        train(mode, model, trace, rank, dist, pause)
     emit({"rank": rank, "pid": os.getpid(), "issued": account.issued, "micro_steps": trace.micro_steps})
     dist.destroy_process_group()
     # Debian's torch 2.6 aborts in about one run of six while the interpreter
@@ -400,6 +404,7 @@ def main():
     parser.add_argument("mode", choices=MODES)
     parser.add_argument("--seconds-before", type=float, default=0.0)
     parser.add_argument("--wait-file", default="")
+    parser.add_argument("--pause", type=float, default=0.0)
     args = parser.parse_args()
     port = free_port()
     emit({"mode": args.mode, "pid": os.getpid(), "world": WORLD, "steps": STEPS, "micro_steps": MICRO_STEPS,
@@ -407,7 +412,7 @@ def main():
           "units": unit_names(args.mode), "expect": expectations(args.mode)})
     import torch.multiprocessing as mp
 
-    mp.spawn(rank_main, args=(args.mode, port, args.seconds_before, args.wait_file), nprocs=WORLD, join=True)
+    mp.spawn(rank_main, args=(args.mode, port, args.seconds_before, args.wait_file, args.pause), nprocs=WORLD, join=True)
     return 0
 
 
