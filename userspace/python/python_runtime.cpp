@@ -21,31 +21,26 @@
 
 namespace commdbg {
 
-std::string decode_key_load(const std::vector<uint8_t>& c, uint64_t vaddr, KeyLoad& out) {
+Result<KeyLoad> decode_key_load(const std::vector<uint8_t>& c, uint64_t vaddr) {
+    using R = Result<KeyLoad>;
     const arch::FirstCall call = arch::decode_to_first_call(c, vaddr);
     if (call.stop == arch::FirstCall::Stop::unknown_instruction) {
         char buf[96];
         std::snprintf(buf, sizeof buf, "an instruction it does not decode (byte 0x%02x at +%zu)", call.byte, call.at);
-        return std::string("PyGILState_GetThisThreadState has ") + buf;
+        return R::fail(std::string("PyGILState_GetThisThreadState has ") + buf);
     }
     if (call.stop == arch::FirstCall::Stop::no_call)
-        return "PyGILState_GetThisThreadState: no call taking the key within the decoded bytes";
+        return R::fail("PyGILState_GetThisThreadState: no call taking the key within the decoded bytes");
     // The call (or tail call) takes the key, or the Py_tss_t holding it, in rdi.
     const arch::RegVal& rdi = call.rdi;
     if (rdi.kind != arch::RegVal::pointer && rdi.kind != arch::RegVal::int_at)
-        return "PyGILState_GetThisThreadState: the first call's argument is not a load relative to a symbol";
+        return R::fail("PyGILState_GetThisThreadState: the first call's argument is not a load relative to a symbol");
+    KeyLoad out;
     out.via_got = rdi.via_got;
     out.got_slot = rdi.slot;
     out.target = rdi.addr;
     out.is_tss_pointer = rdi.kind == arch::RegVal::pointer;
-    return {};
-}
-
-std::string decode_getspecific(const std::vector<uint8_t>& code, TlsSlots& out) {
-    auto slots = arch::getspecific_slots(code);
-    if (!slots) return slots.error();
-    out = *slots;
-    return {};
+    return out;
 }
 
 namespace {
@@ -192,8 +187,8 @@ Result<KeyLoad> key_load_of(const Found& f) {
     if (fn == nullptr) return R::fail(f.file.path + " has no PyGILState_GetThisThreadState: not a CPython this tool knows");
     auto code = read_function_code(f.file.open_path, *fn, 64);
     if (!code) return R::fail(code.error());
-    KeyLoad k;
-    if (std::string e = decode_key_load(*code, fn->vaddr, k); !e.empty()) return R::fail(e + " — this build is not supported");
+    auto k = decode_key_load(*code, fn->vaddr);
+    if (!k) return R::fail(k.error() + " — this build is not supported");
     return k;
 }
 

@@ -124,11 +124,8 @@ struct KeyLoad {
 };
 // Decodes the instructions of PyGILState_GetThisThreadState at link-time
 // address `vaddr`; an error names the first byte it does not know.
-std::string decode_key_load(const std::vector<uint8_t>& code, uint64_t vaddr, KeyLoad& out);
+Result<KeyLoad> decode_key_load(const std::vector<uint8_t>& code, uint64_t vaddr);
 
 using TlsSlots = arch::TlsSlots;
-// Decodes glibc's pthread_getspecific fast path (keys below a bound, slots
-// in the thread descriptor); an error when it is another shape.
-std::string decode_getspecific(const std::vector<uint8_t>& code, TlsSlots& out);
 
 }  // namespace commdbg

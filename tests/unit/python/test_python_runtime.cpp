@@ -244,46 +244,50 @@ TEST(PythonKeyDecoder, DebianDirectLoadOfTheKeyRelativeToRip) {
     // cmpq $0,0x563d50(%rip); je ...; mov 0x563d50(%rip),%edi; jmp pthread_getspecific@plt
     std::vector<uint8_t> c = {0x48, 0x83, 0x3d, 0x50, 0x3d, 0x56, 0x00, 0x00, 0x0f, 0x84, 0x1f, 0xc8,
                               0xf2, 0xff, 0x8b, 0x3d, 0x50, 0x3d, 0x56, 0x00, 0xe9, 0xa7, 0x8a, 0xf2, 0xff};
-    KeyLoad k;
-    ASSERT_EQ(decode_key_load(c, 0x4f7c30, k), "");
-    EXPECT_FALSE(k.via_got);
-    EXPECT_FALSE(k.is_tss_pointer);
-    EXPECT_EQ(k.target, 0xa5b740u + 596);  // _PyRuntime + 596
+    auto k = decode_key_load(c, 0x4f7c30);
+    ASSERT_TRUE(k) << k.error();
+    EXPECT_FALSE(k->via_got);
+    EXPECT_FALSE(k->is_tss_pointer);
+    EXPECT_EQ(k->target, 0xa5b740u + 596);  // _PyRuntime + 596
 }
 
 TEST(PythonKeyDecoder, SharedLibraryGotLoadThenLeaOfThePyTss) {
     // 3.12.1: mov GOT(%rip),%rax; push %rbx; lea 0x608(%rax),%rbx; mov %rbx,%rdi; call PyThread_tss_is_created
     std::vector<uint8_t> c = {0x48, 0x8b, 0x05, 0xc9, 0xc0, 0x26, 0x00, 0x53, 0x48, 0x8d, 0x98, 0x08,
                               0x06, 0x00, 0x00, 0x48, 0x89, 0xdf, 0xe8, 0xd9, 0x21, 0xe3, 0xff};
-    KeyLoad k;
-    ASSERT_EQ(decode_key_load(c, 0x2d7c30, k), "");
-    EXPECT_TRUE(k.via_got);
-    EXPECT_TRUE(k.is_tss_pointer);
-    EXPECT_EQ(k.got_slot, 0x543d00u);
-    EXPECT_EQ(k.target, 0x608u);
+    auto k = decode_key_load(c, 0x2d7c30);
+    ASSERT_TRUE(k) << k.error();
+    EXPECT_TRUE(k->via_got);
+    EXPECT_TRUE(k->is_tss_pointer);
+    EXPECT_EQ(k->got_slot, 0x543d00u);
+    EXPECT_EQ(k->target, 0x608u);
 }
 
 TEST(PythonKeyDecoder, RefusesAnUnknownInstructionWithItsByte) {
     // 3.13t-style or another compiler: a SIB-addressed load is not a form we follow.
     std::vector<uint8_t> c = {0x48, 0x8b, 0x04, 0x25, 0x10, 0x00, 0x00, 0x00, 0xe9, 0, 0, 0, 0};
-    KeyLoad k;
-    std::string err = decode_key_load(c, 0x1000, k);
-    EXPECT_NE(err.find("does not decode (byte 0x48 at +0)"), std::string::npos) << err;
+    auto k = decode_key_load(c, 0x1000);
+    ASSERT_FALSE(k);
+    EXPECT_NE(k.error().find("does not decode (byte 0x48 at +0)"), std::string::npos) << k.error();
     std::vector<uint8_t> no_call = {0x90};
-    EXPECT_NE(decode_key_load(no_call, 0x1000, k), "");
+    auto none = decode_key_load(no_call, 0x1000);
+    ASSERT_FALSE(none);
+    EXPECT_NE(none.error(), "");
 }
 
 TEST(PythonTlsDecoder, Glibc236GetspecificGivesSlotArithmetic) {
     std::vector<uint8_t> c = {0x83, 0xff, 0x1f, 0x77, 0x3b, 0x89, 0xf8, 0x48, 0x83, 0xc0, 0x31, 0x48, 0xc1, 0xe0,
                               0x04, 0x64, 0x48, 0x03, 0x04, 0x25, 0x10, 0x00, 0x00, 0x00, 0x48, 0x8b, 0x50, 0x08};
-    TlsSlots t;
-    ASSERT_EQ(decode_getspecific(c, t), "");
-    EXPECT_EQ(t.base, 0x310u);
-    EXPECT_EQ(t.stride, 16u);
-    EXPECT_EQ(t.data, 8u);
-    EXPECT_EQ(t.keys, 32u);
+    auto t = arch::getspecific_slots(c);
+    ASSERT_TRUE(t) << t.error();
+    EXPECT_EQ(t->base, 0x310u);
+    EXPECT_EQ(t->stride, 16u);
+    EXPECT_EQ(t->data, 8u);
+    EXPECT_EQ(t->keys, 32u);
     c[5] = 0x90;  // another shape: refused, not guessed
-    EXPECT_NE(decode_getspecific(c, t).find("not glibc's fast path"), std::string::npos);
+    auto other = arch::getspecific_slots(c);
+    ASSERT_FALSE(other);
+    EXPECT_NE(other.error().find("not glibc's fast path"), std::string::npos);
 }
 
 }  // namespace
