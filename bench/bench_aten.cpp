@@ -21,7 +21,7 @@ using namespace commdbg;
 namespace {
 
 // One round of n ops; drains the ring buffer while python runs, as a real session does.
-double round_seconds(bench::TorchLoop& py, long n, TraceSession* s) {
+double round_seconds(bench::TorchLoop& py, long n, session::TraceSession* s) {
     py.go(n);
     pollfd pf{py.result_fd(), POLLIN, 0};
     while (poll(&pf, 1, 0) == 0)
@@ -56,10 +56,10 @@ int main(int argc, char** argv) {
     std::printf("ops per measurement: %ld torch.add on 8 floats (python %s, pid %d)\n", n, exe, py.pid());
     std::printf("%-34s %10.0f ops/s  ratio 1.00\n", "unprobed", n / base);
     for (bool records : {false, true}) {
-        SessionOptions so;
+        session::SessionOptions so;
         so.probes = {"torch-aten"};
         so.records = records;
-        auto s = TraceSession::create(so);
+        auto s = session::TraceSession::create(so);
         if (!s) {
             std::fprintf(stderr, "bench_aten: %s\n", s.error().c_str());
             return 1;

@@ -46,7 +46,7 @@ cd_header header(uint16_t kind, size_t size, uint32_t tid, uint64_t ts) {
 
 // Per iteration: an op frame, a nested op frame, an NCCL collective (enter +
 // exit) inside it: 4 events, 3 records.  Two threads alternate in blocks.
-Stream make_stream(const SymbolTable& t, uint32_t op1, uint32_t op2, uint32_t nccl, size_t iters) {
+Stream make_stream(const capture::SymbolTable& t, uint32_t op1, uint32_t op2, uint32_t nccl, size_t iters) {
     Stream s;
     uint64_t ts = 1'000'000;
     for (size_t i = 0; i < iters; ++i) {
@@ -87,15 +87,15 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 int main() {
-    SymbolTable t;
-    SymbolInfo op;
+    capture::SymbolTable t;
+    capture::SymbolInfo op;
     op.layer = "aten";
     op.role = CD_ROLE_OP;
     op.name = "aten::linear";
     uint32_t op1 = t.intern(op);
     op.name = "aten::addmm";
     uint32_t op2 = t.intern(op);
-    SymbolInfo nc;
+    capture::SymbolInfo nc;
     nc.name = "ncclAllReduce";
     nc.layer = "nccl";
     nc.role = CD_ROLE_COLLECTIVE;
@@ -118,19 +118,19 @@ int main() {
     auto t0 = std::chrono::steady_clock::now();
     for (int r = 0; r < rounds; ++r)
         for (size_t i = 0; i < n; ++i) {
-            auto d = decode(s.at(i));
+            auto d = capture::decode(s.at(i));
             sink += d.event ? d.event->index() : 1;
         }
     double base_s = seconds_since(t0);
 
     // decode + model, resetting the window whenever a process's budget fills
     // (so every event takes the retaining path, the expensive one).
-    TraceModel m(t);
+    model::TraceModel m(t);
     t0 = std::chrono::steady_clock::now();
     size_t resets = 0;
     for (int r = 0; r < rounds; ++r)
         for (size_t i = 0; i < n; ++i) {
-            auto d = decode(s.at(i));
+            auto d = capture::decode(s.at(i));
             if (!d.event) continue;
             m.on_event(*d.event);
             if (i % 4096 == 0 && m.process(1000)->records().size() + 4096 > m.limits().max_records) {
@@ -141,25 +141,25 @@ int main() {
     double model_s = seconds_since(t0);
 
     // Over budget: every record dropped, stack still maintained.
-    TraceModel full(t, ModelLimits{.max_records = 0, .max_depth = 128});
+    model::TraceModel full(t, model::ModelLimits{.max_records = 0, .max_depth = 128});
     t0 = std::chrono::steady_clock::now();
     for (int r = 0; r < rounds / 4; ++r)
         for (size_t i = 0; i < n; ++i) {
-            auto d = decode(s.at(i));
+            auto d = capture::decode(s.at(i));
             if (d.event) full.on_event(*d.event);
         }
     double full_s = seconds_since(t0);
 
     // Bytes per retained record at a full default budget.
     struct mallinfo2 before = mallinfo2();
-    TraceModel mem(t);
+    model::TraceModel mem(t);
     size_t i = 0;
     while (!mem.process(1000) || mem.process(1000)->records().size() < mem.limits().max_records) {
-        auto d = decode(s.at(i++ % n));
+        auto d = capture::decode(s.at(i++ % n));
         mem.on_event(*d.event);
     }
     struct mallinfo2 after = mallinfo2();
-    const ProcessTree* p = mem.process(1000);
+    const model::ProcessTree* p = mem.process(1000);
     double per_rec = static_cast<double>(p->memory_bytes()) / static_cast<double>(p->records().size());
     // In-use heap plus mmapped chunks (large vectors are mmapped).
     auto in_use = [](const struct mallinfo2& mi) { return mi.uordblks + mi.hblkhd; };
@@ -169,10 +169,10 @@ int main() {
     // Rendering the full-budget window: the outputs as text, written a record
     // at a time, against building the json value and dumping it (the
     // baseline, in this run).  Heap held at the end of each, per record.
-    ProcessSnapshot rep;
+    snapshot::ProcessSnapshot rep;
     rep.pid = 1000;
     rep.tree = p;
-    const std::vector<ProcessSnapshot> reps{rep};
+    const std::vector<snapshot::ProcessSnapshot> reps{rep};
     const double recs = static_cast<double>(p->records().size());
     auto held_per_record = [&](const struct mallinfo2& b) {
         return static_cast<double>(in_use(mallinfo2()) - in_use(b)) / recs;
@@ -191,15 +191,15 @@ int main() {
         return r;
     };
     Render json_value = measure([&] {
-        auto j = to_json(reps, t, 1);
+        auto j = output::to_json(reps, t, 1);
         return std::make_pair(j.dump(2), std::move(j));  // both alive at once, as before
     });
-    Render json_text = measure([&] { return to_json_text(reps, t, 1); });
+    Render json_text = measure([&] { return output::to_json_text(reps, t, 1); });
     Render trace_value = measure([&] {
-        auto j = chrome_trace(reps, t);
+        auto j = output::chrome_trace(reps, t);
         return std::make_pair(j.dump(), std::move(j));
     });
-    Render trace_text = measure([&] { return chrome_trace_text(reps, t); });
+    Render trace_text = measure([&] { return output::chrome_trace_text(reps, t); });
 
     std::printf("events: %zu (4 per iteration: op > op > nccl enter+exit), rounds %d, resets %zu\n",
                 n, rounds, resets);
@@ -208,7 +208,7 @@ int main() {
                 total / model_s / 1e6, model_s / base_s);
     std::printf("decode + model (dropped): %8.2f M events/s  (%.2fx baseline time)\n",
                 total / 4 / full_s / 1e6, full_s / (base_s / 4));
-    std::printf("retained records: %zu, sizeof(Record) %zu\n", p->records().size(), sizeof(Record));
+    std::printf("retained records: %zu, sizeof(Record) %zu\n", p->records().size(), sizeof(model::Record));
     std::printf("bytes per retained record: %.1f (model accounting), %.1f (malloc delta); target <= 150\n",
                 per_rec, per_rec_heap);
     std::printf("render %zu records, --json: text %.0f ns and %.0f B held per record (%zu B of output); "

@@ -41,14 +41,14 @@ double best_of(AllReduceFn fn, long n) {
 }
 
 double traced(AllReduceFn fn, long n, uint32_t flags) {
-    auto bpf = BpfSession::open(BpfOptions{});
+    auto bpf = capture::BpfSession::open(capture::BpfOptions{});
     if (!bpf) {
         std::fprintf(stderr, "%s\n", bpf.error().c_str());
         return -1;
     }
-    SymbolTable syms;
+    capture::SymbolTable syms;
     std::vector<std::string> errs;
-    ProbeAttacher attacher(**bpf, syms, select_specs({"nccl"}, errs));
+    capture::ProbeAttacher attacher(**bpf, syms, capture::select_specs({"nccl"}, errs));
     if (auto r = (*bpf)->trace_process(static_cast<uint32_t>(getpid()), flags); !r) {
         std::fprintf(stderr, "%s\n", r.error().c_str());
         return -1;
@@ -86,7 +86,7 @@ void print_load_times() {
             empty_bpf__destroy(skel);
         }
         t0 = std::chrono::steady_clock::now();
-        if (auto bpf = BpfSession::open(BpfOptions{})) {
+        if (auto bpf = capture::BpfSession::open(capture::BpfOptions{})) {
             full = std::min(full, ms_since(t0));
             insns = (*bpf)->verified_insns();
         }
@@ -115,8 +115,8 @@ int main(int argc, char** argv) {
     // Baseline 2: the same uprobe running a BPF program that does nothing.
     double empty = -1;
     if (auto* skel = empty_bpf__open_and_load()) {
-        auto elf = ElfSymbols::open(STUB_NCCL);
-        const ElfSymbol* s = elf ? elf->find("ncclAllReduce") : nullptr;
+        auto elf = host::ElfSymbols::open(STUB_NCCL);
+        const host::ElfSymbol* s = elf ? elf->find("ncclAllReduce") : nullptr;
         unsigned long off = s ? s->file_offset : 0;
         LIBBPF_OPTS(bpf_uprobe_multi_opts, o, .offsets = &off, .cnt = 1);
         if (bpf_link* l = bpf_program__attach_uprobe_multi(skel->progs.empty_enter, -1, STUB_NCCL, nullptr, &o)) {

@@ -81,7 +81,7 @@ void announce_daemon_session(const AttachOptions& o, const nlohmann::json& start
 // "payload" lists.  Returns the exit status, or the error reading them.
 Result<int> write_daemon_outputs(const AttachOptions& o, DaemonClient& client, const nlohmann::json& reply,
                                  double window) {
-    SessionOutput out;
+    session::SessionOutput out;
     out.messages = reply.value("messages", std::vector<std::string>{});
     const auto slots = named_outputs(out);
     for (const auto& part : reply.value("payload", nlohmann::json::array())) {
@@ -146,14 +146,14 @@ int run_attach(AttachOptions o) {
         if (auto client = DaemonClient::connect(socket_path(o.socket))) return attach_via_daemon(o, *client);
     }
     return attach_in_process("attach", o.pid, o.duration, !o.no_follow, o.trace,
-                             [&](TraceSession& s, std::optional<int>) { return emit_outputs(s, o.trace); });
+                             [&](session::TraceSession& s, std::optional<int>) { return emit_outputs(s, o.trace); });
 }
 
 }  // namespace
 
 std::optional<int> attach_target(int pid, std::string_view verb) {
     const std::string who = "commdbg: " + std::string(verb) + " " + std::to_string(pid);
-    auto info = read_process(pid);
+    auto info = host::read_process(pid);
     if (!info) {
         std::cerr << who << ": " << info.error() << "\n";
         return std::nullopt;
@@ -166,8 +166,8 @@ std::optional<int> attach_target(int pid, std::string_view verb) {
     if (info->tgid != pid) {
         // A thread id (from top -H, py-spy, a log line): its process is meant.
         std::cerr << "commdbg: note: " << pid << " is a thread (" << info->comm << ") of "
-                  << describe_pid(info->tgid) << "; tracing that process\n";
-        if (auto p = read_process(info->tgid); !p) {
+                  << session::describe_pid(info->tgid) << "; tracing that process\n";
+        if (auto p = host::read_process(info->tgid); !p) {
             std::cerr << who << ": " << p.error() << "\n";
             return std::nullopt;
         }
@@ -178,22 +178,22 @@ std::optional<int> attach_target(int pid, std::string_view verb) {
 int attach_in_process(std::string_view verb, int pid, double duration, bool follow, TraceCliOptions& trace,
                       const FinishWindow& finish) {
     const std::string who = "commdbg: " + std::string(verb) + " " + std::to_string(pid);
-    auto info = read_process(pid);
+    auto info = host::read_process(pid);
     if (!info) {
         std::cerr << who << ": " << info.error() << "\n";
         return 1;
     }
-    auto creds = read_creds(pid);
+    auto creds = host::read_creds(pid);
     if (geteuid() != 0 && (!creds || !may_read_process(*creds, geteuid(), getegid()))) {
         std::cerr << who << ": permission denied — run as root or as the process owner\n";
         return 1;
     }
-    auto session = TraceSession::create(session_options(trace));
+    auto session = session::TraceSession::create(session_options(trace));
     if (!session) {
         std::cerr << who << ": " << session.error() << "\n";
         return 1;
     }
-    TraceSession& s = *session.value();
+    session::TraceSession& s = *session.value();
     // No loader stop here: the target's parent may be an interactive shell that
     // would see the stop.  Libraries loaded during the window are attached as
     // soon as the loader event arrives.
@@ -202,7 +202,7 @@ int attach_in_process(std::string_view verb, int pid, double duration, bool foll
         return 1;
     }
     print_messages(s);
-    std::cerr << "commdbg: tracing " << describe_pid(pid);
+    std::cerr << "commdbg: tracing " << session::describe_pid(pid);
     if (duration > 0) std::cerr << " for " << limits::format_seconds(duration);
     std::cerr << " (" << s.attached_files().size() << " library file(s) probed; Ctrl-C to stop)\n";
 

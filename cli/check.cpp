@@ -28,12 +28,12 @@ struct CheckOptions {
     std::vector<std::string> target;  // PID, or CMD ARGS... (after --)
     std::vector<std::string> from;
     std::vector<std::string> profile_files;
-    std::vector<lifecycle::Profile> profiles;
+    std::vector<fsdp::Profile> profiles;
     double duration = 0;
     TraceCliOptions trace;
 };
 
-std::string no_lifecycle_note(const SessionOutput& out) {
+std::string no_lifecycle_note(const session::SessionOutput& out) {
     if (out.fsdp.processes > 0) return {};
     return "commdbg: check: no FSDP lifecycle seen — no traced process ran a record_function scope that a lifecycle "
            "profile knows (torch-fsdp2: FSDP::pre_forward, ...); is this an FSDP2 job on torch >= 2.4, and did the "
@@ -41,12 +41,12 @@ std::string no_lifecycle_note(const SessionOutput& out) {
 }
 
 // Renders, writes the files, prints the verdict; the exit status.
-int finish_check(TraceSession& s, std::optional<int> wstatus, const TraceCliOptions& trace) {
-    OutputWants wants{.table_color = false, .json = !trace.json_file.empty(), .trace = !trace.trace_file.empty()};
-    SessionOutput out = render_session(s, trace.noise_level, wants);
+int finish_check(session::TraceSession& s, std::optional<int> wstatus, const TraceCliOptions& trace) {
+    session::OutputWants wants{.table_color = false, .json = !trace.json_file.empty(), .trace = !trace.trace_file.empty()};
+    session::SessionOutput out = render_session(s, trace.noise_level, wants);
     std::string verdict = out.fsdp.verdict;
     if (out.fsdp.processes > 0)
-        verdict += lifecycle::render_summary(out.fsdp.violations, out.fsdp.warnings, out.fsdp.processes);
+        verdict += fsdp::render_summary(out.fsdp.violations, out.fsdp.warnings, out.fsdp.processes);
     if (int rc = write_outputs(out, trace, &verdict); rc != 0) return rc;
     std::cerr << no_lifecycle_note(out);
     if (out.fsdp.violations > 0) return kViolationsFound;
@@ -55,14 +55,14 @@ int finish_check(TraceSession& s, std::optional<int> wstatus, const TraceCliOpti
 
 struct DumpProcess {
     std::string name;
-    lifecycle::Findings report;
+    fsdp::Findings report;
 };
 
 // Every process of every dump whose scopes a lifecycle profile recognises,
 // in rank order where a communicator says the rank, into `out`; each dump
 // read as it is parsed, keeping only what the checks use.  The exit status:
 // 0, or 1 for a file that cannot be read, 2 for one that is no commdbg dump.
-int checked_dumps(const std::vector<std::string>& files, const std::vector<lifecycle::Profile>& profiles,
+int checked_dumps(const std::vector<std::string>& files, const std::vector<fsdp::Profile>& profiles,
                   std::vector<DumpProcess>& out) {
     std::vector<std::pair<int, DumpProcess>> found;
     for (const auto& f : files) {
@@ -71,12 +71,12 @@ int checked_dumps(const std::vector<std::string>& files, const std::vector<lifec
             std::cerr << "commdbg check: " << f << ": cannot read the file — check the path\n";
             return 1;
         }
-        auto read = lifecycle::read_dump(in, [&](lifecycle::DumpedProcess&& p) {
-            const lifecycle::Profile* prof = lifecycle::detect_profile(p.items, profiles);
+        auto read = fsdp::read_dump(in, [&](fsdp::DumpedProcess&& p) {
+            const fsdp::Profile* prof = fsdp::detect_profile(p.items, profiles);
             if (!prof) return;
             DumpProcess dp{f + (p.rank >= 0 ? " rank " + std::to_string(p.rank) : std::string()) + " (pid " +
                                std::to_string(p.pid) + ")",
-                           lifecycle::analyse(p.items, *prof,
+                           fsdp::analyse(p.items, *prof,
                                               {.from_start = p.from_start, .records_lost = p.dropped_records,
                                                .process_ended = p.ended})};
             found.emplace_back(p.rank, std::move(dp));
@@ -88,7 +88,7 @@ int checked_dumps(const std::vector<std::string>& files, const std::vector<lifec
         }
     }
     std::stable_sort(found.begin(), found.end(),
-                     [](const auto& a, const auto& b) { return lifecycle::rank_before(a.first, b.first); });
+                     [](const auto& a, const auto& b) { return fsdp::rank_before(a.first, b.first); });
     for (auto& [rank, dp] : found) out.push_back(std::move(dp));
     return 0;
 }
@@ -101,22 +101,22 @@ int check_from(const CheckOptions& o) {
                      "with `commdbg check --json F` (or --noise-level 2: scopes are level 2)\n";
         return 1;
     }
-    std::vector<lifecycle::RankView> views;
+    std::vector<fsdp::RankView> views;
     size_t violations = 0, warnings = 0;
     nlohmann::ordered_json j = {{"processes", nlohmann::ordered_json::array()}};
     for (const auto& p : procs) {
-        std::cout << "== " << p.name << " ==\n" << lifecycle::render_section(p.report);
+        std::cout << "== " << p.name << " ==\n" << fsdp::render_section(p.report);
         views.push_back({p.name, &p.report});
         violations += p.report.violations.size();
         warnings += p.report.warnings.size();
-        j["processes"].push_back({{"name", p.name}, {"fsdp", lifecycle::to_json(p.report)}});
+        j["processes"].push_back({{"name", p.name}, {"fsdp", fsdp::to_json(p.report)}});
     }
-    auto cross = lifecycle::cross_rank(views);
+    auto cross = fsdp::cross_rank(views);
     violations += cross.size();
-    std::cout << lifecycle::render_cross_rank(cross, procs.size());
+    std::cout << fsdp::render_cross_rank(cross, procs.size());
     j["cross_rank"] = nlohmann::ordered_json::array();
-    for (const auto& f : cross) j["cross_rank"].push_back(lifecycle::to_json(f));
-    std::cout << lifecycle::render_summary(violations, warnings, procs.size());
+    for (const auto& f : cross) j["cross_rank"].push_back(fsdp::to_json(f));
+    std::cout << fsdp::render_summary(violations, warnings, procs.size());
     if (!o.trace.json_file.empty()) {
         try {
             write_output(o.trace.targets.front(), j.dump(2) + "\n");
@@ -134,7 +134,7 @@ bool all_digits(const std::string& s) {
 
 int run_check(CheckOptions& o) {
     for (const auto& f : o.profile_files) {
-        auto p = lifecycle::load_profile(f);
+        auto p = fsdp::load_profile(f);
         if (!p) {
             std::cerr << "commdbg: check: " << p.error() << "\n";
             return 2;
@@ -162,7 +162,7 @@ int run_check(CheckOptions& o) {
     }
     if (o.trace.probes.empty()) o.trace.probes = kCheckProbes;
     o.trace.lifecycle_profiles = o.profiles;
-    auto finish = [&](TraceSession& s, std::optional<int> w) { return finish_check(s, w, o.trace); };
+    auto finish = [&](session::TraceSession& s, std::optional<int> w) { return finish_check(s, w, o.trace); };
     if (o.target.size() == 1 && all_digits(o.target[0])) {
         auto tgid = attach_target(std::stoi(o.target[0]), "check");
         if (!tgid) return 1;

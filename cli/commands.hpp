@@ -20,7 +20,7 @@ struct CommandDone {
 
 // What a subcommand does with a finished window: render, write, decide the
 // exit status (the traced command's wait status, when it ran one).
-using FinishWindow = std::function<int(TraceSession& s, std::optional<int> wait_status)>;
+using FinishWindow = std::function<int(session::TraceSession& s, std::optional<int> wait_status)>;
 
 // `commdbg run`'s tracing: CMD started held, traced from its first
 // instruction with every process it forks, until it exits.

@@ -71,15 +71,15 @@ void add_trace_options(CLI::App* app, TraceCliOptions& o) {
         ->check(integer_in(1, CD_MAX_PY_FRAMES));
 }
 
-SessionOptions session_options(const TraceCliOptions& o) {
-    SessionOptions s;
+session::SessionOptions session_options(const TraceCliOptions& o) {
+    session::SessionOptions s;
     s.ringbuf_bytes = o.ringbuf_kb * 1024;
     s.limits.max_records = o.max_records;
     s.limits.max_depth = o.max_depth;
     s.probes = o.probes;
     s.records = !o.counts_only;
     s.stack_args = o.stack_args;
-    s.py_stack = parse_py_stack_mode(o.py_stack).value_or(PyStackMode::Default);
+    s.py_stack = python::parse_py_stack_mode(o.py_stack).value_or(python::PyStackMode::Default);
     s.py_depth = o.py_depth;
     s.lifecycle_profiles = o.lifecycle_profiles;
     s.owner_uid = geteuid();  // the kernel's rule, as through commdbgd (0: root, unchecked)
@@ -92,7 +92,7 @@ bool check_trace_outputs(TraceCliOptions& o) {
     if (o.table_opt && o.table_opt->count()) named.emplace_back("--table", o.table_file);
     if (o.json_opt && o.json_opt->count()) named.emplace_back("--json", o.json_file);
     if (o.trace_opt && o.trace_opt->count()) named.emplace_back("--trace", o.trace_file);
-    auto targets = check_outputs(named);
+    auto targets = host::check_outputs(named);
     if (!targets) {
         std::cerr << "commdbg: " << targets.error() << " (nothing was traced)\n";
         return false;
@@ -101,11 +101,11 @@ bool check_trace_outputs(TraceCliOptions& o) {
     return true;
 }
 
-void print_messages(TraceSession& s) {
+void print_messages(session::TraceSession& s) {
     for (const auto& m : s.take_messages()) std::cerr << "commdbg: note: " << m << "\n";
 }
 
-int write_outputs(const SessionOutput& out, const TraceCliOptions& o, const std::string* stdout_text) {
+int write_outputs(const session::SessionOutput& out, const TraceCliOptions& o, const std::string* stdout_text) {
     for (const auto& m : out.messages) std::cerr << "commdbg: " << m << "\n";
     int rc = 0;
     for (const auto& t : o.targets) {
@@ -118,7 +118,7 @@ int write_outputs(const SessionOutput& out, const TraceCliOptions& o, const std:
             rc = 1;
             // Checked before the window, failed after it (the disk filled up,
             // the reader went away): the window is kept somewhere else.
-            auto saved = save_fallback(table ? "table" : json ? "dump" : "trace", table ? "txt" : "json", content);
+            auto saved = host::save_fallback(table ? "table" : json ? "dump" : "trace", table ? "txt" : "json", content);
             std::cerr << "commdbg: writing the " << what << " (" << t.option << "): " << e.what()
                       << (saved ? " — saved it to " + *saved + " instead" : " — and no fallback worked: " + saved.error())
                       << "\n";
@@ -130,8 +130,8 @@ int write_outputs(const SessionOutput& out, const TraceCliOptions& o, const std:
     return rc;
 }
 
-int emit_outputs(TraceSession& s, const TraceCliOptions& o) {
-    OutputWants wants{.table_color = isatty(STDOUT_FILENO) != 0,
+int emit_outputs(session::TraceSession& s, const TraceCliOptions& o) {
+    session::OutputWants wants{.table_color = isatty(STDOUT_FILENO) != 0,
                       .json = !o.json_file.empty(),
                       .trace = !o.trace_file.empty()};
     return write_outputs(render_session(s, o.noise_level, wants), o);

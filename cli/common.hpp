@@ -29,17 +29,17 @@ struct TraceCliOptions {
     bool stack_args = false;
     std::string py_stack = "default";
     uint32_t py_depth = CD_DEFAULT_PY_FRAMES;
-    std::vector<lifecycle::Profile> lifecycle_profiles;  // commdbg check --profile
+    std::vector<fsdp::Profile> lifecycle_profiles;  // commdbg check --profile
     // Which outputs the user named (`--json ""` is named, and an error).
     CLI::Option* json_opt = nullptr;
     CLI::Option* table_opt = nullptr;
     CLI::Option* trace_opt = nullptr;
     // Filled by check_trace_outputs() before tracing starts.
-    std::vector<OutputTarget> targets;
+    std::vector<host::OutputTarget> targets;
 };
 
 void add_trace_options(CLI::App* app, TraceCliOptions& o);
-SessionOptions session_options(const TraceCliOptions& o);
+session::SessionOptions session_options(const TraceCliOptions& o);
 
 // Checks every output the user named before anything is traced (directory,
 // writable, not a directory, distinct, room left); on a problem prints it
@@ -54,13 +54,13 @@ void install_stop_handlers();
 
 // Prints notes, the table(s) and writes the requested files.  Returns 0, or 1
 // when an output file could not be written.
-int emit_outputs(TraceSession& s, const TraceCliOptions& o);
+int emit_outputs(session::TraceSession& s, const TraceCliOptions& o);
 
-void print_messages(TraceSession& s);
+void print_messages(session::TraceSession& s);
 
 // Prints messages and the table, writes the requested files (also used for a
 // session that commdbgd ran).  Returns 0, or 1 when a file could not be written.
 // `stdout_text`: printed in place of the table (commdbg check's verdict).
-int write_outputs(const SessionOutput& out, const TraceCliOptions& o, const std::string* stdout_text = nullptr);
+int write_outputs(const session::SessionOutput& out, const TraceCliOptions& o, const std::string* stdout_text = nullptr);
 
 }  // namespace commdbg::cli

@@ -39,7 +39,7 @@ DaemonClient::~DaemonClient() {
     if (fd_ >= 0) close(fd_);
 }
 
-bool DaemonClient::send(const nlohmann::json& request) { return send_all(fd_, request.dump() + "\n"); }
+bool DaemonClient::send(const nlohmann::json& request) { return protocol::send_all(fd_, request.dump() + "\n"); }
 
 namespace {
 

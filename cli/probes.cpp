@@ -9,7 +9,7 @@ namespace commdbg::cli {
 
 namespace {
 
-void print_spec(const ProbeSpec& s) {
+void print_spec(const capture::ProbeSpec& s) {
     std::string libs;
     for (const auto& l : s.library) libs += (libs.empty() ? "" : ",") + l;
     std::cout << s.name << "\t" << s.layer << "\t" << libs << "\t" << s.symbols.size() << " rule(s)\t"
@@ -24,7 +24,7 @@ void register_probes(CLI::App& app) {
     CLI::App* list = sub->add_subcommand("list", "List the built-in probe specs");
     list->callback([] {
         std::cout << "name\tlayer\tlibrary\trules\tprobes\tdescription\n";
-        for (const auto& s : builtin_specs()) print_spec(s);
+        for (const auto& s : capture::builtin_specs()) print_spec(s);
         throw CommandDone{0};
     });
     auto files = std::make_shared<std::vector<std::string>>();
@@ -32,7 +32,7 @@ void register_probes(CLI::App& app) {
     check->add_option("file", *files, "Spec files")->required();
     check->callback([files] {
         std::vector<std::string> errors;
-        auto specs = select_specs(*files, errors);
+        auto specs = capture::select_specs(*files, errors);
         for (const auto& s : specs) print_spec(s);
         for (const auto& e : errors) std::cerr << "commdbg: " << e << "\n";
         // A spec that does not parse is a bad argument: a usage error, as everywhere.

@@ -102,7 +102,7 @@ int release(const HeldChild& child, const std::string& who) {
 }
 
 // Traces until the child ends; returns its wait status.
-int trace_until_exit(TraceSession& s, pid_t child) {
+int trace_until_exit(session::TraceSession& s, pid_t child) {
     // Ctrl-C reaches the child through the terminal; we wait for it to end.
     signal(SIGINT, SIG_IGN);
     int wstatus = 0;
@@ -135,12 +135,12 @@ int trace_command(std::string_view verb, const std::vector<std::string>& command
     if (!check_trace_outputs(trace)) return 2;
     // Before the fork: a SIGHUP from now on stops the run with outputs written.
     install_stop_handlers();
-    auto session = TraceSession::create(session_options(trace));
+    auto session = session::TraceSession::create(session_options(trace));
     if (!session) {
         std::cerr << who << ": " << session.error() << "\n";
         return 1;
     }
-    TraceSession& s = *session.value();
+    session::TraceSession& s = *session.value();
     std::string exe = resolve_exe(command.front());
     if (auto r = s.prepare_exec(exe); !r) std::cerr << "commdbg: note: " << r.error() << "\n";
 
@@ -164,7 +164,7 @@ int trace_command(std::string_view verb, const std::vector<std::string>& command
 namespace {
 
 int run_command(RunOptions& o) {
-    return trace_command("run", o.command, o.trace, [&](TraceSession& s, std::optional<int> wstatus) {
+    return trace_command("run", o.command, o.trace, [&](session::TraceSession& s, std::optional<int> wstatus) {
         int rc = emit_outputs(s, o.trace);
         int status = exit_status(wstatus.value_or(0));
         return rc && status == 0 ? rc : status;

@@ -122,16 +122,17 @@ struct DaemonArgs {
     std::string metrics_listen = "127.0.0.1:9464";
     std::string metrics_host;  // metrics_listen split
     int metrics_port = 0;
-    commdbg::NodeCounterOptions counter;
-    size_t max_sessions = commdbg::ControlServer::kDefaultMaxSessions;
+    commdbg::daemon::NodeCounterOptions counter;
+    size_t max_sessions = commdbg::daemon::ControlServer::kDefaultMaxSessions;
     bool fsdp_checks = false;
-    commdbg::FsdpWatchOptions fsdp;
+    commdbg::daemon::FsdpWatchOptions fsdp;
 };
 
 // Parses argv into `a`; returns the exit status when commdbgd should exit
 // now (--help, --version, a usage error).
 std::optional<int> parse_args(int argc, char** argv, DaemonArgs& a) {
     using namespace commdbg;
+    using namespace commdbg::daemon;
     CLI::App app{"commdbgd — commdbg node service: always-on exact collective counts, Prometheus metrics, "
                  "tracing sessions for `commdbg`"};
     app.set_version_flag("--version", std::string("commdbgd ") + COMMDBG_VERSION);
@@ -198,7 +199,7 @@ void install_signal_handlers() {
 // Binds /metrics at the address asked for and serves it on a thread of its
 // own; false (said on stderr) when it cannot listen there.  Port 0: the
 // kernel picks a free one, and a.metrics_port says which.
-bool serve_metrics(httplib::Server& http, std::thread& thread, commdbg::NodeCounter& counter, DaemonArgs& a) {
+bool serve_metrics(httplib::Server& http, std::thread& thread, commdbg::daemon::NodeCounter& counter, DaemonArgs& a) {
     http.Get("/metrics", [&counter](const httplib::Request&, httplib::Response& res) {
         res.set_content(counter.metrics().render(), "text/plain; version=0.0.4; charset=utf-8");
     });
@@ -245,6 +246,7 @@ void say_ready(const DaemonArgs& a) {
 
 int main(int argc, char** argv) {
     using namespace commdbg;
+    using namespace commdbg::daemon;
     DaemonArgs a;
     if (auto exit_now = parse_args(argc, argv, a)) return *exit_now;
     install_signal_handlers();

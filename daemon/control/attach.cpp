@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "attach.hpp"
 
-namespace commdbg {
+namespace commdbg::daemon {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-SessionOptions session_options(const Request& req, const PeerCred& peer) {
-    SessionOptions so;
+session::SessionOptions session_options(const protocol::Request& req, const protocol::PeerCred& peer) {
+    session::SessionOptions so;
     so.owner_uid = peer.uid;
     so.owner_gid = peer.gid;
     so.limits.max_records = req.max_records;
@@ -63,7 +63,7 @@ Result<uint64_t> AttachSessions::take_slot(const std::shared_ptr<ActiveSession>&
                        ", or trace with `commdbg attach --no-daemon`; commdbgd --max-sessions raises "
                        "the limit");
     if (uid != 0) {
-        const size_t per_uid = kUnprivilegedLimits.sessions_per_uid;
+        const size_t per_uid = protocol::kUnprivilegedLimits.sessions_per_uid;
         if (mine >= per_uid)
             return R::fail(who + ": uid " + std::to_string(uid) + " already runs " + std::to_string(mine) +
                            " tracing sessions in commdbgd, the most one user "
@@ -92,7 +92,7 @@ void AttachSessions::set_state(ActiveSession& session, const char* state) {
     session.state = state;
 }
 
-Result<bool> AttachSessions::attach(const Request& req, const PeerCred& peer, Connection& client) {
+Result<bool> AttachSessions::attach(const protocol::Request& req, const protocol::PeerCred& peer, Connection& client) {
     using R = Result<bool>;
     const std::string who = "attach " + std::to_string(*req.pid);
     // Users other than root may not size the root daemon's memory or hold it
@@ -112,7 +112,7 @@ Result<bool> AttachSessions::attach(const Request& req, const PeerCred& peer, Co
         uint64_t id;
         ~SlotRelease() { s->release_slot(id); }
     } release{this, *slot};
-    auto created = TraceSession::create(session_options(req, peer));
+    auto created = session::TraceSession::create(session_options(req, peer));
     if (!created) return R::fail(who + ": " + created.error());
     // Children forked during the window are traced as with --no-daemon;
     // never stopped at a loader change (its parent may be a shell).
@@ -123,17 +123,17 @@ Result<bool> AttachSessions::attach(const Request& req, const PeerCred& peer, Co
     return true;  // all sent, or the client is gone
 }
 
-void AttachSessions::trace_and_send(const Request& req, const PeerCred& peer, Connection& client,
-                                    ActiveSession& session, std::unique_ptr<TraceSession> ts) {
+void AttachSessions::trace_and_send(const protocol::Request& req, const protocol::PeerCred& peer, Connection& client,
+                                    ActiveSession& session, std::unique_ptr<session::TraceSession> ts) {
     // First line: the session is running (the client may detach it by id)
     // and the most it runs.
     nlohmann::json first = {{"session", session.id},
                             {"state", "tracing"},
-                            {"target", describe_pid(*req.pid)},
+                            {"target", session::describe_pid(*req.pid)},
                             {"library_files", ts->attached_files().size()},
                             {"duration_s", session.duration_s}};
     if (session.duration_s != req.duration_s) first["window_limited_for_uid"] = peer.uid;
-    if (!client.send(ok_response(std::move(first)))) return;
+    if (!client.send(protocol::ok_response(std::move(first)))) return;
     // A client that hangs up ends its session too.
     auto stop = [&] { return session.stop || stopping_ || client.hung_up(); };
     const auto window_start = Clock::now();
@@ -144,7 +144,7 @@ void AttachSessions::trace_and_send(const Request& req, const PeerCred& peer, Co
     const bool cut_short =
         stopping_ && !exited && !session.stop && (session.duration_s == 0 || traced_s < session.duration_s);
     set_state(session, "sending");
-    SessionOutput out = render_session(
+    session::SessionOutput out = render_session(
         *ts, req.noise_level, {.table_color = req.want_table_color, .json = req.want_json, .trace = req.want_trace});
     if (exited) out.messages.push_back("pid " + std::to_string(*req.pid) + " exited; report covers its life since attach");
     // The probes, maps and model go now: only the outputs are left to send.
@@ -154,7 +154,7 @@ void AttachSessions::trace_and_send(const Request& req, const PeerCred& peer, Co
     send_outputs(client, std::move(last), out);
 }
 
-void AttachSessions::send_outputs(Connection& client, nlohmann::json last, SessionOutput& out) {
+void AttachSessions::send_outputs(Connection& client, nlohmann::json last, session::SessionOutput& out) {
     // The outputs follow the last line as raw bytes, in the order "payload"
     // lists them: as JSON strings they would be escaped into one more copy of
     // tens of MB each, and parsed back into another at the client.
@@ -165,11 +165,11 @@ void AttachSessions::send_outputs(Connection& client, nlohmann::json last, Sessi
     last["payload"] = std::move(payload);
     // A send gives up when the client stops reading (Connection::send): a
     // client that stopped reading ends its session here and frees the slot.
-    if (!client.send(ok_response(std::move(last)))) return;
+    if (!client.send(protocol::ok_response(std::move(last)))) return;
     for (const auto& [name, text] : parts) {
         if (!client.send(*text)) break;
         std::string().swap(*text);
     }
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::daemon

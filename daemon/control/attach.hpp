@@ -22,7 +22,7 @@
 #include "session_output.hpp"
 #include "trace_session.hpp"
 
-namespace commdbg {
+namespace commdbg::daemon {
 
 // The client a request came from, as request handling sees it.
 class Connection {
@@ -59,7 +59,7 @@ public:
     // Traces req.pid and sends the session's lines and outputs itself; true
     // when all was sent or the client is gone.  Fails, before any line is
     // sent, with the message of the error reply to send instead.
-    Result<bool> attach(const Request& req, const PeerCred& peer, Connection& client);
+    Result<bool> attach(const protocol::Request& req, const protocol::PeerCred& peer, Connection& client);
     // The sessions listed for `commdbg sessions`: all, or only_uid's.
     nlohmann::json list(std::optional<uint32_t> only_uid);
     // Asks session `id` to end; false when there is none (of only_uid's).
@@ -71,9 +71,9 @@ private:
     Result<uint64_t> take_slot(const std::shared_ptr<ActiveSession>& session, const std::string& who);
     void release_slot(uint64_t id);
     void set_state(ActiveSession& session, const char* state);
-    void trace_and_send(const Request& req, const PeerCred& peer, Connection& client, ActiveSession& session,
-                        std::unique_ptr<TraceSession> ts);
-    void send_outputs(Connection& client, nlohmann::json last, SessionOutput& out);
+    void trace_and_send(const protocol::Request& req, const protocol::PeerCred& peer, Connection& client, ActiveSession& session,
+                        std::unique_ptr<session::TraceSession> ts);
+    void send_outputs(Connection& client, nlohmann::json last, session::SessionOutput& out);
 
     const size_t max_sessions_;
     const std::atomic<bool>& stopping_;
@@ -83,4 +83,4 @@ private:
     size_t session_slots_ = 0;  // sessions starting or running (<= max_sessions_)
 };
 
-}  // namespace commdbg
+}  // namespace commdbg::daemon

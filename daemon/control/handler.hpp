@@ -13,7 +13,7 @@
 #include "control_protocol.hpp"
 #include "counter.hpp"
 
-namespace commdbg {
+namespace commdbg::daemon {
 
 class RequestHandler {
 public:
@@ -23,14 +23,14 @@ public:
 
     // The reply to one request line of `peer`; nullopt when the request sent
     // its replies itself (attach streams its session to `client`).
-    std::optional<std::string> handle(std::string_view line, const PeerCred& peer, Connection& client);
+    std::optional<std::string> handle(std::string_view line, const protocol::PeerCred& peer, Connection& client);
 
 private:
-    std::optional<std::string> answer(const Request& req, const PeerCred& peer, Connection& client);
-    std::string counts(const Request& req, const NodeCounter::ProcessFilter& may_see);
+    std::optional<std::string> answer(const protocol::Request& req, const protocol::PeerCred& peer, Connection& client);
+    std::string counts(const protocol::Request& req, const NodeCounter::ProcessFilter& may_see);
 
     NodeCounter& counter_;
     AttachSessions sessions_;
 };
 
-}  // namespace commdbg
+}  // namespace commdbg::daemon

@@ -13,7 +13,7 @@
 
 #include "limits.hpp"
 
-namespace commdbg {
+namespace commdbg::daemon {
 
 namespace {
 
@@ -24,7 +24,7 @@ using Clock = std::chrono::steady_clock;
 class SocketConnection : public Connection {
 public:
     explicit SocketConnection(int fd) : fd_(fd) {}
-    bool send(std::string_view bytes) override { return send_all(fd_, bytes, ControlServer::kSendStallMs); }
+    bool send(std::string_view bytes) override { return protocol::send_all(fd_, bytes, ControlServer::kSendStallMs); }
     bool hung_up() override {
         pollfd p{fd_, POLLRDHUP, 0};
         return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
@@ -99,10 +99,10 @@ void ControlServer::accept_loop() {
             close(fd);
             continue;
         }
-        PeerCred peer{static_cast<uint32_t>(cred.pid), cred.uid, cred.gid};
+        protocol::PeerCred peer{static_cast<uint32_t>(cred.pid), cred.uid, cred.gid};
         if (auto taken = take_connection(peer.uid); !taken) {
             // A fresh socket's buffer takes this line without blocking.
-            send_all(fd, error_response(taken.error()), 0);
+            protocol::send_all(fd, protocol::error_response(taken.error()), 0);
             close(fd);
             continue;
         }
@@ -120,7 +120,7 @@ Result<bool> ControlServer::take_connection(uint32_t uid) {
     using R = Result<bool>;
     std::lock_guard lock(conn_mu_);
     if (uid != 0) {
-        const size_t per_uid = kUnprivilegedLimits.connections_per_uid;
+        const size_t per_uid = protocol::kUnprivilegedLimits.connections_per_uid;
         auto mine = open_by_uid_.find(uid);
         if (mine != open_by_uid_.end() && mine->second >= per_uid)
             return R::fail("commdbgd: uid " + std::to_string(uid) + " already has " + std::to_string(per_uid) +
@@ -149,15 +149,15 @@ void ControlServer::release_connection(uint32_t uid) {
     }
 }
 
-void ControlServer::serve(int fd, const PeerCred& peer) {
+void ControlServer::serve(int fd, const protocol::PeerCred& peer) {
     SocketConnection client(fd);
-    LineReader reader;
+    protocol::LineReader reader;
     char buf[4096];
     auto deadline = Clock::now() + std::chrono::milliseconds(kRequestDeadlineMs);
     while (!stopping_) {
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
         if (left <= 0) {
-            client.send(error_response("request timed out: no complete request line within " +
+            client.send(protocol::error_response("request timed out: no complete request line within " +
                                        limits::format_seconds(kRequestDeadlineMs / 1000.0) +
                                        " of connecting or of the last reply — send one JSON object per line"));
             return;
@@ -179,10 +179,10 @@ void ControlServer::serve(int fd, const PeerCred& peer) {
             deadline = Clock::now() + std::chrono::milliseconds(kRequestDeadlineMs);
         }
         if (reader.overflowed()) {
-            client.send(error_response("request too large (> " + std::to_string(kMaxRequestBytes) + " bytes)"));
+            client.send(protocol::error_response("request too large (> " + std::to_string(protocol::kMaxRequestBytes) + " bytes)"));
             return;
         }
     }
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::daemon

@@ -17,7 +17,7 @@
 #include "handler.hpp"
 #include "result.hpp"
 
-namespace commdbg {
+namespace commdbg::daemon {
 
 class ControlServer {
 public:
@@ -51,7 +51,7 @@ private:
     // Counts a connection of `uid`, or fails saying why it is refused now.
     Result<bool> take_connection(uint32_t uid);
     void release_connection(uint32_t uid);
-    void serve(int fd, const PeerCred& peer);
+    void serve(int fd, const protocol::PeerCred& peer);
 
     std::string path_;
     int listen_fd_ = -1;
@@ -65,4 +65,4 @@ private:
     std::map<uint32_t, size_t> open_by_uid_;
 };
 
-}  // namespace commdbg
+}  // namespace commdbg::daemon

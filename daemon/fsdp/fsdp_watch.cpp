@@ -12,7 +12,7 @@
 #include "procfs.hpp"
 #include "text.hpp"
 
-namespace commdbg {
+namespace commdbg::daemon {
 
 namespace {
 
@@ -53,7 +53,7 @@ bool maps_show(uint32_t pid, bool& torch, bool& python) {
 // micro-step was followed by its optimizer step (the lifecycle itself marks
 // one cut by the window's end partial: unchecked, not compared across
 // ranks); nullopt: unknown from this window (it saw no lifecycle event).
-std::optional<bool> next_at_boundary(const lifecycle::Findings& r) {
+std::optional<bool> next_at_boundary(const fsdp::Findings& r) {
     if (r.micro_steps.empty()) return r.optimizer_steps > 0 ? std::optional<bool>(true) : std::nullopt;
     return r.micro_steps.back().global_step < static_cast<int>(r.optimizer_steps);
 }
@@ -69,13 +69,13 @@ Result<std::unique_ptr<FsdpWatch>> FsdpWatch::create(const FsdpWatchOptions& opt
         if (!s) return R::fail(s.error());
         scope = std::move(*s);
     }
-    SessionOptions so;
+    session::SessionOptions so;
     // What the checks read, as `commdbg check` traces it, less the Python
     // stacks: the scopes carry the labels.
     so.probes = {"nccl", "torch-c10d", "torch-scopes"};
-    so.py_stack = PyStackMode::Off;
+    so.py_stack = python::PyStackMode::Off;
     so.limits.max_records = opts.max_records;
-    auto session = TraceSession::create(so);
+    auto session = session::TraceSession::create(so);
     if (!session) return R::fail("commdbgd: --fsdp-checks: " + session.error());
     std::unique_ptr<FsdpWatch> w(
         new FsdpWatch(opts, metrics, std::move(host), std::move(scope), std::move(session.value())));
@@ -84,7 +84,7 @@ Result<std::unique_ptr<FsdpWatch>> FsdpWatch::create(const FsdpWatchOptions& opt
 }
 
 FsdpWatch::FsdpWatch(const FsdpWatchOptions& opts, MetricsRegistry& metrics, std::string host, CgroupScope scope,
-                     std::unique_ptr<TraceSession> session)
+                     std::unique_ptr<session::TraceSession> session)
     : opts_(opts), metrics_(metrics), host_(std::move(host)), scope_(std::move(scope)), session_(std::move(session)) {}
 
 void FsdpWatch::describe() {
@@ -130,7 +130,7 @@ void FsdpWatch::discover() {
     std::unordered_map<uint32_t, Looked> still;
     for (uint32_t pid : other_pids()) {
         if (traced.count(pid)) continue;
-        auto stat = read_stat(static_cast<int>(pid));
+        auto stat = host::read_stat(static_cast<int>(pid));
         if (!stat) continue;
         const std::string& comm = stat->comm;
         const uint64_t start = stat->start_time;
@@ -160,7 +160,7 @@ bool FsdpWatch::consider(uint32_t pid, bool torch) {
     auto r = session_->add_process(static_cast<int>(pid), /*follow=*/true, /*dl_stop=*/false);
     if (!r) {
         // Gone between the scan and now: nothing to say.
-        if (auto info = read_process(static_cast<int>(pid)); !info || info->state == 'Z') return false;
+        if (auto info = host::read_process(static_cast<int>(pid)); !info || info->state == 'Z') return false;
         if (++messages_logged_ <= kMaxMessages)
             std::cerr << "commdbgd: fsdp: pid " << pid << " is not checked: " << r.error() << "\n";
         return false;
@@ -177,7 +177,7 @@ void FsdpWatch::sync_processes() {
         if (fresh) {
             w.key = {pid, process_start_time(pid)};
             w.at_boundary = p.from_start;
-            if (auto info = read_process(static_cast<int>(pid))) w.parent = static_cast<uint32_t>(info->ppid);
+            if (auto info = host::read_process(static_cast<int>(pid))) w.parent = static_cast<uint32_t>(info->ppid);
         }
         // After its exec and the load of libtorch, its environment is the job's.
         if (!w.labelled && !p.libraries.empty() && !p.exited) {
@@ -237,7 +237,7 @@ std::vector<FsdpWatch::Analysed> FsdpWatch::analyse_all(uint64_t& held) {
     // step is checked where this window began between two steps.
     for (const auto& [pid, w] : watched_)
         if (session_->processes().count(pid)) session_->mark_from_start(static_cast<int>(pid), w.at_boundary);
-    for (ProcessSnapshot& r : session_->reports()) {
+    for (snapshot::ProcessSnapshot& r : session_->reports()) {
         auto it = watched_.find(r.pid);
         if (it == watched_.end() || !r.tree) continue;
         Watched& w = it->second;
@@ -256,7 +256,7 @@ std::vector<FsdpWatch::Analysed> FsdpWatch::analyse_all(uint64_t& held) {
         // Steps numbered from the process's first window, so that ranks cut
         // at different points are still compared step by step; the first
         // step of a window begun mid-step is compared by none.
-        for (lifecycle::MicroStep& m : a.report.micro_steps) {
+        for (fsdp::MicroStep& m : a.report.micro_steps) {
             if (!began_at_boundary && m.global_step == 0) m.partial = true;
             m.global_step += static_cast<int>(w.step_offset);
         }
@@ -274,7 +274,7 @@ void FsdpWatch::count(Watched& w, const Analysed& a) {
         ++w.unchecked;
         return;
     }
-    auto add = [&](const lifecycle::Finding& f) { add_finding(w, f.check, f.unit); };
+    auto add = [&](const fsdp::Finding& f) { add_finding(w, f.check, f.unit); };
     std::for_each(a.report.violations.begin(), a.report.violations.end(), add);
     std::for_each(a.report.warnings.begin(), a.report.warnings.end(), add);
 }
@@ -306,9 +306,9 @@ void FsdpWatch::cross_check(std::vector<Analysed>& analysed) {
             return (rank >= 0 ? "rank " + std::to_string(rank) + " " : std::string()) + "(pid " +
                    std::to_string(a->pid) + ")";
         };
-        const lifecycle::RankView ref{name(ranks[0]), &ranks[0]->report};
+        const fsdp::RankView ref{name(ranks[0]), &ranks[0]->report};
         for (size_t i = 1; i < ranks.size(); ++i)
-            for (const lifecycle::Finding& f : lifecycle::cross_rank({ref, {name(ranks[i]), &ranks[i]->report}}))
+            for (const fsdp::Finding& f : fsdp::cross_rank({ref, {name(ranks[i]), &ranks[i]->report}}))
                 add_finding(watched_.at(ranks[i]->pid), f.check, f.unit);
     }
 }
@@ -350,4 +350,4 @@ void FsdpWatch::log_messages() {
     }
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::daemon

@@ -25,7 +25,7 @@
 #include "scope.hpp"
 #include "trace_session.hpp"
 
-namespace commdbg {
+namespace commdbg::daemon {
 
 struct FsdpWatchOptions {
     size_t max_records = 50000;  // records per process and window
@@ -60,12 +60,12 @@ private:
     // One window's analysis of one process.
     struct Analysed {
         uint32_t pid = 0;
-        lifecycle::Findings report;
+        fsdp::Findings report;
         bool checked = true;  // no record lost in the window
     };
 
     FsdpWatch(const FsdpWatchOptions& opts, MetricsRegistry& metrics, std::string host, CgroupScope scope,
-              std::unique_ptr<TraceSession> session);
+              std::unique_ptr<session::TraceSession> session);
     void describe();
     // Processes not traced yet that map libtorch_cpu, or run CPython and
     // may load it later (traced before it loads: their first step counts).
@@ -88,7 +88,7 @@ private:
     MetricsRegistry& metrics_;
     const std::string host_;
     CgroupScope scope_;
-    std::unique_ptr<TraceSession> session_;
+    std::unique_ptr<session::TraceSession> session_;
     std::map<uint32_t, Watched> watched_;
     // Processes looked at and not traced: (start time, comm) when looked,
     // and how often, so that one is read again only after an exec.
@@ -103,4 +103,4 @@ private:
     uint64_t windows_ = 0, records_released_ = 0, messages_logged_ = 0;
 };
 
-}  // namespace commdbg
+}  // namespace commdbg::daemon

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <set>
 
-namespace commdbg {
+namespace commdbg::daemon {
 
 namespace {
 
@@ -469,4 +469,4 @@ std::string MetricsRegistry::render() const {
     return out;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::daemon

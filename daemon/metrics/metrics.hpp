@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-namespace commdbg {
+namespace commdbg::daemon {
 
 // Label pairs in the order given; that order is part of a series' identity.
 using Labels = std::vector<std::pair<std::string, std::string>>;
@@ -166,4 +166,4 @@ bool valid_metric_name(const std::string& name);
 std::string escape_label_value(const std::string& value);
 std::string format_metric_value(double value);
 
-}  // namespace commdbg
+}  // namespace commdbg::daemon

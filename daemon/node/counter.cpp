@@ -14,7 +14,7 @@
 #include "snapshot.hpp"
 #include "text.hpp"
 
-namespace commdbg {
+namespace commdbg::daemon {
 
 namespace {
 
@@ -29,10 +29,10 @@ constexpr size_t kMaxPendingExits = 4096;
 // One process's kernel counters, read apart from the main thread's refresh.
 // A walk of a hash map restarts when the main thread deletes the key it
 // stands on: what it saw twice is kept once.
-CounterSnapshot counters_of(const BpfSession& bpf, uint32_t pid) {
-    CounterSnapshot all = bpf.counter_snapshot(), out;
+capture::CounterSnapshot counters_of(const capture::BpfSession& bpf, uint32_t pid) {
+    capture::CounterSnapshot all = bpf.counter_snapshot(), out;
     std::set<std::pair<std::string, bool>> seen;
-    for (const CounterEntry& c : all.entries) {
+    for (const capture::CounterEntry& c : all.entries) {
         if (c.key.tgid != pid) continue;
         std::string key(reinterpret_cast<const char*>(&c.key), sizeof(c.key));
         if (seen.emplace(std::move(key), c.coarse).second) out.entries.push_back(c);
@@ -52,7 +52,7 @@ Result<std::unique_ptr<NodeCounter>> NodeCounter::create(const NodeCounterOption
         n->scope_ = std::move(*scope);
     }
     std::vector<std::string> errors;
-    auto specs = select_specs(opts.probes, errors);
+    auto specs = capture::select_specs(opts.probes, errors);
     if (!errors.empty()) return R::fail("commdbgd: " + errors.front());
     if (!opts.count_errors) {
         // The hot calls trap once, not twice; their errors go uncounted.
@@ -72,17 +72,17 @@ Result<std::unique_ptr<NodeCounter>> NodeCounter::create(const NodeCounterOption
     return R(std::move(n));
 }
 
-Result<bool> NodeCounter::open_bpf(std::vector<ProbeSpec> specs) {
-    auto bpf = BpfSession::open(BpfOptions{opts_.ringbuf_bytes, true, scope_.fd(), opts_.counter_keys_per_process});
+Result<bool> NodeCounter::open_bpf(std::vector<capture::ProbeSpec> specs) {
+    auto bpf = capture::BpfSession::open(capture::BpfOptions{opts_.ringbuf_bytes, true, scope_.fd(), opts_.counter_keys_per_process});
     if (!bpf) return Result<bool>::fail(bpf.error());
     bpf_ = std::move(bpf.value());
     // Always on: armed before the first file is attached and never disarmed
     // while more are (a session's window is another BPF object).
     bpf_->set_armed(true);
     // After the load: the guard keeps only the stopped-pid map, never links.
-    guard_ = std::make_unique<ResumeGuard>();
+    guard_ = std::make_unique<capture::ResumeGuard>();
     guard_->start_with_map(bpf_->stopped_pids_fd());
-    attacher_ = std::make_unique<ProbeAttacher>(*bpf_, symbols_, std::move(specs));
+    attacher_ = std::make_unique<capture::ProbeAttacher>(*bpf_, symbols_, std::move(specs));
     // 3/4 of the kernel's map of probed files for the users other than
     // root; the rest is root's.
     shares_ = FileShares(opts_.library_files_per_uid, bpf_->known_files_capacity() / 4 * 3);
@@ -96,7 +96,7 @@ NodeCounter::NodeCounter(const NodeCounterOptions& opts)
 void NodeCounter::resume_stopped() {
     // Every process the hook stopped (the map's keys), each out of the map
     // once resumed: a pid left there could be another process's later.
-    resume_and_clear_map(bpf_->stopped_pids_fd());
+    capture::resume_and_clear_map(bpf_->stopped_pids_fd());
 }
 
 void NodeCounter::stop_stopping_processes() {
@@ -125,7 +125,7 @@ void NodeCounter::log_notes(uint32_t pid, const std::vector<std::string>& notes)
 void NodeCounter::scan_proc() {
     for (uint32_t pid : other_pids()) {
         if (!scope_.contains(pid)) continue;
-        auto info = read_process(static_cast<int>(pid));
+        auto info = host::read_process(static_cast<int>(pid));
         const uint32_t uid = info ? info->uid : 0;
         auto r = attacher_->scan_process(static_cast<int>(pid), {shares_.room(uid), stop_flag_});
         if (!r) continue;
@@ -135,7 +135,7 @@ void NodeCounter::scan_proc() {
     }
 }
 
-void NodeCounter::charge_files(uint32_t uid, uint32_t pid, const ScanResult& scan) {
+void NodeCounter::charge_files(uint32_t uid, uint32_t pid, const capture::ScanResult& scan) {
     const bool was_capped = shares_.capped(uid), others_were = shares_.others_capped();
     for (const auto& f : scan.attached_files) shares_.charge(uid, f);
     if (scan.files_over_limit) {
@@ -198,18 +198,18 @@ void NodeCounter::on_record(std::span<const uint8_t> bytes) noexcept {
 
 void NodeCounter::handle_record(std::span<const uint8_t> bytes) {
     ++events_;
-    DecodeResult d = decode(bytes);
+    capture::DecodeResult d = capture::decode(bytes);
     if (!d.event) {
         ++decode_errors_;
         return;
     }
-    if (auto* dl = std::get_if<DlChange>(&*d.event)) {
+    if (auto* dl = std::get_if<capture::DlChange>(&*d.event)) {
         on_loader_change(*dl);
     } else if (stopping()) {
         return;  // a shutdown only resumes what is stopped: no counts are read any more
-    } else if (auto* seen = std::get_if<ProcSeen>(&*d.event)) {
+    } else if (auto* seen = std::get_if<capture::ProcSeen>(&*d.event)) {
         adopt(seen->tgid);  // its labels, while it still runs
-    } else if (auto* x = std::get_if<ProcExit>(&*d.event)) {
+    } else if (auto* x = std::get_if<capture::ProcExit>(&*d.event)) {
         // Retired by the next refresh, after it has read the final counts:
         // one refresh for every exit of a poll, not one each (a storm of
         // short processes kept the main thread busy for a minute).
@@ -217,12 +217,12 @@ void NodeCounter::handle_record(std::span<const uint8_t> bytes) {
     }
 }
 
-void NodeCounter::on_loader_change(const DlChange& dl) {
+void NodeCounter::on_loader_change(const capture::DlChange& dl) {
     // Resumed whatever happens here: a stopped process must not wait on a
     // scan that failed.
     struct Resume {
         NodeCounter& n;
-        const DlChange& dl;
+        const capture::DlChange& dl;
         ~Resume() {
             if (!dl.stopped) return;
             // Out of stopped_pids first (resume_and_clear_map says why).
@@ -232,7 +232,7 @@ void NodeCounter::on_loader_change(const DlChange& dl) {
         }
     } resume{*this, dl};
     if (stopping()) return;  // resumed at once: a shutdown waits on no scan
-    const ScanLimits limits{shares_.room(dl.uid), stop_flag_ ? stop_flag_ : &stopping_};
+    const capture::ScanLimits limits{shares_.room(dl.uid), stop_flag_ ? stop_flag_ : &stopping_};
     auto r = attacher_->scan_process(static_cast<int>(dl.tgid), limits);
     if (!r) return;
     charge_files(dl.uid, dl.tgid, *r);
@@ -293,7 +293,7 @@ void NodeCounter::uncharge_file(FileShares::FileId f) {
 
 // What the control and HTTP threads read: the snapshot for counts and
 // status, the series for /metrics.
-void NodeCounter::publish(const CounterSnapshot& snapshot, std::vector<CommEntry> comms, Clock::time_point now) {
+void NodeCounter::publish(const capture::CounterSnapshot& snapshot, std::vector<capture::CommEntry> comms, Clock::time_point now) {
     std::lock_guard lock(mu_);
     counters_ = snapshot.entries;
     counter_loss_ = snapshot.loss;
@@ -314,8 +314,8 @@ nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, co
     // its kernel counters read now, so a live process is never answered
     // with none.
     std::map<uint32_t, CountedProcess> one;
-    CounterSnapshot snap;
-    std::vector<CommEntry> comms;
+    capture::CounterSnapshot snap;
+    std::vector<capture::CommEntry> comms;
     const uint64_t start = process_start_time(*pid);
     if (start != 0 && scope_.contains(*pid)) {
         snap = counters_of(*bpf_, *pid);
@@ -336,7 +336,7 @@ nlohmann::json NodeCounter::counts_from(const CountsSource& src, std::optional<u
         if (may_see && !may_see(p)) continue;
         // The same snapshot the attach outputs read: counters joined with
         // communicators, summed by kind with the same keys.
-        ProcessSnapshot snap;
+        snapshot::ProcessSnapshot snap;
         snap.pid = p;
         join_kernel_state(p, src.counters, src.loss, src.comms, snap);
         nlohmann::json cc = nlohmann::json::object(), cb = nlohmann::json::object();
@@ -345,14 +345,14 @@ nlohmann::json NodeCounter::counts_from(const CountsSource& src, std::optional<u
             cb[key] = sum.bytes;
         }
         std::map<uint64_t, uint64_t> calls_by_comm;
-        for (const CounterRow& c : snap.counters) {
-            const SymbolInfo* s = symbols_.find(c.sym);
+        for (const snapshot::CounterRow& c : snap.counters) {
+            const capture::SymbolInfo* s = symbols_.find(c.sym);
             if (s && s->role == CD_ROLE_COLLECTIVE) calls_by_comm[c.comm] += c.calls;
         }
         nlohmann::json env = nlohmann::json::object();
         for (const auto& [k, v] : info.env) env[k] = v;
         auto loss = src.loss.find(p);
-        const CounterLoss lost = loss == src.loss.end() ? CounterLoss{} : loss->second;
+        const capture::CounterLoss lost = loss == src.loss.end() ? capture::CounterLoss{} : loss->second;
         procs.push_back({{"pid", p},
                          {"command", info.command},
                          {"env", env},
@@ -361,7 +361,7 @@ nlohmann::json NodeCounter::counts_from(const CountsSource& src, std::optional<u
                          {"counter_breakdown_lost", lost.breakdown_lost},
                          {"counter_calls_lost", lost.uncounted}});
         if (!by_comm) continue;
-        for (const CommInfo& ci : snap.comms) {
+        for (const snapshot::CommInfo& ci : snap.comms) {
             std::string id = ci.id ? hex16(*ci.id) : "ptr:" + hex16(ci.ptr);
             auto& entry = by[id];
             if (ci.nranks >= 0) entry["nranks"] = ci.nranks;
@@ -399,7 +399,7 @@ nlohmann::json NodeCounter::status() {
     for (const auto& f : files_) files.push_back({{"spec", f.spec}, {"path", f.path}, {"probes", f.entry_probes}});
     nlohmann::json drops = nlohmann::json::object();
     auto d = bpf_->drops();
-    for (uint32_t i = 0; i < d.size(); ++i) drops[drop_cause_name(i)] = d[i];
+    for (uint32_t i = 0; i < d.size(); ++i) drops[capture::drop_cause_name(i)] = d[i];
     return {{"version", COMMDBG_VERSION},
             {"host", host_},
             {"uptime_s", std::chrono::duration<double>(Clock::now() - started_).count()},
@@ -419,4 +419,4 @@ nlohmann::json NodeCounter::status() {
             {"errors", status_errors()}};
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::daemon

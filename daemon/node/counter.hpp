@@ -28,7 +28,7 @@
 #include "series.hpp"
 #include "symbol_table.hpp"
 
-namespace commdbg {
+namespace commdbg::daemon {
 
 struct NodeCounterOptions {
     std::vector<std::string> probes = {"nccl"};
@@ -83,15 +83,15 @@ public:
 
 private:
     explicit NodeCounter(const NodeCounterOptions& opts);
-    Result<bool> open_bpf(std::vector<ProbeSpec> specs);
+    Result<bool> open_bpf(std::vector<capture::ProbeSpec> specs);
     // Ring-buffer records: loader changes, first calls, exits.
     void on_record(std::span<const uint8_t> bytes) noexcept;
     void handle_record(std::span<const uint8_t> bytes);
-    void on_loader_change(const DlChange& dl);
+    void on_loader_change(const capture::DlChange& dl);
     bool stopping() const { return stopping_ || (stop_flag_ && stop_flag_->load()); }
     // Charges the files a scan attached to `uid` and tells the kernel whose
     // share is used up.
-    void charge_files(uint32_t uid, uint32_t pid, const ScanResult& scan);
+    void charge_files(uint32_t uid, uint32_t pid, const capture::ScanResult& scan);
     void resume_stopped();
     void uncharge_file(FileShares::FileId f);  // its probes are gone
     // Process registry: adopted when seen calling a probed library, retired
@@ -102,26 +102,26 @@ private:
     // Processes gone (also those whose exit event came), as adopted.
     std::vector<ProcessKey> find_gone();
     // refresh()'s steps.
-    void publish(const CounterSnapshot& snapshot, std::vector<CommEntry> comms,
+    void publish(const capture::CounterSnapshot& snapshot, std::vector<capture::CommEntry> comms,
                  std::chrono::steady_clock::time_point now);
     void log_notes(uint32_t pid, const std::vector<std::string>& notes);
     nlohmann::json status_errors() const;  // with mu_ held
     // counts()'s reply from one set of processes and kernel state.
     struct CountsSource {
         const std::map<uint32_t, CountedProcess>& procs;
-        const std::vector<CounterEntry>& counters;
-        const std::map<uint32_t, CounterLoss>& loss;
-        const std::vector<CommEntry>& comms;
+        const std::vector<capture::CounterEntry>& counters;
+        const std::map<uint32_t, capture::CounterLoss>& loss;
+        const std::vector<capture::CommEntry>& comms;
     };
     nlohmann::json counts_from(const CountsSource& src, std::optional<uint32_t> pid, bool by_comm,
                                const ProcessFilter& may_see) const;
 
     NodeCounterOptions opts_;
     CgroupScope scope_;
-    std::unique_ptr<ResumeGuard> guard_;
-    std::unique_ptr<BpfSession> bpf_;
-    SymbolTable symbols_;
-    std::unique_ptr<ProbeAttacher> attacher_;
+    std::unique_ptr<capture::ResumeGuard> guard_;
+    std::unique_ptr<capture::BpfSession> bpf_;
+    capture::SymbolTable symbols_;
+    std::unique_ptr<capture::ProbeAttacher> attacher_;
     MetricsRegistry metrics_;
     FileShares shares_;
     std::atomic<bool> stopping_{false};
@@ -130,11 +130,11 @@ private:
 
     std::mutex mu_;  // guards the fields below (control and HTTP threads read them)
     std::map<uint32_t, CountedProcess> procs_;
-    std::vector<CounterEntry> counters_;           // fine and coarse
-    std::map<uint32_t, CounterLoss> counter_loss_;  // by pid
+    std::vector<capture::CounterEntry> counters_;           // fine and coarse
+    std::map<uint32_t, capture::CounterLoss> counter_loss_;  // by pid
     std::unique_ptr<SeriesExporter> series_;
-    std::vector<CommEntry> comms_;
-    std::vector<AttachedFile> files_;
+    std::vector<capture::CommEntry> comms_;
+    std::vector<capture::AttachedFile> files_;
     nlohmann::json shares_json_ = nlohmann::json::object();  // FileShares, as of the last publish
     struct KnownFiles {
         size_t used = 0, capacity = 0;
@@ -146,4 +146,4 @@ private:
     std::string host_;
 };
 
-}  // namespace commdbg
+}  // namespace commdbg::daemon

@@ -13,7 +13,7 @@
 #include "probe_attach.hpp"
 #include "procfs.hpp"
 
-namespace commdbg {
+namespace commdbg::daemon {
 
 namespace {
 
@@ -28,7 +28,7 @@ std::set<uint64_t> mapped_inodes() {
         char* end = nullptr;
         long pid = strtol(e->d_name, &end, 10);
         if (!end || *end || pid <= 0) continue;
-        auto maps = read_maps(static_cast<int>(pid));
+        auto maps = host::read_maps(static_cast<int>(pid));
         if (!maps) continue;
         for (const auto& m : *maps)
             if (m.inode) mapped.insert(m.inode);
@@ -39,9 +39,9 @@ std::set<uint64_t> mapped_inodes() {
 
 }  // namespace
 
-std::vector<AttachedFile> detach_deleted_files(ProbeAttacher& attacher, BpfSession& bpf) {
+std::vector<capture::AttachedFile> detach_deleted_files(capture::ProbeAttacher& attacher, capture::BpfSession& bpf) {
     // Cheap test first: is each probed file still there under its path?
-    auto replaced = [](const AttachedFile& f) {
+    auto replaced = [](const capture::AttachedFile& f) {
         struct stat st {};
         return ::stat(f.path.c_str(), &st) != 0 || st.st_ino != f.inode || st.st_dev != f.dev;
     };
@@ -50,7 +50,7 @@ std::vector<AttachedFile> detach_deleted_files(ProbeAttacher& attacher, BpfSessi
     if (!any) return {};
     // Only then the costly one: which files does any process still map?
     const std::set<uint64_t> mapped = mapped_inodes();
-    auto gone = attacher.detach_files([&](const AttachedFile& f) { return replaced(f) && !mapped.count(f.inode); });
+    auto gone = attacher.detach_files([&](const capture::AttachedFile& f) { return replaced(f) && !mapped.count(f.inode); });
     for (const auto& f : gone) bpf.forget_known_file(f.dev, f.inode);
     return gone;
 }
@@ -101,4 +101,4 @@ nlohmann::json FileShares::to_json() const {
             {"capped_uids", capped_uids}, {"others_capped", others_capped()}, {"refused_by_uid", refused}};
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::daemon

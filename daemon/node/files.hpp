@@ -13,15 +13,16 @@
 
 #include <nlohmann/json.hpp>
 
-namespace commdbg {
-
+namespace commdbg::capture {
 class BpfSession;
 class ProbeAttacher;
-
 struct AttachedFile;
+}  // namespace commdbg::capture
+
+namespace commdbg::daemon {
 
 // Returns the files detached.
-std::vector<AttachedFile> detach_deleted_files(ProbeAttacher& attacher, BpfSession& bpf);
+std::vector<capture::AttachedFile> detach_deleted_files(capture::ProbeAttacher& attacher, capture::BpfSession& bpf);
 
 // The kernel stops a process at a libnccl file new to the node until its
 // probes are in, and remembers probed files in a fixed-size map: one user
@@ -55,4 +56,4 @@ private:
     std::map<uint32_t, uint64_t> refused_;  // uid -> files not probed for it
 };
 
-}  // namespace commdbg
+}  // namespace commdbg::daemon

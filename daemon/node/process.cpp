@@ -8,13 +8,13 @@
 
 #include "procfs.hpp"
 
-namespace commdbg {
+namespace commdbg::daemon {
 
 const std::vector<std::string> kLabelEnv = {"RANK",         "LOCAL_RANK",         "WORLD_SIZE", "GROUP_RANK",
                                             "MASTER_ADDR", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"};
 
 uint64_t process_start_time(uint32_t pid) {
-    auto stat = read_stat(static_cast<int>(pid));
+    auto stat = host::read_stat(static_cast<int>(pid));
     return stat ? stat->start_time : 0;
 }
 
@@ -22,11 +22,11 @@ CountedProcess read_counted_process(uint32_t pid, uint64_t start_time) {
     CountedProcess p;
     p.pid = pid;
     p.start_time = start_time;
-    if (auto info = read_process(static_cast<int>(pid))) {
+    if (auto info = host::read_process(static_cast<int>(pid))) {
         p.uid = info->uid;
         p.command = info->cmdline.empty() ? info->comm : info->cmdline;
     }
-    p.env = read_environ(static_cast<int>(pid), kLabelEnv);
+    p.env = host::read_environ(static_cast<int>(pid), kLabelEnv);
     return p;
 }
 
@@ -43,4 +43,4 @@ std::vector<uint32_t> other_pids() {
     return pids;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::daemon

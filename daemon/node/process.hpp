@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace commdbg {
+namespace commdbg::daemon {
 
 // Environment variables that label a process's series (lower-cased).
 extern const std::vector<std::string> kLabelEnv;
@@ -28,4 +28,4 @@ CountedProcess read_counted_process(uint32_t pid, uint64_t start_time);
 // Every process id in /proc but our own.
 std::vector<uint32_t> other_pids();
 
-}  // namespace commdbg
+}  // namespace commdbg::daemon

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-namespace commdbg {
+namespace commdbg::daemon {
 
 namespace {
 
@@ -75,4 +75,4 @@ bool CgroupScope::contains(uint32_t pid) const {
     return false;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::daemon

@@ -7,7 +7,7 @@
 
 #include "result.hpp"
 
-namespace commdbg {
+namespace commdbg::daemon {
 
 class CgroupScope {
 public:
@@ -30,4 +30,4 @@ private:
     std::string rel_;  // as it appears in /proc/PID/cgroup ("0::<rel>"); empty: the whole node
 };
 
-}  // namespace commdbg
+}  // namespace commdbg::daemon

@@ -7,7 +7,7 @@
 #include "nccl.hpp"
 #include "text.hpp"
 
-namespace commdbg {
+namespace commdbg::daemon {
 
 namespace {
 
@@ -15,7 +15,7 @@ constexpr size_t kFamilies = 3;  // calls, bytes, errors: series per label set
 
 }  // namespace
 
-SeriesExporter::SeriesExporter(MetricsRegistry& metrics, const SymbolTable& symbols, std::string host,
+SeriesExporter::SeriesExporter(MetricsRegistry& metrics, const capture::SymbolTable& symbols, std::string host,
                                size_t max_series, size_t label_sets_per_process)
     : metrics_(metrics),
       symbols_(symbols),
@@ -40,8 +40,8 @@ void SeriesExporter::describe() {
     metrics_.describe("commdbg_build_info", "commdbg version", "gauge");
 }
 
-SeriesExporter::Breakdown SeriesExporter::breakdown_of(const CounterEntry& c,
-                                                       const std::vector<CommInfo>& comms) const {
+SeriesExporter::Breakdown SeriesExporter::breakdown_of(const capture::CounterEntry& c,
+                                                       const std::vector<snapshot::CommInfo>& comms) const {
     Breakdown b;
     b.comm = c.key.comm ? "ptr:" + hex16(c.key.comm) : "";
     for (const auto& ci : comms) {
@@ -50,7 +50,7 @@ SeriesExporter::Breakdown SeriesExporter::breakdown_of(const CounterEntry& c,
         if (ci.rank >= 0) b.rank = std::to_string(ci.rank);
         if (ci.nranks >= 0) b.nranks = std::to_string(ci.nranks);
     }
-    auto dt = nccl_datatype_name(c.key.dtype);
+    auto dt = capture::nccl_datatype_name(c.key.dtype);
     b.dtype = c.key.dtype == CD_DTYPE_NONE ? "" : dt ? std::string(*dt) : std::to_string(c.key.dtype);
     return b;
 }
@@ -90,7 +90,7 @@ Labels SeriesExporter::labels_of(const CountedProcess& p, const std::string& lay
     return labels;
 }
 
-void SeriesExporter::export_counts(const CounterSnapshot& snapshot, const std::vector<CommEntry>& comms,
+void SeriesExporter::export_counts(const capture::CounterSnapshot& snapshot, const std::vector<capture::CommEntry>& comms,
                                    const std::map<uint32_t, CountedProcess>& procs, Clock::time_point now) {
     // Several counters can fall into one series (a coarse counter, label
     // sets past a process's share): summed before they are set.
@@ -99,19 +99,19 @@ void SeriesExporter::export_counts(const CounterSnapshot& snapshot, const std::v
         uint64_t calls = 0, bytes = 0, errors = 0;
     };
     std::map<Labels, Sum> series;
-    std::map<uint32_t, std::vector<CommInfo>> comm_info;
+    std::map<uint32_t, std::vector<snapshot::CommInfo>> comm_info;
     Budget budget{metrics_.series(), {}};
     // Whose share each process's series count in.
     for (const auto& [pid, p] : procs) metrics_.assign(ProcessKey{pid, p.start_time}, p.uid);
     for (const auto& c : snapshot.entries) {
-        const SymbolInfo* s = symbols_.find(c.key.sym);
+        const capture::SymbolInfo* s = symbols_.find(c.key.sym);
         if (!s || s->role != CD_ROLE_COLLECTIVE) continue;
         auto pit = procs.find(c.key.tgid);
         if (pit == procs.end()) continue;
         const ProcessKey owner{c.key.tgid, pit->second.start_time};
         if (!comm_info.count(c.key.tgid))
-            comm_info[c.key.tgid] = communicators_of(c.key.tgid, comms, snapshot.entries);
-        const std::string collective(coll_name(s->coll));
+            comm_info[c.key.tgid] = snapshot::communicators_of(c.key.tgid, comms, snapshot.entries);
+        const std::string collective(capture::coll_name(s->coll));
         Breakdown b = breakdown_of(c, comm_info[c.key.tgid]);
         fit_budget(pit->second, s->layer, collective, b, budget);
         Sum& sum = series[labels_of(pit->second, s->layer, collective, b)];
@@ -136,9 +136,9 @@ void SeriesExporter::export_counts(const CounterSnapshot& snapshot, const std::v
 
 void SeriesExporter::export_node(const std::array<uint64_t, CD_DROP_MAX>& drops, Clock::time_point now) {
     for (uint32_t i = 0; i < drops.size(); ++i)
-        metrics_.set("commdbg_events_dropped_total", {{"cause", drop_cause_name(i)}, {"host", host_}},
+        metrics_.set("commdbg_events_dropped_total", {{"cause", capture::drop_cause_name(i)}, {"host", host_}},
                      static_cast<double>(drops[i]), 0, now);
     metrics_.set("commdbg_build_info", {{"version", COMMDBG_VERSION}, {"host", host_}}, 1, 0, now);
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::daemon

@@ -17,19 +17,19 @@
 #include "render.hpp"  // CommInfo
 #include "symbol_table.hpp"
 
-namespace commdbg {
+namespace commdbg::daemon {
 
 class SeriesExporter {
 public:
     using Clock = std::chrono::steady_clock;
-    SeriesExporter(MetricsRegistry& metrics, const SymbolTable& symbols, std::string host, size_t max_series,
+    SeriesExporter(MetricsRegistry& metrics, const capture::SymbolTable& symbols, std::string host, size_t max_series,
                    size_t label_sets_per_process);
 
     // HELP and TYPE of every family it sets.
     void describe();
     // The collective and counter-loss series of every process in `procs`,
     // and how many processes there are, from one counter snapshot.
-    void export_counts(const CounterSnapshot& snapshot, const std::vector<CommEntry>& comms,
+    void export_counts(const capture::CounterSnapshot& snapshot, const std::vector<capture::CommEntry>& comms,
                        const std::map<uint32_t, CountedProcess>& procs, Clock::time_point now);
     // The node's own series: kernel-side drops by cause, the build.
     void export_node(const std::array<uint64_t, CD_DROP_MAX>& drops, Clock::time_point now);
@@ -47,7 +47,7 @@ private:
         size_t exported = 0;
         std::map<uint32_t, size_t> by_uid;
     };
-    Breakdown breakdown_of(const CounterEntry& c, const std::vector<CommInfo>& comms) const;
+    Breakdown breakdown_of(const capture::CounterEntry& c, const std::vector<snapshot::CommInfo>& comms) const;
     // Clears `b` when `p` may not take one more label set.
     void fit_budget(const CountedProcess& p, const std::string& layer, const std::string& collective, Breakdown& b,
                     Budget& budget);
@@ -55,7 +55,7 @@ private:
                      const Breakdown& b) const;
 
     MetricsRegistry& metrics_;
-    const SymbolTable& symbols_;
+    const capture::SymbolTable& symbols_;
     const std::string host_;
     const size_t max_series_;
     const size_t sets_per_process_;
@@ -63,4 +63,4 @@ private:
     std::map<ProcessKey, std::set<std::string>> label_sets_;
 };
 
-}  // namespace commdbg
+}  // namespace commdbg::daemon

@@ -19,7 +19,7 @@ constexpr uint64_t kVerifiedInsnsBudget = 100000;
 
 TEST(BpfLoad, VerifierWorkStaysWithinItsBudget) {
     REQUIRE_BPF();
-    auto bpf = BpfSession::open(BpfOptions{});
+    auto bpf = capture::BpfSession::open(capture::BpfOptions{});
     ASSERT_TRUE(bpf) << bpf.error();
     uint64_t total = 0;
     std::string per_program;

@@ -494,7 +494,7 @@ TEST(Messages, BadNumbersNameTheRangeInWords) {
 // Root refused by the kernel (here: pid 1 of a sandboxed VM) is not told to run as root.
 TEST(Messages, AttachRefusedToRootSaysWhyNotRunAsRoot) {
     REQUIRE_BPF();
-    if (geteuid() != 0 || !own_creds().cap_sys_ptrace) GTEST_SKIP() << "needs root with CAP_SYS_PTRACE";
+    if (geteuid() != 0 || !host::own_creds().cap_sys_ptrace) GTEST_SKIP() << "needs root with CAP_SYS_PTRACE";
     if (std::ifstream("/proc/1/maps").good()) GTEST_SKIP() << "pid 1's maps are readable here: nothing refuses root";
     auto r = run({commdbg_bin(), "attach", "1", "--no-daemon", "-d", "1"}, {}, 30);
     EXPECT_NE(r.status, 0);

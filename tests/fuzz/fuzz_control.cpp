@@ -18,6 +18,7 @@
 namespace {
 
 using namespace commdbg;
+using namespace commdbg::protocol;
 
 // Chunk sizes come from a PRNG seeded by the input's hash, not from input
 // bytes, so seed files stay plain request lines.
@@ -49,8 +50,8 @@ void check_reply(const std::string& reply, bool ok) {
     require(j.is_object() && j.contains("ok") && j["ok"] == ok);
 }
 
-std::optional<ProcessCreds> fake_owner(int pid) {
-    ProcessCreds c;
+std::optional<host::ProcessCreds> fake_owner(int pid) {
+    host::ProcessCreds c;
     switch (pid % 4) {
     case 0: return c;  // root's
     case 1: c.uids.fill(1000), c.gids.fill(1000); return c;

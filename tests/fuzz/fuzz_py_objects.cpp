@@ -2,7 +2,7 @@
 // libFuzzer target for the Python resolver (py_objects.hpp): a synthetic
 // CPython 3.11 memory image -- types, strs, dicts, tuples, bytes, code
 // objects and a module tree, shaped by the input's first bytes -- is read
-// through an in-memory RemoteMemory while the rest of the input mutates it
+// through an in-memory host::RemoteMemory while the rest of the input mutates it
 // (words overwritten with pointers anywhere into it, huge lengths, _modules
 // pointing back up, non-str keys, hostile line tables) and drives the readers
 // (frame, module_path, attr, str, type).  Two processes share one budget.  A
@@ -23,6 +23,7 @@
 namespace {
 
 using namespace commdbg;
+using namespace commdbg::python;
 
 constexpr uint64_t kBase = 0x10000000;
 constexpr size_t kPerProcess = 64u << 10, kTotal = 96u << 10;  // small: the bounds bind on small images
@@ -66,7 +67,7 @@ public:
     std::vector<uint64_t> objects;
 };
 
-class ImageMemory final : public RemoteMemory {
+class ImageMemory final : public host::RemoteMemory {
 public:
     explicit ImageMemory(const std::vector<uint8_t>& b) : b_(b) {}
 

@@ -10,9 +10,9 @@
 namespace commdbg::test {
 
 // A SymbolInfo with the fields a test names; the rest as a spec leaves them.
-inline SymbolInfo symbol(std::string name, std::string layer, cd_role role, cd_coll coll = CD_COLL_NONE,
-                         ArgSlots slots = {}, bool return_probe = false, bool py_stack = false) {
-    SymbolInfo s;
+inline capture::SymbolInfo symbol(std::string name, std::string layer, cd_role role, cd_coll coll = CD_COLL_NONE,
+                         capture::ArgSlots slots = {}, bool return_probe = false, bool py_stack = false) {
+    capture::SymbolInfo s;
     s.name = std::move(name);
     s.layer = std::move(layer);
     s.role = role;

@@ -13,7 +13,7 @@
 
 #include "commdbg_bpf.skel.h"
 
-namespace commdbg {
+namespace commdbg::capture {
 
 static_assert(sizeof(cd_coarse_slot) == 8 + sizeof(cd_count_val));
 static_assert(sizeof(cd_proc_counts) == 32 + CD_COARSE_SLOTS * sizeof(cd_coarse_slot));
@@ -367,4 +367,4 @@ std::vector<std::pair<std::string, uint32_t>> BpfSession::verified_insns() const
     return out;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::capture

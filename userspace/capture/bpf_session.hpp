@@ -23,7 +23,7 @@ struct ring_buffer;
 struct bpf_program;
 struct bpf_link;
 
-namespace commdbg {
+namespace commdbg::capture {
 
 struct BpfOptions {
     size_t ringbuf_bytes = 8u << 20;  // rounded up to a power of two >= one page
@@ -164,4 +164,4 @@ const char* drop_cause_name(uint32_t cause);
 // A message a user can act on for a failed BPF operation (`what`), from errno.
 std::string bpf_error_message(const std::string& what, int err);
 
-}  // namespace commdbg
+}  // namespace commdbg::capture

@@ -5,7 +5,7 @@
 
 #include "events.hpp"
 
-namespace commdbg {
+namespace commdbg::capture {
 
 namespace {
 
@@ -166,4 +166,4 @@ DecodeResult decode(std::span<const uint8_t> bytes) {
     return fail(DecodeError::UnknownKind);
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::capture

@@ -15,7 +15,7 @@
 
 #include "events.h"
 
-namespace commdbg {
+namespace commdbg::capture {
 
 // Record sizes are checked in events.h itself, on both sides.
 
@@ -143,4 +143,4 @@ inline const CallEnter* entry_of(const Event& ev) {
     return nullptr;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::capture

@@ -5,7 +5,7 @@
 
 #include "arch.hpp"
 
-namespace commdbg {
+namespace commdbg::capture {
 
 namespace {
 
@@ -69,4 +69,4 @@ uint64_t nccl_split_comm_id(uint64_t parent_id, int32_t color, uint32_t nth_spli
     return h;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::capture

@@ -9,7 +9,7 @@
 
 #include "events.h"
 
-namespace commdbg {
+namespace commdbg::capture {
 
 // Bytes per element of an ncclDataType_t; nullopt for values NCCL does not define.
 std::optional<uint32_t> nccl_datatype_size(uint64_t dtype);
@@ -28,4 +28,4 @@ uint64_t nccl_comm_hash(std::span<const uint8_t, CD_UNIQUE_ID_BYTES> unique_id);
 // on every rank of the new communicator, since all of them split in order.
 uint64_t nccl_split_comm_id(uint64_t parent_id, int32_t color, uint32_t nth_split);
 
-}  // namespace commdbg
+}  // namespace commdbg::capture

@@ -23,7 +23,7 @@
 #include "elf_symbols.hpp"
 #include "procfs.hpp"
 
-namespace commdbg {
+namespace commdbg::capture {
 
 namespace {
 
@@ -67,17 +67,17 @@ constexpr size_t kDetachThreads = 32;
 }  // namespace
 
 Result<ProbeAttacher::Plan> ProbeAttacher::plan(const ProbeSpec& spec, const std::string& file, SymbolTable& symbols) {
-    auto elf = ElfSymbols::open(file);
+    auto elf = host::ElfSymbols::open(file);
     if (!elf) return Result<Plan>::fail(elf.error());
     std::vector<std::string> demangled;
     return plan(spec, *elf, symbols, demangled);
 }
 
-ProbeAttacher::Plan ProbeAttacher::plan(const ProbeSpec& spec, const ElfSymbols& elf, SymbolTable& symbols,
+ProbeAttacher::Plan ProbeAttacher::plan(const ProbeSpec& spec, const host::ElfSymbols& elf, SymbolTable& symbols,
                                         std::vector<std::string>& demangled) {
     Plan p;
     std::map<uint64_t, uint64_t> by_offset;  // first rule to claim an address wins
-    auto add = [&](const SymbolRule& rule, const ElfSymbol& sym, const std::string& demangled) {
+    auto add = [&](const SymbolRule& rule, const host::ElfSymbol& sym, const std::string& demangled) {
         if (sym.ifunc || by_offset.count(sym.file_offset)) return;
         SymbolInfo info = rule.info;
         info.name = derive_name(rule, sym.name, demangled);
@@ -90,7 +90,7 @@ ProbeAttacher::Plan ProbeAttacher::plan(const ProbeSpec& spec, const ElfSymbols&
             any_pattern = true;
             continue;
         }
-        const ElfSymbol* s = elf.find(rule.match);
+        const host::ElfSymbol* s = elf.find(rule.match);
         if (!s) {
             p.missing.push_back(rule.match);
             continue;
@@ -101,11 +101,11 @@ ProbeAttacher::Plan ProbeAttacher::plan(const ProbeSpec& spec, const ElfSymbols&
         const auto& funcs = elf.functions();
         demangled.resize(funcs.size());
         for (size_t i = 0; i < funcs.size(); ++i) {
-            const ElfSymbol& sym = funcs[i];
+            const host::ElfSymbol& sym = funcs[i];
             std::string& d = demangled[i];
             for (const auto& rule : spec.symbols) {
                 if (!rule.match.empty()) continue;
-                if (d.empty()) d = demangle(sym.name);
+                if (d.empty()) d = host::demangle(sym.name);
                 if ((!rule.glob.empty() && glob_match(rule.glob, d)) ||
                     (rule.regex && rule.regex->partial_match(d))) {
                     add(rule, sym, d);
@@ -126,7 +126,7 @@ ProbeAttacher::Plan ProbeAttacher::plan(const ProbeSpec& spec, const ElfSymbols&
 }
 
 Result<ScanResult> ProbeAttacher::scan_process(int pid, const ScanLimits& limits) {
-    auto maps = read_maps(pid);
+    auto maps = host::read_maps(pid);
     if (!maps) return Result<ScanResult>::fail(maps.error());
     ScanResult out;
     size_t examined = 0;  // new named files read, attached or not
@@ -153,7 +153,7 @@ Result<ScanResult> ProbeAttacher::scan_process(int pid, const ScanLimits& limits
         ++examined;
         bool failed = false;  // an error, not a file without the spec's symbols
         // Read (and demangle) the file once for all the specs that name it.
-        auto elf = ElfSymbols::open(f.open_path);
+        auto elf = host::ElfSymbols::open(f.open_path);
         std::vector<std::string> demangled;
         for (const auto& spec : specs_) {
             if (!spec.matches_library(f.path)) continue;
@@ -228,7 +228,7 @@ ProbeAttacher::~ProbeAttacher() {
     for (auto& t : threads) t.join();
 }
 
-Result<size_t> ProbeAttacher::attach_multi(bpf_program* prog, const MappedFile& f, std::vector<unsigned long> offsets,
+Result<size_t> ProbeAttacher::attach_multi(bpf_program* prog, const host::MappedFile& f, std::vector<unsigned long> offsets,
                                            std::vector<__u64> cookies, bool retprobe,
                                            std::vector<std::string>& notes) {
     auto try_attach = [&](const unsigned long* offs, const __u64* cks, size_t n) -> bpf_link* {
@@ -267,9 +267,9 @@ Result<size_t> ProbeAttacher::attach_multi(bpf_program* prog, const MappedFile& 
 
 Result<bool> ProbeAttacher::attach_loader(const std::string& path, uint64_t dev, uint64_t inode) {
     loaders_.insert({dev, inode});
-    auto elf = ElfSymbols::open(path);
+    auto elf = host::ElfSymbols::open(path);
     if (!elf) return Result<bool>::fail("loader " + path + ": " + elf.error() + " — libraries loaded later may be missed");
-    const ElfSymbol* s = elf->find("_dl_debug_state");
+    const host::ElfSymbol* s = elf->find("_dl_debug_state");
     if (!s)
         return Result<bool>::fail("loader " + path +
                                   ": no _dl_debug_state symbol — libraries loaded later may be missed");
@@ -305,4 +305,4 @@ std::vector<AttachedFile> ProbeAttacher::detach_files(const std::function<bool(c
     return gone;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::capture

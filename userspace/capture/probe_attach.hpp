@@ -20,7 +20,7 @@
 #include "result.hpp"
 #include "symbol_table.hpp"
 
-namespace commdbg {
+namespace commdbg::capture {
 
 struct AttachedFile {
     std::string spec;
@@ -81,11 +81,11 @@ public:
     static Result<Plan> plan(const ProbeSpec& spec, const std::string& file, SymbolTable& symbols);
     // The same on a file already read; `demangled` (one slot per function,
     // filled on demand) lets several specs on one file demangle it once.
-    static Plan plan(const ProbeSpec& spec, const ElfSymbols& elf, SymbolTable& symbols,
+    static Plan plan(const ProbeSpec& spec, const host::ElfSymbols& elf, SymbolTable& symbols,
                      std::vector<std::string>& demangled);
 
 private:
-    Result<size_t> attach_multi(bpf_program* prog, const MappedFile& f, std::vector<unsigned long> offsets,
+    Result<size_t> attach_multi(bpf_program* prog, const host::MappedFile& f, std::vector<unsigned long> offsets,
                                 std::vector<__u64> cookies, bool retprobe, std::vector<std::string>& notes);
     Result<bool> attach_loader(const std::string& path, uint64_t dev, uint64_t inode);
     static void destroy_last_first(std::vector<LinkPtr>& links);
@@ -100,4 +100,4 @@ private:
     std::map<std::pair<uint64_t, uint64_t>, std::vector<LinkPtr>> file_links_;  // per library file
 };
 
-}  // namespace commdbg
+}  // namespace commdbg::capture

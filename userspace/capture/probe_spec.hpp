@@ -13,7 +13,7 @@
 #include "result.hpp"
 #include "symbol_table.hpp"
 
-namespace commdbg {
+namespace commdbg::capture {
 
 // How a record's display name is derived from the symbol.
 enum class NameFrom {
@@ -61,4 +61,4 @@ bool glob_match(std::string_view pattern, std::string_view text);
 std::string derive_name(const SymbolRule& rule, const std::string& symbol,
                         const std::string& demangled);
 
-}  // namespace commdbg
+}  // namespace commdbg::capture

@@ -17,7 +17,7 @@
 #include <cstdlib>
 #include <vector>
 
-namespace commdbg {
+namespace commdbg::capture {
 
 namespace {
 
@@ -217,4 +217,4 @@ ResumeGuard::~ResumeGuard() {
     waitpid(guard_, nullptr, 0);
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::capture

@@ -9,7 +9,7 @@
 
 #include <sys/types.h>
 
-namespace commdbg {
+namespace commdbg::capture {
 
 // SIGCONT every tgid held in a BPF hash map of stopped processes (keys u32).
 // Async-signal-safe: the guard calls it in a forked child.
@@ -44,4 +44,4 @@ private:
     pid_t guard_ = -1;
 };
 
-}  // namespace commdbg
+}  // namespace commdbg::capture

@@ -2,7 +2,7 @@
 #include "symbol_table.hpp"
 
 
-namespace commdbg {
+namespace commdbg::capture {
 
 uint64_t make_cookie(uint32_t sym_id, const SymbolInfo& s) {
     auto nib = [](uint64_t v) { return v & 0xfu; };
@@ -51,4 +51,4 @@ uint32_t SymbolTable::intern(const SymbolInfo& s) {
     return *id;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::capture

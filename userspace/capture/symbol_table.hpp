@@ -12,7 +12,7 @@
 #include "events.h"
 #include "result.hpp"
 
-namespace commdbg {
+namespace commdbg::capture {
 
 // Which argument slot (0..5 registers, 6..7 stack words) holds what.
 struct ArgSlots {
@@ -66,4 +66,4 @@ private:
     std::unordered_map<std::string, uint32_t> index_;  // layer + '\0' + name -> id
 };
 
-}  // namespace commdbg
+}  // namespace commdbg::capture

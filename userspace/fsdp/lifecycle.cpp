@@ -12,7 +12,7 @@
 #include "model.hpp"
 #include "record_facts.hpp"
 
-namespace commdbg::lifecycle {
+namespace commdbg::fsdp {
 
 extern const std::vector<std::pair<std::string, std::string>> kBuiltinProfileTexts;
 
@@ -180,8 +180,8 @@ void sort_by_start(std::vector<TraceItem>& items) {
 namespace {
 
 struct TreeWalk {
-    const ProcessTree& t;
-    const SymbolTable& syms;
+    const model::ProcessTree& t;
+    const capture::SymbolTable& syms;
     std::vector<TraceItem>& out;
 
     // A collective's bytes, or where it carries none (a c10d call), those of
@@ -190,32 +190,32 @@ struct TreeWalk {
         const auto& recs = t.records();
         if (auto b = record_bytes(recs[idx])) return *b;
         uint64_t sum = 0;
-        for (uint32_t c = recs[idx].first_child; c != kNoRecord; c = recs[c].next_sibling)
-            if (recs[c].kind == RecordKind::Collective) sum += bytes_of(c);
+        for (uint32_t c = recs[idx].first_child; c != model::kNoRecord; c = recs[c].next_sibling)
+            if (recs[c].kind == model::RecordKind::Collective) sum += bytes_of(c);
         return sum;
     }
 
     // `scope`: the enclosing scope item; `in_coll`: inside a collective.
     void visit(uint32_t idx, int32_t scope, bool in_coll) {
         const auto& recs = t.records();
-        const Record& r = recs[idx];
-        if (r.kind == RecordKind::Scope) {
+        const model::Record& r = recs[idx];
+        if (r.kind == model::RecordKind::Scope) {
             out.push_back({.scope = true, .name = std::string(t.context_name(r)), .tid = r.tid,
                            .start_ns = r.start_ns, .bytes = 0, .parent = scope});
             scope = static_cast<int32_t>(out.size() - 1);
-        } else if (r.kind == RecordKind::Collective && r.coll != CD_COLL_NONE && !in_coll) {
-            const SymbolInfo* s = syms.find(r.sym);
-            out.push_back({.scope = false, .name = coll_key(s ? s->layer : "?", static_cast<cd_coll>(r.coll)),
+        } else if (r.kind == model::RecordKind::Collective && r.coll != CD_COLL_NONE && !in_coll) {
+            const capture::SymbolInfo* s = syms.find(r.sym);
+            out.push_back({.scope = false, .name = model::coll_key(s ? s->layer : "?", static_cast<cd_coll>(r.coll)),
                            .tid = r.tid, .start_ns = r.start_ns, .bytes = bytes_of(idx), .parent = scope});
             in_coll = true;
         }
-        for (uint32_t c = r.first_child; c != kNoRecord; c = recs[c].next_sibling) visit(c, scope, in_coll);
+        for (uint32_t c = r.first_child; c != model::kNoRecord; c = recs[c].next_sibling) visit(c, scope, in_coll);
     }
 };
 
 }  // namespace
 
-std::vector<TraceItem> items_from_tree(const ProcessTree& t, const SymbolTable& syms) {
+std::vector<TraceItem> items_from_tree(const model::ProcessTree& t, const capture::SymbolTable& syms) {
     std::vector<TraceItem> out;
     TreeWalk w{t, syms, out};
     for (uint32_t r : t.roots()) w.visit(r, -1, false);
@@ -223,4 +223,4 @@ std::vector<TraceItem> items_from_tree(const ProcessTree& t, const SymbolTable& 
     return out;
 }
 
-}  // namespace commdbg::lifecycle
+}  // namespace commdbg::fsdp

@@ -26,12 +26,14 @@
 #include "pattern.hpp"
 #include "result.hpp"
 
-namespace commdbg {
+namespace commdbg::model {
 class ProcessTree;
+}  // namespace commdbg::model
+namespace commdbg::capture {
 class SymbolTable;
-}  // namespace commdbg
+}  // namespace commdbg::capture
 
-namespace commdbg::lifecycle {
+namespace commdbg::fsdp {
 
 enum class EventKind : uint8_t {
     OptimizerStep,     // the optimizer boundary: a global step ends
@@ -93,7 +95,7 @@ struct TraceItem {
     uint64_t bytes = 0;  // a collective's (else its nested calls'), 0: unknown
     int32_t parent = -1;            // the enclosing scope item, -1: none
 };
-std::vector<TraceItem> items_from_tree(const ProcessTree& t, const SymbolTable& syms);
+std::vector<TraceItem> items_from_tree(const model::ProcessTree& t, const capture::SymbolTable& syms);
 // Items in start order (stable: a parent starts no later than its child), parents renumbered.
 void sort_by_start(std::vector<TraceItem>& items);
 
@@ -191,4 +193,4 @@ std::string render_cross_rank(const std::vector<Finding>& cross, size_t ranks);
 // "commdbg check: V violation(s), W warning(s) in P process(es)\n".
 std::string render_summary(size_t violations, size_t warnings, size_t processes);
 
-}  // namespace commdbg::lifecycle
+}  // namespace commdbg::fsdp

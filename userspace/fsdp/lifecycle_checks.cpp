@@ -17,7 +17,7 @@
 
 #include "lifecycle.hpp"
 
-namespace commdbg::lifecycle {
+namespace commdbg::fsdp {
 
 namespace {
 
@@ -356,4 +356,4 @@ Findings analyse(const std::vector<TraceItem>& items, const Profile& profile, co
     return Analysis(items, profile, o).run();
 }
 
-}  // namespace commdbg::lifecycle
+}  // namespace commdbg::fsdp

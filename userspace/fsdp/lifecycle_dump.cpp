@@ -11,14 +11,14 @@
 #include "lifecycle.hpp"
 #include "py_objects.hpp"
 
-namespace commdbg::lifecycle {
+namespace commdbg::fsdp {
 
 namespace {
 
 // The longest scope label commdbg writes: the kernel reads CD_LABEL_MAX - 1
 // bytes, a label read from Python is kPyMaxString characters of at most 4
 // UTF-8 bytes.  A longer one was not written by commdbg.
-constexpr size_t kMaxLabelBytes = 4 * kPyMaxString;
+constexpr size_t kMaxLabelBytes = 4 * python::kPyMaxString;
 static_assert(CD_LABEL_MAX - 1 <= kMaxLabelBytes);
 
 // The containers whose fields the checks read; any other is skipped whole.
@@ -379,4 +379,4 @@ Result<size_t> read_dump(std::istream& in, const std::function<void(DumpedProces
     return reader.processes();
 }
 
-}  // namespace commdbg::lifecycle
+}  // namespace commdbg::fsdp

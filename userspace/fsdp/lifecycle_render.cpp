@@ -5,7 +5,7 @@
 
 #include "lifecycle.hpp"
 
-namespace commdbg::lifecycle {
+namespace commdbg::fsdp {
 
 using nlohmann::ordered_json;
 
@@ -128,4 +128,4 @@ std::string render_section(const Findings& r) {
     return s;
 }
 
-}  // namespace commdbg::lifecycle
+}  // namespace commdbg::fsdp

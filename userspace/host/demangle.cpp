@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
-namespace commdbg {
+namespace commdbg::host {
 namespace {
 
 // Reused across calls: __cxa_demangle reallocs it as needed, so demangling a
@@ -32,4 +32,4 @@ std::string demangle(std::string_view mangled) {
     return std::string(res);
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::host

@@ -5,10 +5,10 @@
 #include <string>
 #include <string_view>
 
-namespace commdbg {
+namespace commdbg::host {
 
 // Returns the demangled form of `mangled`, or `mangled` unchanged when it is not a
 // mangled C++ name (C symbols like "ncclAllReduce") or does not demangle.
 std::string demangle(std::string_view mangled);
 
-}  // namespace commdbg
+}  // namespace commdbg::host

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <mutex>
 
-namespace commdbg {
+namespace commdbg::host {
 namespace {
 
 // Owns the fd and the libelf handle so every early return releases both.
@@ -314,4 +314,4 @@ const ElfSymbol* ElfSymbols::find(std::string_view name) const {
     return best;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::host

@@ -14,7 +14,7 @@
 
 #include "result.hpp"
 
-namespace commdbg {
+namespace commdbg::host {
 
 struct ElfSymbol {
     std::string name;          // mangled, without any @VERSION / @@VERSION suffix
@@ -68,4 +68,4 @@ struct ElfData {
 // symbol table (a stripped executable) is one without those symbols.
 Result<ElfData> read_elf_data(const std::string& path, const std::set<std::string, std::less<>>& names);
 
-}  // namespace commdbg
+}  // namespace commdbg::host

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <optional>
 
-namespace commdbg {
+namespace commdbg::host {
 
 namespace {
 
@@ -288,4 +288,4 @@ Result<std::string> save_fallback(const std::string& stem, const std::string& ex
     return Result<std::string>::fail(last_error);
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::host

@@ -11,7 +11,7 @@
 
 #include "result.hpp"
 
-namespace commdbg {
+namespace commdbg::host {
 
 struct OutputTarget {
     std::string option;    // "--json": named in every message
@@ -47,4 +47,4 @@ void write_file_atomic(const std::string& path, const std::string& content);
 // Returns the path written, or an error.
 Result<std::string> save_fallback(const std::string& stem, const std::string& ext, const std::string& content);
 
-}  // namespace commdbg
+}  // namespace commdbg::host

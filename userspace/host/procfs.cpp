@@ -15,7 +15,7 @@
 #include <unordered_set>
 #include <utility>
 
-namespace commdbg {
+namespace commdbg::host {
 namespace {
 
 std::string pid_dir(const std::string& proc_root, int pid) {
@@ -373,4 +373,4 @@ std::string access_denied_advice(const TracerCreds& c) {
            "commdbg runs in) — trace it from where that policy allows ptrace access, or allow it there";
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::host

@@ -13,7 +13,7 @@
 
 #include "result.hpp"
 
-namespace commdbg {
+namespace commdbg::host {
 
 // One line of /proc/PID/maps.
 struct MapEntry {
@@ -125,4 +125,4 @@ std::map<std::string, std::string> read_environ(int pid, const std::vector<std::
 // empty when it cannot be read (the thread is gone).
 std::string read_thread_name(int pid, int tid, const std::string& proc_root = "/proc");
 
-}  // namespace commdbg
+}  // namespace commdbg::host

@@ -9,7 +9,7 @@
 
 #include "arch.hpp"
 
-namespace commdbg {
+namespace commdbg::host {
 
 bool RemoteMemory::failed(int err, uint64_t addr) {
     last_error_ = err;
@@ -75,4 +75,4 @@ int ProcessMemory::fetch2(uint64_t a, void* oa, size_t na, uint64_t b, void* ob,
     return vm_readv(pid_, local, remote, 2, na + nb);
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::host

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <string>
 
-namespace commdbg {
+namespace commdbg::host {
 
 class RemoteMemory {
 public:
@@ -71,4 +71,4 @@ private:
     int pid_;
 };
 
-}  // namespace commdbg
+}  // namespace commdbg::host

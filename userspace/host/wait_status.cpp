@@ -6,7 +6,7 @@
 #include <csignal>
 #include <cstring>
 
-namespace commdbg {
+namespace commdbg::host {
 
 ExitInfo decode_exit(int ws) {
     ExitInfo e;
@@ -28,4 +28,4 @@ std::string describe_exit(const ExitInfo& e) {
     return "ended";
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::host

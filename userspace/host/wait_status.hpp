@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-namespace commdbg {
+namespace commdbg::host {
 
 struct ExitInfo {
     std::optional<int> code;    // exited normally: its status, 0..255
@@ -17,4 +17,4 @@ ExitInfo decode_exit(int wait_status);
 // "exited with status 3", "killed by SIGKILL (signal 9)".
 std::string describe_exit(const ExitInfo& e);
 
-}  // namespace commdbg
+}  // namespace commdbg::host

@@ -10,7 +10,7 @@
 
 #include "nccl.hpp"
 
-namespace commdbg {
+namespace commdbg::model {
 
 const char* to_string(RecordKind k) {
     switch (k) {
@@ -33,7 +33,7 @@ const char* to_string(DropCause c) {
 std::string coll_key(std::string_view layer, cd_coll coll) {
     std::string k(layer);
     k += '.';
-    k += coll_name(coll);
+    k += capture::coll_name(coll);
     return k;
 }
 
@@ -55,7 +55,7 @@ std::vector<uint32_t> ProcessTree::threads() const {
 std::map<std::string, uint64_t> ProcessTree::coll_counts() const {
     std::map<std::string, uint64_t> out;
     for (uint32_t id = 0; id < calls_.size(); ++id) {
-        const SymbolInfo* s = syms_->find(id);
+        const capture::SymbolInfo* s = syms_->find(id);
         if (calls_[id] == 0 || !s || s->role != CD_ROLE_COLLECTIVE) continue;
         out[coll_key(s->layer, s->coll)] += calls_[id];
     }
@@ -199,14 +199,14 @@ uint32_t ProcessTree::intern_text(std::string_view s) {
     return id;
 }
 
-uint32_t ProcessTree::intern_frame(const PyFrameInfo& f) {
+uint32_t ProcessTree::intern_frame(const python::PyFrameInfo& f) {
     FrameKey k{intern_text(f.qualname), intern_text(f.file), f.line, f.known, f.library};
     auto [it, added] = frame_index_.emplace(k, static_cast<uint32_t>(frame_rows_.size()));
     if (added) frame_rows_.push_back({k.qualname, k.file, k.line, k.known, k.library});
     return it->second;
 }
 
-uint32_t ProcessTree::intern_stack(std::span<const PyFrameInfo* const> frames, uint16_t status, uint16_t flags) {
+uint32_t ProcessTree::intern_stack(std::span<const python::PyFrameInfo* const> frames, uint16_t status, uint16_t flags) {
     // The new stack's frames go at the end of the list; a stack seen before
     // takes them back.
     const size_t first = stack_frames_.size();
@@ -254,7 +254,7 @@ std::string_view ProcessTree::module_class(const Record& r) const {
 
 bool ProcessTree::nested_in_collective(const Record& r) const {
     for (uint32_t a = r.parent; a != kNoRecord; a = records_[a].parent) {
-        const SymbolInfo* s = syms_->find(records_[a].sym);
+        const capture::SymbolInfo* s = syms_->find(records_[a].sym);
         if (s && s->role == CD_ROLE_COLLECTIVE) return true;
     }
     return false;
@@ -264,7 +264,7 @@ std::map<std::string, ProcessTree::ModuleCommCounts> ProcessTree::module_comm_co
     std::map<std::string, ModuleCommCounts> out;
     std::vector<std::pair<uint32_t, bool>> counted;  // (fqn, backward): a recursive module counts once
     for (const Record& r : records_) {
-        const SymbolInfo* s = syms_->find(r.sym);
+        const capture::SymbolInfo* s = syms_->find(r.sym);
         if (!s || s->role != CD_ROLE_COLLECTIVE || nested_in_collective(r)) continue;
         const std::string key = coll_key(s->layer, s->coll);
         counted.clear();
@@ -281,4 +281,4 @@ std::map<std::string, ProcessTree::ModuleCommCounts> ProcessTree::module_comm_co
     return out;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::model

@@ -21,7 +21,7 @@
 #include "py_context.hpp"
 #include "symbol_table.hpp"
 
-namespace commdbg {
+namespace commdbg::model {
 
 struct ModelLimits {
     size_t max_records = limits::kDefaultMaxRecords;  // retained records per process
@@ -108,7 +108,7 @@ std::string coll_key(std::string_view layer, cd_coll coll);
 
 class ProcessTree {
 public:
-    ProcessTree(uint32_t pid, const SymbolTable& syms) : pid_(pid), syms_(&syms) {}
+    ProcessTree(uint32_t pid, const capture::SymbolTable& syms) : pid_(pid), syms_(&syms) {}
     ProcessTree(const ProcessTree&) = delete;  // caches a pointer into threads_
     ProcessTree& operator=(const ProcessTree&) = delete;
 
@@ -231,15 +231,15 @@ private:
     uint32_t append(Record r, ThreadState& th);
     void end_link(const CtxLink& l, uint64_t ts, bool inferred);
     uint32_t intern_text(std::string_view s);
-    uint32_t intern_frame(const PyFrameInfo& f);
-    uint32_t intern_stack(std::span<const PyFrameInfo* const> frames, uint16_t status, uint16_t flags);
+    uint32_t intern_frame(const python::PyFrameInfo& f);
+    uint32_t intern_stack(std::span<const python::PyFrameInfo* const> frames, uint16_t status, uint16_t flags);
     uint32_t intern_module(std::string_view fqn, std::string_view cls);
     bool nested_in_collective(const Record& r) const;
     void close_all(uint64_t ts);
     void reset_window();
 
     uint32_t pid_;
-    const SymbolTable* syms_;
+    const capture::SymbolTable* syms_;
     std::vector<Record> records_;
     std::vector<uint32_t> roots_;
     std::vector<uint64_t> calls_;  // by symbol id
@@ -269,19 +269,19 @@ private:
 
 class TraceModel {
 public:
-    TraceModel(const SymbolTable& syms, ModelLimits limits);
-    explicit TraceModel(const SymbolTable& syms) : TraceModel(syms, ModelLimits{}) {}
+    TraceModel(const capture::SymbolTable& syms, ModelLimits limits);
+    explicit TraceModel(const capture::SymbolTable& syms) : TraceModel(syms, ModelLimits{}) {}
 
     // Names Python frames and module paths; null: stacks are kept as
     // "<unknown>" frames and no modules are seen.  Must outlive the model.
-    void set_resolver(PyContextResolver* r) { resolver_ = r; }
+    void set_resolver(python::PyContextResolver* r) { resolver_ = r; }
     // Whether a scope (tgid, RecordFunction this) is still open in the target
     // now: a label read from its Python object at ingest is trusted only
     // then (the object dies at the scope's end and its address is reused by
     // the next one).  Unset: labels from Python objects are trusted.
     void set_scope_check(std::function<bool(uint32_t, uint64_t)> open) { scope_open_ = std::move(open); }
 
-    void on_event(const Event& ev);
+    void on_event(const capture::Event& ev);
     // Window reset: records, counts and drops are cleared and exited processes
     // forgotten; the limits stay.  Frames still open become placeholders, so
     // calls that return into them after the reset still nest correctly (they
@@ -294,17 +294,17 @@ public:
 
 private:
     ProcessTree& proc(uint32_t tgid);
-    void on_enter(const CallEnter& e);
-    void on_exit(const CallExit& e);
-    void pop_returned(ProcessTree& p, ProcessTree::ThreadState& th, const CallEnter& e);
-    uint32_t add_call(ProcessTree& p, ProcessTree::ThreadState& th, const CallEnter& e, const SymbolInfo& info);
+    void on_enter(const capture::CallEnter& e);
+    void on_exit(const capture::CallExit& e);
+    void pop_returned(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e);
+    uint32_t add_call(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, const capture::SymbolInfo& info);
     bool admit(ProcessTree& p, const ProcessTree::ThreadState& th);
-    void resolve_frames(const CallEnter& e);
-    void update_context(ProcessTree& p, ProcessTree::ThreadState& th, const CallEnter& e);
+    void resolve_frames(const capture::CallEnter& e);
+    void update_context(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e);
     void want_modules(ProcessTree& p);
-    void open_module(ProcessTree& p, ProcessTree::ThreadState& th, const CallEnter& e, size_t want);
-    void on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const CallEnter& e, const SymbolInfo& info);
-    void begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const CallEnter& e, const SymbolInfo& info);
+    void open_module(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, size_t want);
+    void on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, const capture::SymbolInfo& info);
+    void begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, const capture::SymbolInfo& info);
     void end_scope(ProcessTree& p, ProcessTree::ThreadState& th, uint64_t self, uint64_t ts);
 
     // A module the current record's stack shows, outermost first.
@@ -312,7 +312,7 @@ private:
         uint64_t module;
         uint32_t depth;
         bool backward;
-        const PyFrameInfo* frame;
+        const python::PyFrameInfo* frame;
     };
     // A link of the chain a record's stack asks for: an open scope (index
     // into the thread's chain) or a module (index into want_).
@@ -321,12 +321,12 @@ private:
         uint32_t idx;
     };
 
-    const SymbolTable& syms_;
+    const capture::SymbolTable& syms_;
     ModelLimits limits_;
-    PyContextResolver* resolver_ = nullptr;
+    python::PyContextResolver* resolver_ = nullptr;
     std::function<bool(uint32_t, uint64_t)> scope_open_;
     // Scratch of on_enter, kept for its capacity.
-    std::vector<const PyFrameInfo*> frames_;  // the record's frames, resolved, innermost first
+    std::vector<const python::PyFrameInfo*> frames_;  // the record's frames, resolved, innermost first
     std::vector<WantModule> want_;
     std::vector<Desired> desired_;
     std::unordered_map<uint32_t, std::unique_ptr<ProcessTree>> procs_;
@@ -334,4 +334,4 @@ private:
     ProcessTree* last_proc_ = nullptr;
 };
 
-}  // namespace commdbg
+}  // namespace commdbg::model

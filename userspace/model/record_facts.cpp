@@ -3,16 +3,16 @@
 
 #include "nccl.hpp"
 
-namespace commdbg {
+namespace commdbg::model {
 
 std::string dtype_name(uint32_t dtype) {
-    if (auto n = nccl_datatype_name(dtype)) return std::string(*n);
+    if (auto n = capture::nccl_datatype_name(dtype)) return std::string(*n);
     return "dtype(" + std::to_string(dtype) + ")";
 }
 
 std::optional<uint64_t> record_bytes(const Record& r) {
     if (!r.has(kHasCount) || !r.has(kHasDtype)) return std::nullopt;
-    auto size = nccl_datatype_size(r.dtype);
+    auto size = capture::nccl_datatype_size(r.dtype);
     if (!size) return std::nullopt;
     return r.count * *size;
 }
@@ -31,25 +31,25 @@ std::optional<Elements> record_elements(const Record& r, int32_t nranks) {
     }
 }
 
-std::string_view record_name(const Record& r, const SymbolTable& syms) {
-    const SymbolInfo* s = syms.find(r.sym);
+std::string_view record_name(const Record& r, const capture::SymbolTable& syms) {
+    const capture::SymbolInfo* s = syms.find(r.sym);
     return s ? std::string_view(s->name) : std::string_view("?");
 }
 
-std::string_view record_layer(const Record& r, const SymbolTable& syms) {
-    const SymbolInfo* s = syms.find(r.sym);
+std::string_view record_layer(const Record& r, const capture::SymbolTable& syms) {
+    const capture::SymbolInfo* s = syms.find(r.sym);
     return s ? std::string_view(s->layer) : std::string_view("?");
 }
 
-cd_role record_role(const Record& r, const SymbolTable& syms) {
-    const SymbolInfo* s = syms.find(r.sym);
+cd_role record_role(const Record& r, const capture::SymbolTable& syms) {
+    const capture::SymbolInfo* s = syms.find(r.sym);
     return s ? s->role : CD_ROLE_OTHER;
 }
 
-bool is_init_all(const Record& r, const SymbolTable& syms) {
-    const SymbolInfo* s = syms.find(r.sym);
+bool is_init_all(const Record& r, const capture::SymbolTable& syms) {
+    const capture::SymbolInfo* s = syms.find(r.sym);
     return s && s->role == CD_ROLE_COMM_INIT &&
            (s->tail == CD_TAIL_COMM_LIST || s->name == "ncclCommInitAll");
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::model

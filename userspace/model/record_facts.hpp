@@ -13,7 +13,7 @@
 #include "model.hpp"
 #include "symbol_table.hpp"
 
-namespace commdbg {
+namespace commdbg::model {
 
 std::string dtype_name(uint32_t dtype);  // "float32" or "dtype(N)"
 std::optional<uint64_t> record_bytes(const Record& r);
@@ -23,10 +23,10 @@ struct Elements {
     uint64_t in = 0, out = 0;
 };
 std::optional<Elements> record_elements(const Record& r, int32_t nranks);
-std::string_view record_name(const Record& r, const SymbolTable& syms);
-std::string_view record_layer(const Record& r, const SymbolTable& syms);
-cd_role record_role(const Record& r, const SymbolTable& syms);  // CD_ROLE_OTHER if unknown
+std::string_view record_name(const Record& r, const capture::SymbolTable& syms);
+std::string_view record_layer(const Record& r, const capture::SymbolTable& syms);
+cd_role record_role(const Record& r, const capture::SymbolTable& syms);  // CD_ROLE_OTHER if unknown
 // ncclCommInitAll: its "nranks" slot is the device count (shown as ndev).
-bool is_init_all(const Record& r, const SymbolTable& syms);
+bool is_init_all(const Record& r, const capture::SymbolTable& syms);
 
-}  // namespace commdbg
+}  // namespace commdbg::model

@@ -6,7 +6,7 @@
 
 #include "model.hpp"
 
-namespace commdbg {
+namespace commdbg::model {
 
 namespace {
 
@@ -15,9 +15,9 @@ namespace {
 constexpr size_t kMaxCtxLinks = 4 * CD_MAX_PY_FRAMES;
 
 // A frame when there is no resolver: counted, never named.
-const PyFrameInfo kUnresolved{};
+const python::PyFrameInfo kUnresolved{};
 
-std::string module_fqn(PyContextResolver* res, uint32_t pid, uint64_t root, uint64_t module) {
+std::string module_fqn(python::PyContextResolver* res, uint32_t pid, uint64_t root, uint64_t module) {
     if (root == 0) return "<unknown>";
     if (module == root) return "<root>";
     std::optional<std::string> path = res ? res->module_path(pid, root, module) : std::nullopt;
@@ -29,7 +29,7 @@ std::string module_fqn(PyContextResolver* res, uint32_t pid, uint64_t root, uint
 
 // ---- TraceModel: framework context ----------------------------------------
 
-void TraceModel::resolve_frames(const CallEnter& e) {
+void TraceModel::resolve_frames(const capture::CallEnter& e) {
     frames_.clear();
     if (e.py_status == CD_PY_NONE) return;
     for (const cd_py_frame& f : e.py_frames)
@@ -47,11 +47,11 @@ void TraceModel::want_modules(ProcessTree& p) {
     const size_t n = frames_.size();
     size_t entry = n;
     for (size_t i = 0; i < n && entry == n; ++i)
-        if (frames_[i]->kind == PyFrameKind::BackwardEntry) entry = i;
+        if (frames_[i]->kind == python::PyFrameKind::BackwardEntry) entry = i;
     for (size_t i = n; i-- > 0;) {
-        const PyFrameInfo& f = *frames_[i];
+        const python::PyFrameInfo& f = *frames_[i];
         bool backward = entry < n && i < entry;
-        if (f.module == 0 || (!backward && f.kind != PyFrameKind::ModuleCall)) continue;
+        if (f.module == 0 || (!backward && f.kind != python::PyFrameKind::ModuleCall)) continue;
         if (!want_.empty() && want_.back().module == f.module && want_.back().backward == backward) continue;
         want_.push_back({f.module, static_cast<uint32_t>(n - i), backward, &f});
     }
@@ -63,7 +63,7 @@ void TraceModel::want_modules(ProcessTree& p) {
 // it: outside).  The common prefix stays; the rest of the old chain ends
 // where this record starts (a scope among it lost its end: it ends too), and
 // the new modules open.
-void TraceModel::update_context(ProcessTree& p, ProcessTree::ThreadState& th, const CallEnter& e) {
+void TraceModel::update_context(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e) {
     want_modules(p);
     desired_.clear();
     size_t w = 0;
@@ -87,7 +87,7 @@ void TraceModel::update_context(ProcessTree& p, ProcessTree::ThreadState& th, co
         if (!desired_[i].scope) open_module(p, th, e, desired_[i].idx);
 }
 
-void TraceModel::open_module(ProcessTree& p, ProcessTree::ThreadState& th, const CallEnter& e, size_t want) {
+void TraceModel::open_module(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, size_t want) {
     if (th.ctx.size() >= kMaxCtxLinks) return;
     const WantModule& m = want_[want];
     uint32_t rec = kNoRecord;
@@ -106,7 +106,7 @@ void TraceModel::open_module(ProcessTree& p, ProcessTree::ThreadState& th, const
     th.ctx.push_back({m.module, m.depth, rec, kNoRecord, false, m.backward});
 }
 
-void TraceModel::on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const CallEnter& e, const SymbolInfo& info) {
+void TraceModel::on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, const capture::SymbolInfo& info) {
     uint64_t v = 0;
     switch (info.role) {
     case CD_ROLE_SCOPE_LABEL:
@@ -128,11 +128,11 @@ void TraceModel::on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const Ca
 // torch 1.13 only shows it as the name of the record_function whose
 // __enter__ is on the stack.  The scope's depth is that of the frame that
 // entered it: the frames outside the innermost __enter__.
-void TraceModel::begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const CallEnter& e, const SymbolInfo& info) {
-    const PyFrameInfo* enter = nullptr;
+void TraceModel::begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, const capture::SymbolInfo& info) {
+    const python::PyFrameInfo* enter = nullptr;
     size_t at = 0;
     for (; at < frames_.size() && !enter; ++at)
-        if (frames_[at]->kind == PyFrameKind::RecordFunctionEnter) enter = frames_[at];
+        if (frames_[at]->kind == python::PyFrameKind::RecordFunctionEnter) enter = frames_[at];
     uint64_t self = 0;
     slot_value(e, info.slots.count, self);
     std::string label = "<unnamed>";
@@ -180,4 +180,4 @@ void TraceModel::end_scope(ProcessTree& p, ProcessTree::ThreadState& th, uint64_
     th.ctx.resize(at);
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::model

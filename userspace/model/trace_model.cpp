@@ -8,7 +8,7 @@
 
 #include "model.hpp"
 
-namespace commdbg {
+namespace commdbg::model {
 
 namespace {
 
@@ -39,7 +39,7 @@ RecordKind kind_of(cd_role role) {
 
 // ---- TraceModel -----------------------------------------------------------
 
-TraceModel::TraceModel(const SymbolTable& syms, ModelLimits limits)
+TraceModel::TraceModel(const capture::SymbolTable& syms, ModelLimits limits)
     : syms_(syms), limits_(limits) {}
 
 ProcessTree& TraceModel::proc(uint32_t tgid) {
@@ -76,21 +76,21 @@ void TraceModel::reset() {
     last_proc_ = nullptr;
 }
 
-void TraceModel::on_event(const Event& ev) {
+void TraceModel::on_event(const capture::Event& ev) {
     std::visit(
         [this](const auto& e) {
             using T = std::decay_t<decltype(e)>;
-            if constexpr (std::is_same_v<T, CallEnter>) {
+            if constexpr (std::is_same_v<T, capture::CallEnter>) {
                 on_enter(e);
-            } else if constexpr (std::is_same_v<T, CallExit>) {
+            } else if constexpr (std::is_same_v<T, capture::CallExit>) {
                 on_exit(e);
-            } else if constexpr (std::is_same_v<T, Call>) {
+            } else if constexpr (std::is_same_v<T, capture::Call>) {
                 on_enter(e.enter);
                 on_exit(e.exit);
-            } else if constexpr (std::is_same_v<T, ProcFork>) {
+            } else if constexpr (std::is_same_v<T, capture::ProcFork>) {
                 ProcessTree& p = proc(e.tgid);
                 p.parent_pid_ = e.parent_tgid;
-            } else if constexpr (std::is_same_v<T, ProcExit>) {
+            } else if constexpr (std::is_same_v<T, capture::ProcExit>) {
                 ProcessTree& p = proc(e.tgid);
                 p.close_all(e.ts_ns);
                 p.exit_code_ = e.exit_code;
@@ -102,10 +102,10 @@ void TraceModel::on_event(const Event& ev) {
         ev);
 }
 
-void TraceModel::on_enter(const CallEnter& e) {
+void TraceModel::on_enter(const capture::CallEnter& e) {
     ProcessTree& p = proc(e.tgid);
     uint32_t sym = CD_COOKIE_SYM(e.cookie);
-    const SymbolInfo* info = syms_.find(sym);
+    const capture::SymbolInfo* info = syms_.find(sym);
     if (!info) {
         ++p.unknown_symbols_;
         return;
@@ -140,7 +140,7 @@ void TraceModel::on_enter(const CallEnter& e) {
     }
 }
 
-void TraceModel::pop_returned(ProcessTree& p, ProcessTree::ThreadState& th, const CallEnter& e) {
+void TraceModel::pop_returned(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e) {
     // Which open frames have returned: the kernel knows, having checked each
     // frame's return-address slot (a later sibling may enter at a deeper sp).
     // Without its depth, the sp rule: a frame at or above the new sp returned.
@@ -177,8 +177,8 @@ bool TraceModel::admit(ProcessTree& p, const ProcessTree::ThreadState& th) {
     return true;
 }
 
-uint32_t TraceModel::add_call(ProcessTree& p, ProcessTree::ThreadState& th, const CallEnter& e,
-                              const SymbolInfo& info) {
+uint32_t TraceModel::add_call(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
+                              const capture::SymbolInfo& info) {
     if (!admit(p, th)) return kNoRecord;
     Record r;
     r.start_ns = e.ts_ns;
@@ -187,7 +187,7 @@ uint32_t TraceModel::add_call(ProcessTree& p, ProcessTree::ThreadState& th, cons
     r.kind = kind_of(info.role);
     r.coll = static_cast<uint8_t>(info.coll);
     r.group_depth = static_cast<uint16_t>(std::min<uint32_t>(e.group_depth, 0xffff));
-    const ArgSlots& s = info.slots;
+    const capture::ArgSlots& s = info.slots;
     uint64_t v = 0;
     if (slot_value(e, s.count, v)) r.count = v, r.flags |= kHasCount;
     if (slot_value(e, s.dtype, v)) r.dtype = static_cast<uint32_t>(v), r.flags |= kHasDtype;
@@ -202,9 +202,9 @@ uint32_t TraceModel::add_call(ProcessTree& p, ProcessTree::ThreadState& th, cons
     return p.append(r, th);
 }
 
-void TraceModel::on_exit(const CallExit& e) {
+void TraceModel::on_exit(const capture::CallExit& e) {
     ProcessTree& p = proc(e.tgid);
-    const SymbolInfo* info = syms_.from_cookie(e.cookie);
+    const capture::SymbolInfo* info = syms_.from_cookie(e.cookie);
     if (info && (info->role == CD_ROLE_GROUP_START || info->role == CD_ROLE_GROUP_END)) return;
     ProcessTree::ThreadState& th = p.thread(e.tid);
     th.seen = true;
@@ -228,4 +228,4 @@ void TraceModel::on_exit(const CallExit& e) {
     th.pending.erase(std::next(it).base());
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::model

@@ -11,26 +11,26 @@
 #include "text.hpp"
 #include "wait_status.hpp"
 
-namespace commdbg {
+namespace commdbg::output {
 
 namespace {
 
 using namespace render_parts;
 using nlohmann::ordered_json;
 
-const char* json_type(RecordKind k) {
+const char* json_type(model::RecordKind k) {
     switch (k) {
-    case RecordKind::Collective: return "collective";
-    case RecordKind::Op: return "op";
-    case RecordKind::Module: return "module";
-    case RecordKind::Scope: return "scope";
+    case model::RecordKind::Collective: return "collective";
+    case model::RecordKind::Op: return "op";
+    case model::RecordKind::Module: return "module";
+    case model::RecordKind::Scope: return "scope";
     }
     return "op";
 }
 
 class JsonWriter {
 public:
-    JsonWriter(const ProcessSnapshot& p, const SymbolTable& syms, int noise)
+    JsonWriter(const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms, int noise)
         : p_(p), syms_(syms), noise_(noise) {}
 
     // With `records_mark`, "records" holds that string in place of the tree:
@@ -48,9 +48,9 @@ public:
             if (auto by_module = module_counts_json(*p_.tree); !by_module.empty())
                 j["module_comm_counts"] = std::move(by_module);
         }
-        if (p_.fsdp) j["fsdp"] = lifecycle::to_json(*p_.fsdp);
+        if (p_.fsdp) j["fsdp"] = fsdp::to_json(*p_.fsdp);
         ordered_json counters = ordered_json::array();
-        for (const CounterRow* c : sorted_counters(p_, syms_)) counters.push_back(counter_json(*c));
+        for (const snapshot::CounterRow* c : sorted_counters(p_, syms_)) counters.push_back(counter_json(*c));
         j["counters"] = std::move(counters);
         if (p_.counter_breakdown_lost) j["counter_breakdown_lost"] = p_.counter_breakdown_lost;
 
@@ -62,8 +62,8 @@ public:
             j["records"] = std::move(records);
         }
 
-        uint64_t budget = p_.tree ? p_.tree->dropped(DropCause::Budget) : 0;
-        uint64_t depth = p_.tree ? p_.tree->dropped(DropCause::Depth) : 0;
+        uint64_t budget = p_.tree ? p_.tree->dropped(model::DropCause::Budget) : 0;
+        uint64_t depth = p_.tree ? p_.tree->dropped(model::DropCause::Depth) : 0;
         uint64_t dropped = p_.kernel_dropped_records + budget + depth;
         if (dropped > 0) {
             j["dropped_records"] = dropped;
@@ -79,7 +79,7 @@ public:
         proc["command"] = p_.command;
         // exit_code: the status of exit(N); a process killed by a signal has
         // "exit_code": null and "signal": N instead.
-        auto ended = p_.exit_code ? decode_exit(*p_.exit_code) : ExitInfo{};
+        auto ended = p_.exit_code ? host::decode_exit(*p_.exit_code) : host::ExitInfo{};
         proc["exit_code"] = ended.code ? ordered_json(*ended.code) : ordered_json(nullptr);
         if (ended.signal) {
             proc["signal"] = *ended.signal;
@@ -96,7 +96,7 @@ public:
         }
 
         ordered_json comms = ordered_json::array();
-        for (const CommInfo& c : p_.comms) comms.push_back(comm_json(c));
+        for (const snapshot::CommInfo& c : p_.comms) comms.push_back(comm_json(c));
         j["communicators"] = std::move(comms);
         if (!p_.notes.empty()) j["notes"] = p_.notes;
         return j;
@@ -117,7 +117,7 @@ public:
 
 private:
     // Collectives per module path, forward and backward (an empty side is omitted).
-    static ordered_json module_counts_json(const ProcessTree& t) {
+    static ordered_json module_counts_json(const model::ProcessTree& t) {
         ordered_json out = ordered_json::object();
         for (const auto& [fqn, c] : t.module_comm_counts()) {
             ordered_json m = ordered_json::object();
@@ -129,15 +129,15 @@ private:
     }
 
     // One exact kernel counter row.
-    ordered_json counter_json(const CounterRow& c) const {
+    ordered_json counter_json(const snapshot::CounterRow& c) const {
         ordered_json o;
-        const SymbolInfo* s = syms_.find(c.sym);
+        const capture::SymbolInfo* s = syms_.find(c.sym);
         o["name"] = s ? s->name : std::string("?");
         o["layer"] = s ? s->layer : std::string("?");
-        if (s && s->coll != CD_COLL_NONE) o["collective"] = coll_name(s->coll);
+        if (s && s->coll != CD_COLL_NONE) o["collective"] = capture::coll_name(s->coll);
         o["comm"] = hex(c.comm);
-        if (const CommInfo* ci = find_comm(p_, c.comm); ci && ci->id) o["comm_id"] = hex16(*ci->id);
-        if (c.dtype != CD_DTYPE_NONE) o["dtype"] = dtype_name(c.dtype);
+        if (const snapshot::CommInfo* ci = find_comm(p_, c.comm); ci && ci->id) o["comm_id"] = hex16(*ci->id);
+        if (c.dtype != CD_DTYPE_NONE) o["dtype"] = model::dtype_name(c.dtype);
         o["calls"] = c.calls;
         o["elements"] = c.elements;
         o["bytes"] = c.bytes;
@@ -145,7 +145,7 @@ private:
         return o;
     }
 
-    static ordered_json comm_json(const CommInfo& c) {
+    static ordered_json comm_json(const snapshot::CommInfo& c) {
         ordered_json o;
         o["ptr"] = hex(c.ptr);
         o["id"] = c.id ? ordered_json(hex16(*c.id)) : ordered_json(nullptr);
@@ -161,9 +161,9 @@ private:
     // A hidden record's visible children take its place in `out`.
     void append(uint32_t idx, ordered_json& out) const {
         const auto& recs = p_.tree->records();
-        const Record& r = recs[idx];
+        const model::Record& r = recs[idx];
         if (!record_visible(r, syms_, noise_)) {
-            for (uint32_t c = r.first_child; c != kNoRecord; c = recs[c].next_sibling)
+            for (uint32_t c = r.first_child; c != model::kNoRecord; c = recs[c].next_sibling)
                 append(c, out);
             return;
         }
@@ -175,18 +175,18 @@ private:
         o["tid"] = r.tid;
         o["start_ns"] = r.start_ns;
         o["end_ns"] = r.end_ns ? ordered_json(r.end_ns) : ordered_json(nullptr);
-        if (r.has(kEndInferred)) o["end_inferred"] = true;
-        if (r.has(kEndAtExit)) o["end_at_exit"] = true;
+        if (r.has(model::kEndInferred)) o["end_inferred"] = true;
+        if (r.has(model::kEndAtExit)) o["end_at_exit"] = true;
         py_stack_json(r, *p_.tree, o);
         ordered_json children = ordered_json::array();
-        for (uint32_t c = r.first_child; c != kNoRecord; c = recs[c].next_sibling)
+        for (uint32_t c = r.first_child; c != model::kNoRecord; c = recs[c].next_sibling)
             append(c, children);
         o["children"] = std::move(children);
         out.push_back(std::move(o));
     }
 
-    const ProcessSnapshot& p_;
-    const SymbolTable& syms_;
+    const snapshot::ProcessSnapshot& p_;
+    const capture::SymbolTable& syms_;
     int noise_;
 };
 
@@ -195,26 +195,26 @@ private:
 namespace render_parts {
 
 template <typename Json>
-void collective_json(const Record& r, const ProcessSnapshot& p, const SymbolTable& syms, Json& o) {
-    for (const CallField& f : call_fields(r, p, syms)) {
+void collective_json(const model::Record& r, const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms, Json& o) {
+    for (const meaning::CallField& f : meaning::call_fields(r, p, syms)) {
         if (f.key.empty()) continue;  // the table's only
         std::string key(f.key);
         switch (f.type) {
-        case FieldType::Int: o[key] = f.i; break;
-        case FieldType::UInt:
-        case FieldType::Nanos: o[key] = f.u; break;
+        case meaning::FieldType::Int: o[key] = f.i; break;
+        case meaning::FieldType::UInt:
+        case meaning::FieldType::Nanos: o[key] = f.u; break;
         default: o[key] = field_text(f); break;
         }
     }
 }
 
-template void collective_json(const Record&, const ProcessSnapshot&, const SymbolTable&,
+template void collective_json(const model::Record&, const snapshot::ProcessSnapshot&, const capture::SymbolTable&,
                               nlohmann::ordered_json&);
-template void collective_json(const Record&, const ProcessSnapshot&, const SymbolTable&,
+template void collective_json(const model::Record&, const snapshot::ProcessSnapshot&, const capture::SymbolTable&,
                               nlohmann::json&);
 
-std::vector<const ProcessSnapshot*> by_pid(const std::vector<ProcessSnapshot>& ps) {
-    std::vector<const ProcessSnapshot*> sorted;
+std::vector<const snapshot::ProcessSnapshot*> by_pid(const std::vector<snapshot::ProcessSnapshot>& ps) {
+    std::vector<const snapshot::ProcessSnapshot*> sorted;
     for (const auto& p : ps) sorted.push_back(&p);
     std::stable_sort(sorted.begin(), sorted.end(), [](const auto* a, const auto* b) { return a->pid < b->pid; });
     return sorted;
@@ -237,7 +237,7 @@ void append_indented(std::string& out, const std::string& text, size_t n) {
 
 }  // namespace
 
-std::string to_json_text(const std::vector<ProcessSnapshot>& ps, const SymbolTable& syms, int noise_level,
+std::string to_json_text(const std::vector<snapshot::ProcessSnapshot>& ps, const capture::SymbolTable& syms, int noise_level,
                          const nlohmann::ordered_json& extra) {
     const auto sorted = by_pid(ps);
     // The skeleton, with a mark per process where its records go.  The mark
@@ -286,11 +286,11 @@ std::string to_json_text(const std::vector<ProcessSnapshot>& ps, const SymbolTab
     return out;
 }
 
-nlohmann::ordered_json to_json(const ProcessSnapshot& p, const SymbolTable& syms, int noise_level) {
+nlohmann::ordered_json to_json(const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms, int noise_level) {
     return JsonWriter(p, syms, noise_level).render();
 }
 
-nlohmann::ordered_json to_json(const std::vector<ProcessSnapshot>& ps, const SymbolTable& syms,
+nlohmann::ordered_json to_json(const std::vector<snapshot::ProcessSnapshot>& ps, const capture::SymbolTable& syms,
                                int noise_level) {
     if (ps.size() == 1) return to_json(ps.front(), syms, noise_level);
     const auto sorted = by_pid(ps);
@@ -301,4 +301,4 @@ nlohmann::ordered_json to_json(const std::vector<ProcessSnapshot>& ps, const Sym
     return j;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::output

@@ -7,7 +7,7 @@
 
 #include "nccl.hpp"
 
-namespace commdbg {
+namespace commdbg::output {
 
 namespace {
 
@@ -32,12 +32,12 @@ bool is_trivial_op(std::string_view name) {
     return false;
 }
 
-bool record_visible(const Record& r, const SymbolTable& syms, int noise_level) {
+bool record_visible(const model::Record& r, const capture::SymbolTable& syms, int noise_level) {
     switch (r.kind) {
-    case RecordKind::Collective: return true;
-    case RecordKind::Module:
-    case RecordKind::Scope: return noise_level >= 2;
-    case RecordKind::Op:
+    case model::RecordKind::Collective: return true;
+    case model::RecordKind::Module:
+    case model::RecordKind::Scope: return noise_level >= 2;
+    case model::RecordKind::Op:
         if (noise_level < 1) return false;
         if (noise_level >= 3) return true;
         return !is_trivial_op(record_name(r, syms));
@@ -47,23 +47,23 @@ bool record_visible(const Record& r, const SymbolTable& syms, int noise_level) {
 
 namespace render_parts {
 
-std::string_view record_name(const Record& r, const ProcessSnapshot& p, const SymbolTable& syms) {
-    if (r.ctx != kNoCtx && p.tree) return p.tree->context_name(r);
+std::string_view record_name(const model::Record& r, const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms) {
+    if (r.ctx != model::kNoCtx && p.tree) return p.tree->context_name(r);
     return record_name(r, syms);
 }
 
-std::string_view record_layer(const Record& r, const ProcessSnapshot& /*p*/, const SymbolTable& syms) {
-    if (r.kind == RecordKind::Module && r.ctx != kNoCtx) return "python";
+std::string_view record_layer(const model::Record& r, const snapshot::ProcessSnapshot& /*p*/, const capture::SymbolTable& syms) {
+    if (r.kind == model::RecordKind::Module && r.ctx != model::kNoCtx) return "python";
     return record_layer(r, syms);
 }
 
 template <typename Json>
-void py_stack_json(const Record& r, const ProcessTree& t, Json& o) {
-    if (r.stack == kNoStack) return;
-    const ProcessTree::PyStack& s = t.py_stack(r.stack);
+void py_stack_json(const model::Record& r, const model::ProcessTree& t, Json& o) {
+    if (r.stack == model::kNoStack) return;
+    const model::ProcessTree::PyStack& s = t.py_stack(r.stack);
     Json frames = Json::array();
     for (uint32_t id : t.py_stack_frames(s)) {
-        const ProcessTree::PyFrameRow& f = t.py_frame(id);
+        const model::ProcessTree::PyFrameRow& f = t.py_frame(id);
         Json fj = Json::object();
         fj["qualname"] = std::string(t.text(f.qualname));
         fj["file"] = std::string(t.text(f.file));
@@ -75,13 +75,13 @@ void py_stack_json(const Record& r, const ProcessTree& t, Json& o) {
     if (s.status == CD_PY_FAULT) o["py_stack_partial"] = true;
 }
 
-template void py_stack_json(const Record&, const ProcessTree&, nlohmann::ordered_json&);
-template void py_stack_json(const Record&, const ProcessTree&, nlohmann::json&);
+template void py_stack_json(const model::Record&, const model::ProcessTree&, nlohmann::ordered_json&);
+template void py_stack_json(const model::Record&, const model::ProcessTree&, nlohmann::json&);
 
-std::string py_location(const Record& r, const ProcessTree& t) {
-    if (r.stack == kNoStack) return {};
+std::string py_location(const model::Record& r, const model::ProcessTree& t) {
+    if (r.stack == model::kNoStack) return {};
     for (uint32_t id : t.py_stack_frames(t.py_stack(r.stack))) {
-        const ProcessTree::PyFrameRow& f = t.py_frame(id);
+        const model::ProcessTree::PyFrameRow& f = t.py_frame(id);
         if (f.library) continue;
         if (t.text(f.file).empty()) return std::string(t.text(f.qualname));  // "<unknown>": freed or unreadable
         return std::string(t.text(f.file)) + ":" + std::to_string(f.line) + " " + std::string(t.text(f.qualname));
@@ -89,15 +89,15 @@ std::string py_location(const Record& r, const ProcessTree& t) {
     return {};
 }
 
-std::vector<const CounterRow*> sorted_counters(const ProcessSnapshot& p, const SymbolTable& syms) {
-    std::vector<const CounterRow*> out;
+std::vector<const snapshot::CounterRow*> sorted_counters(const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms) {
+    std::vector<const snapshot::CounterRow*> out;
     out.reserve(p.counters.size());
-    for (const CounterRow& c : p.counters) out.push_back(&c);
-    auto name = [&](const CounterRow* c) {
-        const SymbolInfo* s = syms.find(c->sym);
+    for (const snapshot::CounterRow& c : p.counters) out.push_back(&c);
+    auto name = [&](const snapshot::CounterRow* c) {
+        const capture::SymbolInfo* s = syms.find(c->sym);
         return s ? std::string_view(s->name) : std::string_view("?");
     };
-    std::stable_sort(out.begin(), out.end(), [&](const CounterRow* a, const CounterRow* b) {
+    std::stable_sort(out.begin(), out.end(), [&](const snapshot::CounterRow* a, const snapshot::CounterRow* b) {
         auto na = name(a), nb = name(b);
         if (na != nb) return na < nb;
         if (a->comm != b->comm) return a->comm < b->comm;
@@ -108,4 +108,4 @@ std::vector<const CounterRow*> sorted_counters(const ProcessSnapshot& p, const S
 
 }  // namespace render_parts
 
-}  // namespace commdbg
+}  // namespace commdbg::output

@@ -11,7 +11,7 @@
 #include "text.hpp"
 #include "wait_status.hpp"
 
-namespace commdbg {
+namespace commdbg::output {
 
 namespace {
 
@@ -21,12 +21,12 @@ constexpr const char* kReset = "\x1b[0m";
 constexpr const char* kWarn = "\x1b[1;31m";
 constexpr const char* kBold = "\x1b[1m";
 
-const char* kind_color(RecordKind k) {
+const char* kind_color(model::RecordKind k) {
     switch (k) {
-    case RecordKind::Collective: return "\x1b[1;33m";
-    case RecordKind::Op: return "\x1b[36m";
-    case RecordKind::Module: return "\x1b[35m";
-    case RecordKind::Scope: return "\x1b[34m";
+    case model::RecordKind::Collective: return "\x1b[1;33m";
+    case model::RecordKind::Op: return "\x1b[36m";
+    case model::RecordKind::Module: return "\x1b[35m";
+    case model::RecordKind::Scope: return "\x1b[34m";
     }
     return "";
 }
@@ -39,7 +39,7 @@ std::string us(uint64_t ns) {
 
 class TableWriter {
 public:
-    TableWriter(const ProcessSnapshot& p, const SymbolTable& syms, int noise, bool color)
+    TableWriter(const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms, int noise, bool color)
         : p_(p), syms_(syms), noise_(noise), color_(color) {}
 
     std::string render() {
@@ -58,7 +58,7 @@ private:
     void summary() {
         std::string head = "commdbg: pid " + std::to_string(p_.pid);
         if (!p_.command.empty()) head += " (" + p_.command + ")";
-        if (p_.exit_code) head += " " + describe_exit(decode_exit(*p_.exit_code));
+        if (p_.exit_code) head += " " + describe_exit(host::decode_exit(*p_.exit_code));
         line(paint(kBold, head));
         if (!p_.libraries.empty()) {
             std::string libs = "libraries:";
@@ -83,7 +83,7 @@ private:
 
         if (!p_.comms.empty()) {
             line("communicators:");
-            for (const CommInfo& c : p_.comms) {
+            for (const snapshot::CommInfo& c : p_.comms) {
                 std::string row = "  id=" + (c.id ? hex16(*c.id) : std::string("unknown"));
                 row += " nranks=" + (c.nranks >= 0 ? std::to_string(c.nranks) : "?");
                 row += " rank=" + (c.rank >= 0 ? std::to_string(c.rank) : "?");
@@ -95,8 +95,8 @@ private:
             }
         }
 
-        uint64_t budget = p_.tree ? p_.tree->dropped(DropCause::Budget) : 0;
-        uint64_t depth = p_.tree ? p_.tree->dropped(DropCause::Depth) : 0;
+        uint64_t budget = p_.tree ? p_.tree->dropped(model::DropCause::Budget) : 0;
+        uint64_t depth = p_.tree ? p_.tree->dropped(model::DropCause::Depth) : 0;
         uint64_t missing = p_.kernel_dropped_records + budget + depth;
         if (p_.counter_breakdown_lost) line(paint(kWarn, "warning: " + std::to_string(p_.counter_breakdown_lost) + " calls counted without communicator and datatype (the kernel's counter keys ran out); the counts per kind are exact"));
         if (missing > 0) {
@@ -115,8 +115,8 @@ private:
         if (p_.fsdp) fsdp_section(*p_.fsdp);
     }
 
-    void fsdp_section(const lifecycle::Findings& r) {
-        std::string text = lifecycle::render_section(r);
+    void fsdp_section(const fsdp::Findings& r) {
+        std::string text = fsdp::render_section(r);
         const bool bad = !r.violations.empty();
         for (size_t from = 0, nl; (nl = text.find('\n', from)) != std::string::npos; from = nl + 1) {
             std::string l = text.substr(from, nl - from);
@@ -150,7 +150,7 @@ private:
 
     void emit(uint32_t idx, int level) {
         const auto& recs = p_.tree->records();
-        const Record& r = recs[idx];
+        const model::Record& r = recs[idx];
         int child_level = level;
         if (record_visible(r, syms_, noise_)) {
             std::string type = to_string(r.kind);
@@ -158,14 +158,14 @@ private:
             line(paint(kind_color(r.kind), cell) + std::string(2 * level, ' ') + detail(r));
             child_level = level + 1;
         }
-        for (uint32_t c = r.first_child; c != kNoRecord; c = recs[c].next_sibling)
+        for (uint32_t c = r.first_child; c != model::kNoRecord; c = recs[c].next_sibling)
             emit(c, child_level);
     }
 
     // "scope NAME", "module PATH (Class) forward", or the name, then the
     // call's fields (call_fields.hpp) in table order; from level 2, where in
     // the Python code it was made.
-    std::string detail(const Record& r) const {
+    std::string detail(const model::Record& r) const {
         std::string d = context_detail(r);
         if (d.empty()) d = record_name(r, syms_);
         fields_detail(r, d);
@@ -175,32 +175,32 @@ private:
         return d;
     }
 
-    std::string context_detail(const Record& r) const {
-        if (r.ctx == kNoCtx) return {};
+    std::string context_detail(const model::Record& r) const {
+        if (r.ctx == model::kNoCtx) return {};
         std::string name(p_.tree->context_name(r));
-        if (r.kind == RecordKind::Scope) return "scope " + name;
+        if (r.kind == model::RecordKind::Scope) return "scope " + name;
         std::string cls(p_.tree->module_class(r));
-        return "module " + name + (cls.empty() ? "" : " (" + cls + ")") + (r.has(kBackward) ? " backward" : " forward");
+        return "module " + name + (cls.empty() ? "" : " (" + cls + ")") + (r.has(model::kBackward) ? " backward" : " forward");
     }
 
-    void fields_detail(const Record& r, std::string& d) const {
-        auto fields = call_fields(r, p_, syms_);
+    void fields_detail(const model::Record& r, std::string& d) const {
+        auto fields = meaning::call_fields(r, p_, syms_);
         std::stable_sort(fields.begin(), fields.end(),
-                         [](const CallField& a, const CallField& b) { return a.table_order < b.table_order; });
-        for (const CallField& f : fields) {
-            if (f.show == TableShow::Never || noise_ < f.min_noise) continue;
-            std::string value = f.type == FieldType::Nanos ? us(f.u) + " (host)" : field_text(f);
-            if (f.show == TableShow::Bare) {
+                         [](const meaning::CallField& a, const meaning::CallField& b) { return a.table_order < b.table_order; });
+        for (const meaning::CallField& f : fields) {
+            if (f.show == meaning::TableShow::Never || noise_ < f.min_noise) continue;
+            std::string value = f.type == meaning::FieldType::Nanos ? us(f.u) + " (host)" : field_text(f);
+            if (f.show == meaning::TableShow::Bare) {
                 d += " " + value;
                 continue;
             }
             std::string kv = std::string(f.table_key) + "=" + value;
-            d += " " + (f.show == TableShow::Warn && f.i != 0 ? paint(kWarn, kv) : kv);
+            d += " " + (f.show == meaning::TableShow::Warn && f.i != 0 ? paint(kWarn, kv) : kv);
         }
     }
 
-    const ProcessSnapshot& p_;
-    const SymbolTable& syms_;
+    const snapshot::ProcessSnapshot& p_;
+    const capture::SymbolTable& syms_;
     int noise_;
     bool color_;
     std::string out_;
@@ -208,9 +208,9 @@ private:
 
 }  // namespace
 
-std::string render_table(const ProcessSnapshot& p, const SymbolTable& syms, int noise_level,
+std::string render_table(const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms, int noise_level,
                          bool color) {
     return TableWriter(p, syms, noise_level, color).render();
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::output

@@ -12,7 +12,7 @@
 #include "text.hpp"
 #include "wait_status.hpp"
 
-namespace commdbg {
+namespace commdbg::output {
 
 namespace {
 
@@ -25,7 +25,7 @@ constexpr uint64_t kMinDurNs = 1000;  // stand-in length of a call whose exit ne
 class TraceWriter {
 public:
     using Sink = std::function<void(json&&)>;
-    TraceWriter(const ProcessSnapshot& p, const SymbolTable& syms, Sink sink)
+    TraceWriter(const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms, Sink sink)
         : p_(p), syms_(syms), recs_(p.tree->records()), emit_(std::move(sink)) {}
 
     void render() {
@@ -48,12 +48,12 @@ private:
     // Each lifecycle violation and warning as an instant event on the thread
     // of its last record, when that began (a pending all-gather: at the
     // optimizer step that found it).
-    void render_findings(const lifecycle::Findings& r) {
+    void render_findings(const fsdp::Findings& r) {
         for (const auto* list : {&r.violations, &r.warnings})
-            for (const lifecycle::Finding& f : *list) {
+            for (const fsdp::Finding& f : *list) {
                 if (f.records.empty()) continue;
-                const lifecycle::Evidence& at = f.records.back();
-                json args = lifecycle::to_json(f);
+                const fsdp::Evidence& at = f.records.back();
+                json args = fsdp::to_json(f);
                 args["severity"] = list == &r.violations ? "violation" : "warning";
                 emit_({{"name", f.check}, {"cat", "fsdp"}, {"ph", "i"}, {"s", "t"},
                        {"ts", static_cast<double>(at.start_ns) / 1000.0}, {"pid", p_.pid}, {"tid", at.tid},
@@ -77,25 +77,25 @@ private:
 
     // An end that says when the call returned: not unknown, not just the
     // process's exit (the last op of a thread would span to it).
-    static bool end_known(const Record& r) { return r.end_ns != 0 && !r.has(kEndAtExit); }
+    static bool end_known(const model::Record& r) { return r.end_ns != 0 && !r.has(model::kEndAtExit); }
 
     uint64_t subtree_last(uint32_t idx) const {
-        const Record& r = recs_[idx];
+        const model::Record& r = recs_[idx];
         uint64_t last = end_known(r) ? std::max(r.start_ns, r.end_ns) : r.start_ns;
-        for (uint32_t c = r.first_child; c != kNoRecord; c = recs_[c].next_sibling)
+        for (uint32_t c = r.first_child; c != model::kNoRecord; c = recs_[c].next_sibling)
             last = std::max(last, subtree_last(c));
         return last;
     }
 
     // Emits idx inside [lo, hi]; returns its end (the floor for the next sibling).
     uint64_t emit(uint32_t idx, uint64_t lo, uint64_t hi, uint64_t next_start) {
-        const Record& r = recs_[idx];
+        const model::Record& r = recs_[idx];
         uint64_t start = std::max(r.start_ns, lo);
         if (hi != kNone) start = std::min(start, hi);
         uint64_t end;
         if (end_known(r)) {
             end = r.end_ns;
-        } else if (r.first_child == kNoRecord) {
+        } else if (r.first_child == model::kNoRecord) {
             end = std::min({start + kMinDurNs, next_start, hi});
         } else {
             // Still open when the window ended: it spans at least its children.
@@ -114,28 +114,28 @@ private:
         json args = json::object();
         collective_json(r, p_, syms_, args);
         if (!end_known(r)) args["end_unknown"] = true;
-        if (r.has(kEndInferred)) args["end_inferred"] = true;
-        if (r.has(kEndAtExit)) args["end_at_exit"] = true;
-        if (r.has(kReturnProbed)) args["duration_is"] = "host enqueue time, not GPU time";
+        if (r.has(model::kEndInferred)) args["end_inferred"] = true;
+        if (r.has(model::kEndAtExit)) args["end_at_exit"] = true;
+        if (r.has(model::kReturnProbed)) args["duration_is"] = "host enqueue time, not GPU time";
         py_stack_json(r, *p_.tree, args);
         ev["args"] = std::move(args);
         emit_(std::move(ev));
 
         uint64_t floor = start;
-        for (uint32_t c = r.first_child; c != kNoRecord; c = recs_[c].next_sibling) {
+        for (uint32_t c = r.first_child; c != model::kNoRecord; c = recs_[c].next_sibling) {
             uint32_t n = recs_[c].next_sibling;
-            floor = emit(c, floor, end, n != kNoRecord ? recs_[n].start_ns : kNone);
+            floor = emit(c, floor, end, n != model::kNoRecord ? recs_[n].start_ns : kNone);
         }
         return end;
     }
 
-    const ProcessSnapshot& p_;
-    const SymbolTable& syms_;
-    const std::vector<Record>& recs_;
+    const snapshot::ProcessSnapshot& p_;
+    const capture::SymbolTable& syms_;
+    const std::vector<model::Record>& recs_;
     Sink emit_;
 };
 
-void for_each_event(const std::vector<ProcessSnapshot>& ps, const SymbolTable& syms, const TraceWriter::Sink& sink) {
+void for_each_event(const std::vector<snapshot::ProcessSnapshot>& ps, const capture::SymbolTable& syms, const TraceWriter::Sink& sink) {
     const auto sorted = by_pid(ps);
     for (const auto* p : sorted) {
         if (!p->tree) continue;
@@ -145,7 +145,7 @@ void for_each_event(const std::vector<ProcessSnapshot>& ps, const SymbolTable& s
 
 }  // namespace
 
-nlohmann::json chrome_trace(const std::vector<ProcessSnapshot>& ps, const SymbolTable& syms) {
+nlohmann::json chrome_trace(const std::vector<snapshot::ProcessSnapshot>& ps, const capture::SymbolTable& syms) {
     json events = json::array();
     for_each_event(ps, syms, [&](json&& ev) { events.push_back(std::move(ev)); });
     // No "displayTimeUnit": the format says it only changes the display, but
@@ -154,7 +154,7 @@ nlohmann::json chrome_trace(const std::vector<ProcessSnapshot>& ps, const Symbol
     return {{"traceEvents", std::move(events)}};
 }
 
-std::string chrome_trace_text(const std::vector<ProcessSnapshot>& ps, const SymbolTable& syms) {
+std::string chrome_trace_text(const std::vector<snapshot::ProcessSnapshot>& ps, const capture::SymbolTable& syms) {
     std::string out = "{\"traceEvents\":[";
     bool first = true;
     for_each_event(ps, syms, [&](json&& ev) {
@@ -166,4 +166,4 @@ std::string chrome_trace_text(const std::vector<ProcessSnapshot>& ps, const Symb
     return out;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::output

@@ -12,7 +12,7 @@
 #include <string>
 #include <utility>
 
-namespace commdbg {
+namespace commdbg::protocol {
 
 using json = nlohmann::json;
 
@@ -154,7 +154,7 @@ std::optional<std::string> fill_field(Request& r, const std::string& key, const 
     } else if (key == "py_stack") {
         const char* what = "must be \"off\", \"default\" or \"ops\"";
         if (!v.is_string()) return field_error(op, key, what);
-        auto mode = parse_py_stack_mode(v.get<std::string>());
+        auto mode = python::parse_py_stack_mode(v.get<std::string>());
         if (!mode) return field_error(op, key, what);
         r.py_stack = *mode;
     } else if (key == "py_depth") {
@@ -255,7 +255,7 @@ Result<Request> parse_request(std::string_view line) {
 // ---- authorization -----------------------------------------------------------
 
 Access authorize(const Request& req, const PeerCred& peer,
-                 const std::function<std::optional<ProcessCreds>(int pid)>& creds_of) {
+                 const std::function<std::optional<host::ProcessCreds>(int pid)>& creds_of) {
     if (peer.uid == 0) return Access::Allow;
     if (req.op == "status") return Access::Allow;
     if (req.op == "sessions" || req.op == "detach") return Access::AllowOwnOnly;
@@ -363,4 +363,4 @@ bool send_all(int fd, std::string_view s, int stall_ms) {
     return true;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::protocol

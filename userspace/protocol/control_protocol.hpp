@@ -20,7 +20,7 @@
 #include "py_config.hpp"
 #include "result.hpp"
 
-namespace commdbg {
+namespace commdbg::protocol {
 
 // One JSON object per '\n'-terminated line, requests and responses alike.
 inline constexpr size_t kMaxRequestBytes = 65536;
@@ -63,7 +63,7 @@ struct Request {
     bool stack_args = false;  // records read stack-passed arguments only they show
     bool follow = true;  // trace the children the target forks (false: note each fork)
     size_t ringbuf_kb = limits::kDefaultRingbufKb;  // the session's kernel ring buffer
-    PyStackMode py_stack = PyStackMode::Default;
+    python::PyStackMode py_stack = python::PyStackMode::Default;
     uint32_t py_depth = CD_DEFAULT_PY_FRAMES;       // 1..CD_MAX_PY_FRAMES
     // What the reply carries besides the plain table ("outputs": names from
     // "json", "trace", "table_color"; absent: all of them).
@@ -90,7 +90,7 @@ enum class Access { Allow, AllowOwnOnly, Deny };
 // another user's, not a set-uid/set-gid program it started, not one that
 // made itself non-dumpable.
 Access authorize(const Request& req, const PeerCred& peer,
-                 const std::function<std::optional<ProcessCreds>(int pid)>& creds_of);
+                 const std::function<std::optional<host::ProcessCreds>(int pid)>& creds_of);
 
 // The reply text for a Deny from authorize().
 std::string deny_message(const Request& req, const PeerCred& peer);
@@ -135,4 +135,4 @@ std::string error_response(std::string_view message);
 // body with "ok":true first, '\n'-terminated; a non-object body goes under "result".
 std::string ok_response(nlohmann::json body);
 
-}  // namespace commdbg
+}  // namespace commdbg::protocol

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "py_code_table.hpp"
 
-namespace commdbg {
+namespace commdbg::python {
 
 cd_py_code_kind py_code_kind(PyFrameKind kind, int32_t argcount) {
     switch (kind) {
@@ -48,4 +48,4 @@ bool PyCodeTable::take_changed() {
     return c;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::python

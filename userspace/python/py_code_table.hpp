@@ -13,7 +13,7 @@
 #include "events.h"
 #include "py_context.hpp"
 
-namespace commdbg {
+namespace commdbg::python {
 
 // The kernel's kind for a code object userspace named: frames of `kind`
 // whose code takes `argcount` positional arguments.
@@ -39,4 +39,4 @@ private:
     bool changed_ = false;
 };
 
-}  // namespace commdbg
+}  // namespace commdbg::python

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-namespace commdbg {
+namespace commdbg::python {
 
 Result<cd_py_cfg> py_walk_config(const PyLayout& l, uint32_t max_frames) {
     using R = Result<cd_py_cfg>;
@@ -58,4 +58,4 @@ Result<cd_py_cfg> py_walk_config(const PyLayout& l, uint32_t max_frames) {
     return c;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::python

@@ -12,7 +12,7 @@
 #include "python_runtime.hpp"
 #include "result.hpp"
 
-namespace commdbg {
+namespace commdbg::python {
 
 // How Python stacks are captured: off, at collectives / c10d / scopes
 // (default), or also at every op (`--py-stack ops`: ops are many).
@@ -29,4 +29,4 @@ inline std::optional<PyStackMode> parse_py_stack_mode(const std::string& s) {
 // past glibc's first block of key slots.
 Result<cd_py_cfg> py_walk_config(const PyLayout& l, uint32_t max_frames);
 
-}  // namespace commdbg
+}  // namespace commdbg::python

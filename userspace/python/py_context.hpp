@@ -13,7 +13,7 @@
 
 #include "events.h"
 
-namespace commdbg {
+namespace commdbg::python {
 
 // What a frame is, for nesting.
 enum class PyFrameKind : uint8_t {
@@ -55,4 +55,4 @@ public:
     virtual void forget(uint32_t pid) = 0;
 };
 
-}  // namespace commdbg
+}  // namespace commdbg::python

@@ -6,7 +6,7 @@
 
 #include "py_process.hpp"
 
-namespace commdbg {
+namespace commdbg::python {
 namespace {
 
 using namespace pyobj;
@@ -244,4 +244,4 @@ const PyFrameInfo& LivePyResolver::Process::keep_frame(FrameKey key, PyFrameInfo
     return kUnknownFrame;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::python

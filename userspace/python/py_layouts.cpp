@@ -9,22 +9,22 @@
 #include "procfs.hpp"
 #include "text.hpp"
 
-namespace commdbg::py_discovery {
+namespace commdbg::python::discovery {
 
-std::string unreadable(const ProcessMemory& mem, const char* what) {
+std::string unreadable(const host::ProcessMemory& mem, const char* what) {
     const std::string pid = std::to_string(mem.pid());
     const int err = mem.last_error();
     const std::string at = std::string(what) + " at " + hex(mem.failed_at());
     if (err == ESRCH) return "process " + pid + " exited while reading " + at;
     if (err == EPERM) {
         return "cannot read the memory of process " + pid + ": permission denied (ptrace access) — " +
-               access_denied_advice(own_creds());
+               access_denied_advice(host::own_creds());
     }
     return "cannot read " + at + " in process " + pid + ": " + std::strerror(err) +
            " — the interpreter's memory is not laid out as expected";
 }
 
-Step read_c_string(ProcessMemory& mem, uint64_t addr, std::string& out, size_t max, const char* what) {
+Step read_c_string(host::ProcessMemory& mem, uint64_t addr, std::string& out, size_t max, const char* what) {
     if (mem.c_string(addr, out, max)) return true;
     return Step::fail(unreadable(mem, what));
 }
@@ -75,7 +75,7 @@ std::map<std::string, uint32_t> expected_code_members(int minor) {
 }
 
 // The members of PyCode_Type's tp_members table at `members`, by name.
-Step read_members(ProcessMemory& mem, uint64_t members, std::map<std::string, uint32_t>& found) {
+Step read_members(host::ProcessMemory& mem, uint64_t members, std::map<std::string, uint32_t>& found) {
     for (int i = 0; i < 64; ++i) {
         MemberDef m{};
         if (auto r = read_field(mem, members + sizeof m * static_cast<uint64_t>(i), m, "a PyMemberDef"); !r) return r;
@@ -89,7 +89,7 @@ Step read_members(ProcessMemory& mem, uint64_t members, std::map<std::string, ui
 
 }  // namespace
 
-Step check_code_members(ProcessMemory& mem, PyDiscovery& d, Status& status) {
+Step check_code_members(host::ProcessMemory& mem, PyDiscovery& d, Status& status) {
     status = Status::unsupported;
     PyLayout& l = d.layout;
     uint64_t name_ptr = 0, members = 0;
@@ -148,7 +148,7 @@ void take(uint32_t& field, uint64_t v, const char* name, PyDiscovery& d) {
 
 }  // namespace
 
-Step apply_debug_offsets(ProcessMemory& mem, PyDiscovery& d, Status& status) {
+Step apply_debug_offsets(host::ProcessMemory& mem, PyDiscovery& d, Status& status) {
     DebugOffsets313 o{};
     PyLayout& l = d.layout;
     status = Status::error;
@@ -184,4 +184,4 @@ Step apply_debug_offsets(ProcessMemory& mem, PyDiscovery& d, Status& status) {
     return true;
 }
 
-}  // namespace commdbg::py_discovery
+}  // namespace commdbg::python::discovery

@@ -13,7 +13,7 @@
 #include "remote_memory.hpp"
 #include "result.hpp"
 
-namespace commdbg::py_discovery {
+namespace commdbg::python::discovery {
 
 using Status = PyDiscovery::Status;
 // A step of discovery: true to go on, or why it stops.
@@ -22,10 +22,10 @@ using Step = Result<bool>;
 // Why the last read of `mem` failed, `what` naming what it read: the
 // process exited, ptrace access was refused (and what to do), or the
 // address did not hold what the layout says.
-std::string unreadable(const ProcessMemory& mem, const char* what);
+std::string unreadable(const host::ProcessMemory& mem, const char* what);
 
 template <typename T>
-Step read_field(ProcessMemory& mem, uint64_t addr, T& out, const char* what) {
+Step read_field(host::ProcessMemory& mem, uint64_t addr, T& out, const char* what) {
     if (mem.get(addr, out)) return true;
     return Step::fail(unreadable(mem, what));
 }
@@ -49,17 +49,17 @@ inline Step as_error(Step failed, Status& status) {
 }
 
 // A NUL-terminated string of at most `max` bytes.
-Step read_c_string(ProcessMemory& mem, uint64_t addr, std::string& out, size_t max, const char* what);
+Step read_c_string(host::ProcessMemory& mem, uint64_t addr, std::string& out, size_t max, const char* what);
 
 // The table's offsets for l.minor (3.10-3.13).
 void fill_table(PyLayout& l);
 
 // Reads PyCode_Type.tp_members and checks it against the table; fills the
 // code-object offsets.
-Step check_code_members(ProcessMemory& mem, PyDiscovery& d, Status& status);
+Step check_code_members(host::ProcessMemory& mem, PyDiscovery& d, Status& status);
 
 // 3.13: takes the offsets the target's _Py_DebugOffsets gives, noting
 // where they differ from the table.
-Step apply_debug_offsets(ProcessMemory& mem, PyDiscovery& d, Status& status);
+Step apply_debug_offsets(host::ProcessMemory& mem, PyDiscovery& d, Status& status);
 
-}  // namespace commdbg::py_discovery
+}  // namespace commdbg::python::discovery

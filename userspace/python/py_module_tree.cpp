@@ -4,7 +4,7 @@
 // least recently used first.
 #include "py_process.hpp"
 
-namespace commdbg {
+namespace commdbg::python {
 
 using namespace pyobj;
 
@@ -137,4 +137,4 @@ std::optional<std::string> LivePyResolver::Process::module_path(uint64_t root, u
     return path;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::python

@@ -7,7 +7,7 @@
 
 #include "py_process.hpp"
 
-namespace commdbg {
+namespace commdbg::python {
 namespace {
 
 using namespace pyobj;
@@ -322,4 +322,4 @@ uint64_t LivePyResolver::Process::attr(uint64_t obj, std::string_view name) {
     return dict != 0 ? find_in(0, 0, dict, name) : 0;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::python

@@ -7,7 +7,7 @@
 #include "py_layouts.hpp"
 #include "py_process.hpp"
 
-namespace commdbg {
+namespace commdbg::python {
 namespace pyobj {
 
 ObjLayout obj_layout(int minor) {
@@ -22,12 +22,12 @@ ObjLayout obj_layout(int minor) {
 namespace {
 
 // PyMemberDef tables: name -> offset.
-std::map<std::string, int64_t> members_of(RemoteMemory& mem, uint64_t type) {
+std::map<std::string, int64_t> members_of(host::RemoteMemory& mem, uint64_t type) {
     std::map<std::string, int64_t> found;
     uint64_t members = 0;
     if (!mem.get(type + kTpMembers, members)) return found;
     for (int i = 0; i < 64; ++i) {
-        py_discovery::MemberDef m{};
+        discovery::MemberDef m{};
         if (!mem.get(members + sizeof m * static_cast<uint64_t>(i), m) || m.name == 0) break;
         std::string name;
         if (mem.c_string(m.name, name, 64)) found[name] = m.offset;
@@ -37,7 +37,7 @@ std::map<std::string, int64_t> members_of(RemoteMemory& mem, uint64_t type) {
 
 }  // namespace
 
-Result<bool> check_object_layout(RemoteMemory& mem, const PyLayout& l, const ObjLayout& o, uint64_t type_type) {
+Result<bool> check_object_layout(host::RemoteMemory& mem, const PyLayout& l, const ObjLayout& o, uint64_t type_type) {
     using R = Result<bool>;
     int64_t size = 0;
     if (!mem.get(type_type + kTpBasicsize, size)) return R::fail("cannot read PyType_Type");
@@ -68,7 +68,7 @@ Result<bool> check_object_layout(RemoteMemory& mem, const PyLayout& l, const Obj
 
 using namespace pyobj;
 
-LivePyResolver::Process::Process(PyDiscovery d, std::unique_ptr<RemoteMemory> mem, Account account)
+LivePyResolver::Process::Process(PyDiscovery d, std::unique_ptr<host::RemoteMemory> mem, Account account)
     : d_(std::move(d)), mem_(std::move(mem)), account_(account) {
     if (!d_.ok()) return;
     o_ = obj_layout(d_.layout.minor);
@@ -118,10 +118,10 @@ LivePyResolver::Process& LivePyResolver::process(uint32_t pid) {
 }
 
 void LivePyResolver::adopt(uint32_t pid, const PyDiscovery& d) {
-    adopt(pid, d, std::make_unique<ProcessMemory>(static_cast<int>(pid)));
+    adopt(pid, d, std::make_unique<host::ProcessMemory>(static_cast<int>(pid)));
 }
 
-void LivePyResolver::adopt(uint32_t pid, const PyDiscovery& d, std::unique_ptr<RemoteMemory> mem) {
+void LivePyResolver::adopt(uint32_t pid, const PyDiscovery& d, std::unique_ptr<host::RemoteMemory> mem) {
     procs_.erase(pid);  // its bytes go back before the new one takes any
     procs_[pid] = std::make_unique<Process>(d, std::move(mem), Process::Account{per_process_, &budget_, &stats_[pid]});
 }
@@ -199,4 +199,4 @@ std::optional<std::string> LivePyResolver::str(uint32_t pid, uint64_t obj) {
     return p.discovery().ok() ? p.str(obj) : std::nullopt;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::python

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The live PyContextResolver: names the frames the kernel captured by reading
 // the target's own objects (code objects, types, instance dicts) through
-// RemoteMemory, per CPython version (3.10-3.13, x86-64, GIL builds).
+// host::RemoteMemory, per CPython version (3.10-3.13, x86-64, GIL builds).
 // Every read is bounded and checked; a pointer that no longer holds what it
 // held (a freed code object, a reused address) resolves to "<unknown>" or to
 // what it holds now, re-validated, never to stale or garbage text.  What is
@@ -25,7 +25,7 @@
 #include "python_runtime.hpp"
 #include "remote_memory.hpp"
 
-namespace commdbg {
+namespace commdbg::python {
 
 // Characters of a str read from a target (co_qualname, co_filename, labels,
 // dict keys); longer strings are cut there.
@@ -103,8 +103,8 @@ public:
     // adopt() drops what was cached for pid, as forget() does.
     void adopt(uint32_t pid, const PyDiscovery& d);
     // The same with the memory it is read from (the fuzz target's image;
-    // otherwise ProcessMemory).
-    void adopt(uint32_t pid, const PyDiscovery& d, std::unique_ptr<RemoteMemory> mem);
+    // otherwise host::ProcessMemory).
+    void adopt(uint32_t pid, const PyDiscovery& d, std::unique_ptr<host::RemoteMemory> mem);
     const PyDiscovery& discovery(uint32_t pid);
     // Empty when types and instance attributes can be read; otherwise why
     // not (the frames still get their code objects' names).
@@ -146,4 +146,4 @@ private:
 // firstlineno when offset < 0 or the table gives no line for it.
 uint32_t py_line_of(int minor, std::string_view linetable, uint32_t firstlineno, int64_t offset);
 
-}  // namespace commdbg
+}  // namespace commdbg::python

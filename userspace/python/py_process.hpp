@@ -22,7 +22,7 @@
 #include "py_objects.hpp"
 #include "remote_memory.hpp"
 
-namespace commdbg {
+namespace commdbg::python {
 namespace pyobj {
 
 // A live object's ob_refcnt: a freed pymalloc block holds the free list's
@@ -80,7 +80,7 @@ inline constexpr size_t kMaxWalkMemo = 1u << 20;
 ObjLayout obj_layout(int minor);
 // The table against the target: PyType_Type's own members and size,
 // PyCode_Type's co_linetable and size.
-Result<bool> check_object_layout(RemoteMemory& mem, const PyLayout& l, const ObjLayout& o, uint64_t type_type);
+Result<bool> check_object_layout(host::RemoteMemory& mem, const PyLayout& l, const ObjLayout& o, uint64_t type_type);
 
 // ---- what a cached entry costs ----------------------------------------------
 
@@ -107,7 +107,7 @@ public:
         PyCacheBudget* budget;
         PyCacheStats* stats;
     };
-    Process(PyDiscovery d, std::unique_ptr<RemoteMemory> mem, Account account);
+    Process(PyDiscovery d, std::unique_ptr<host::RemoteMemory> mem, Account account);
     ~Process() { account_.budget->give(bytes_); }
     Process(const Process&) = delete;
     Process& operator=(const Process&) = delete;
@@ -202,7 +202,7 @@ private:
     void release(size_t n);
 
     PyDiscovery d_;
-    std::unique_ptr<RemoteMemory> mem_;
+    std::unique_ptr<host::RemoteMemory> mem_;
     pyobj::ObjLayout o_{};
     std::string layout_error_;  // non-empty: no types' dicts, no attributes
     uint64_t type_type_ = 0, str_type_ = 0;
@@ -221,4 +221,4 @@ private:
     size_t bytes_ = 0;  // what the caches above hold, accounted
 };
 
-}  // namespace commdbg
+}  // namespace commdbg::python

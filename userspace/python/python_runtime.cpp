@@ -19,7 +19,7 @@
 #include "text.hpp"
 #include "x86_decode.hpp"
 
-namespace commdbg {
+namespace commdbg::python {
 
 Result<KeyLoad> decode_key_load(const std::vector<uint8_t>& c, uint64_t vaddr) {
     using R = Result<KeyLoad>;
@@ -45,12 +45,12 @@ Result<KeyLoad> decode_key_load(const std::vector<uint8_t>& c, uint64_t vaddr) {
 
 namespace {
 
-using namespace py_discovery;
+using namespace discovery;
 
 // The interpreter's ELF as this process reads it, and where it is loaded.
 struct Found {
-    MappedFile file;
-    ElfData elf;
+    host::MappedFile file;
+    host::ElfData elf;
     uint64_t bias = 0;
 };
 
@@ -64,7 +64,7 @@ PyDiscovery fail(Status s, std::string why) {
 // Gone, a zombie, or past the start of do_exit (PF_EXITING in stat's flags):
 // its memory map may already be torn down, so nothing read is evidence.
 bool process_gone(int pid, const std::string& proc_root) {
-    auto st = read_stat(pid, proc_root);
+    auto st = host::read_stat(pid, proc_root);
     return !st || st->state == 'Z' || st->state == 'X' || st->exiting();
 }
 
@@ -81,10 +81,10 @@ std::string basename_of(const std::string& p) {
 }
 
 // The load bias of `path` from the mapping of its first PT_LOAD.
-std::optional<uint64_t> load_bias(const std::vector<MapEntry>& maps, const std::string& path, const ElfData& elf) {
-    const ElfSegment& first = elf.loads.front();
+std::optional<uint64_t> load_bias(const std::vector<host::MapEntry>& maps, const std::string& path, const host::ElfData& elf) {
+    const host::ElfSegment& first = elf.loads.front();
     uint64_t off = first.offset & ~0xfffull, va = first.vaddr & ~0xfffull;
-    for (const MapEntry& e : maps) {
+    for (const host::MapEntry& e : maps) {
         if (e.path == path && e.offset == off) return elf.exec ? 0 : e.start - va;
     }
     return std::nullopt;
@@ -92,7 +92,7 @@ std::optional<uint64_t> load_bias(const std::vector<MapEntry>& maps, const std::
 
 // The files that may hold the interpreter: libpython3.X.so* first (the
 // executable is then a launcher), then the executable.
-std::vector<MappedFile> candidate_files(int pid, const std::vector<MapEntry>& maps, const std::string& proc_root) {
+std::vector<host::MappedFile> candidate_files(int pid, const std::vector<host::MapEntry>& maps, const std::string& proc_root) {
     char exe[4096];
     std::string exe_link = proc_root + "/" + std::to_string(pid) + "/exe";
     ssize_t n = readlink(exe_link.c_str(), exe, sizeof exe - 1);
@@ -100,7 +100,7 @@ std::vector<MappedFile> candidate_files(int pid, const std::vector<MapEntry>& ma
     auto files = mapped_files(maps, pid, [&](std::string_view p) {
         return basename_of(std::string(p)).rfind("libpython", 0) == 0 || p == exe_path;
     }, proc_root);
-    std::stable_partition(files.begin(), files.end(), [](const MappedFile& f) {
+    std::stable_partition(files.begin(), files.end(), [](const host::MappedFile& f) {
         return basename_of(f.path).rfind("libpython", 0) == 0;
     });
     return files;
@@ -109,13 +109,13 @@ std::vector<MappedFile> candidate_files(int pid, const std::vector<MapEntry>& ma
 // The first candidate that defines _PyRuntime; nullopt when none does, a
 // failure when none does and one could not be read (a libpython we could
 // not read is not evidence of "no python").
-Result<std::optional<Found>> find_interpreter(int pid, const std::vector<MapEntry>& maps,
+Result<std::optional<Found>> find_interpreter(int pid, const std::vector<host::MapEntry>& maps,
                                               const std::string& proc_root) {
     static const std::set<std::string, std::less<>> wanted = {"_PyRuntime", "PyCode_Type", "_Py_NoneStruct",
                                                               "PyCell_Type", "Py_Version"};
     std::string err;
-    for (const MappedFile& f : candidate_files(pid, maps, proc_root)) {
-        auto elf = read_elf_data(f.open_path, wanted);
+    for (const host::MappedFile& f : candidate_files(pid, maps, proc_root)) {
+        auto elf = host::read_elf_data(f.open_path, wanted);
         if (!elf) {
             err = elf.error();
             continue;
@@ -145,7 +145,7 @@ std::optional<std::pair<int, int>> version_from_name(const std::string& path, bo
 }
 
 // Fills version_hex / major / minor from Py_Version (3.11+) or the file name.
-Step find_version(const Found& f, ProcessMemory& mem, PyDiscovery& d, Status& status) {
+Step find_version(const Found& f, host::ProcessMemory& mem, PyDiscovery& d, Status& status) {
     bool free_threaded_name = false;
     auto by_name = version_from_name(f.file.path, free_threaded_name);
     status = Status::unsupported;
@@ -181,9 +181,9 @@ Step find_version(const Found& f, ProcessMemory& mem, PyDiscovery& d, Status& st
 // How PyGILState_GetThisThreadState loads the autoTSSkey, from its code.
 Result<KeyLoad> key_load_of(const Found& f) {
     using R = Result<KeyLoad>;
-    auto syms = ElfSymbols::open(f.file.open_path);
+    auto syms = host::ElfSymbols::open(f.file.open_path);
     if (!syms.ok()) return R::fail(syms.error());
-    const ElfSymbol* fn = syms->find("PyGILState_GetThisThreadState");
+    const host::ElfSymbol* fn = syms->find("PyGILState_GetThisThreadState");
     if (fn == nullptr) return R::fail(f.file.path + " has no PyGILState_GetThisThreadState: not a CPython this tool knows");
     auto code = read_function_code(f.file.open_path, *fn, 64);
     if (!code) return R::fail(code.error());
@@ -193,7 +193,7 @@ Result<KeyLoad> key_load_of(const Found& f) {
 }
 
 // Locates the autoTSSkey from PyGILState_GetThisThreadState and reads it.
-Step find_key(const Found& f, ProcessMemory& mem, PyDiscovery& d, Status& st) {
+Step find_key(const Found& f, host::ProcessMemory& mem, PyDiscovery& d, Status& st) {
     st = Status::unsupported;
     auto k = key_load_of(f);
     if (!k) return Step::fail(k.error());
@@ -221,10 +221,10 @@ Step find_key(const Found& f, ProcessMemory& mem, PyDiscovery& d, Status& st) {
 
 // glibc's key slots from one libc's pthread_getspecific; nullopt when the
 // file has none (libpthread of glibc 2.34+ is a stub).
-Result<std::optional<TlsSlots>> tls_slots_of(const MappedFile& f) {
+Result<std::optional<TlsSlots>> tls_slots_of(const host::MappedFile& f) {
     using R = Result<std::optional<TlsSlots>>;
-    auto syms = ElfSymbols::open(f.open_path);
-    const ElfSymbol* fn = syms.ok() ? syms->find("pthread_getspecific") : nullptr;
+    auto syms = host::ElfSymbols::open(f.open_path);
+    const host::ElfSymbol* fn = syms.ok() ? syms->find("pthread_getspecific") : nullptr;
     if (fn == nullptr) return std::optional<TlsSlots>();
     auto code = read_function_code(f.open_path, *fn, 64);
     if (!code) return R::fail(code.error());
@@ -234,13 +234,13 @@ Result<std::optional<TlsSlots>> tls_slots_of(const MappedFile& f) {
 }
 
 // glibc's key slots, from the libc mapped in the target.
-void find_tls_slots(int pid, const std::vector<MapEntry>& maps, const std::string& proc_root, PyDiscovery& d) {
+void find_tls_slots(int pid, const std::vector<host::MapEntry>& maps, const std::string& proc_root, PyDiscovery& d) {
     auto libs = mapped_files(maps, pid, [](std::string_view p) {
         std::string b = basename_of(std::string(p));
         return b.rfind("libc.so", 0) == 0 || b.rfind("libc-", 0) == 0 || b.rfind("libpthread", 0) == 0;
     }, proc_root);
     std::string why = "no libc mapped";
-    for (const MappedFile& f : libs) {
+    for (const host::MappedFile& f : libs) {
         auto t = tls_slots_of(f);
         if (!t) why = t.error();
         if (!t || !*t) continue;
@@ -266,8 +266,8 @@ bool take_symbols(const Found& found, PyDiscovery& d) {
 }
 
 // The layout of the interpreter `found`, checked against the target.
-PyDiscovery layout_of(int pid, const Found& found, const std::vector<MapEntry>& maps, const std::string& proc_root) {
-    ProcessMemory mem(pid);
+PyDiscovery layout_of(int pid, const Found& found, const std::vector<host::MapEntry>& maps, const std::string& proc_root) {
+    host::ProcessMemory mem(pid);
     PyDiscovery d;
     d.info.file = found.file.path, d.info.open_path = found.file.open_path, d.info.load_bias = found.bias;
     d.info.shared_library = basename_of(found.file.path).rfind("libpython", 0) == 0;
@@ -295,7 +295,7 @@ PyDiscovery layout_of(int pid, const Found& found, const std::vector<MapEntry>& 
 PyDiscovery discover(int pid, const std::string& proc_root) {
     if (process_gone(pid, proc_root))
         return fail(Status::error, "process " + std::to_string(pid) + " does not exist or has exited");
-    auto maps = read_maps(pid, proc_root);
+    auto maps = host::read_maps(pid, proc_root);
     if (!maps.ok()) return read_failure(pid, proc_root, maps.error());
     auto found = find_interpreter(pid, *maps, proc_root);
     if (!found || !*found) {
@@ -317,4 +317,4 @@ PyDiscovery discover_python(int pid, const std::string& proc_root) {
     return d;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::python

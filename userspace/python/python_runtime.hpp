@@ -13,7 +13,7 @@
 
 #include "x86_decode.hpp"
 
-namespace commdbg {
+namespace commdbg::python {
 
 // An offset the version does not have (3.10 has no frame owner, ...).
 inline constexpr uint32_t kPyNoOffset = 0xFFFFFFFFu;
@@ -108,7 +108,7 @@ struct PyDiscovery {
     bool ok() const { return status == Status::supported; }
 };
 
-// Discovers the CPython of `pid`.  Reads its memory with ProcessMemory
+// Discovers the CPython of `pid`.  Reads its memory with host::ProcessMemory
 // (root, or the same uid with ptrace access) and its files through
 // <proc_root>/PID/root.  Never throws for anything the target does.
 PyDiscovery discover_python(int pid, const std::string& proc_root = "/proc");
@@ -128,4 +128,4 @@ Result<KeyLoad> decode_key_load(const std::vector<uint8_t>& code, uint64_t vaddr
 
 using TlsSlots = arch::TlsSlots;
 
-}  // namespace commdbg
+}  // namespace commdbg::python

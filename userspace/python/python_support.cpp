@@ -3,7 +3,7 @@
 
 #include <utility>
 
-namespace commdbg {
+namespace commdbg::python {
 
 namespace {
 
@@ -109,4 +109,4 @@ const PyProcess* PythonSupport::process(uint32_t pid) const {
     return it == procs_.end() ? nullptr : &it->second;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::python

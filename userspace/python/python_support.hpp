@@ -22,7 +22,7 @@
 #include "python_runtime.hpp"
 #include "result.hpp"
 
-namespace commdbg {
+namespace commdbg::python {
 
 // The kernel's per-process Python maps: all PythonSupport writes.  The
 // session implements it over its BPF object; tests record the writes.
@@ -103,4 +103,4 @@ private:
     std::map<uint32_t, PyProcess> procs_;
 };
 
-}  // namespace commdbg
+}  // namespace commdbg::python

@@ -7,17 +7,17 @@
 #include "bpf_session.hpp"
 #include "python_support.hpp"
 
-namespace commdbg {
+namespace commdbg::session {
 
-class BpfPyMaps final : public PyMaps {
+class BpfPyMaps final : public python::PyMaps {
 public:
-    explicit BpfPyMaps(BpfSession& bpf) : bpf_(bpf) {}
+    explicit BpfPyMaps(capture::BpfSession& bpf) : bpf_(bpf) {}
     Result<bool> write_config(uint32_t pid, const cd_py_cfg& cfg) override { return bpf_.set_python(pid, cfg); }
     void write_code_kinds(uint32_t pid, const cd_py_codes* codes) override { bpf_.set_py_codes(pid, codes); }
     void clear(uint32_t pid) override { bpf_.clear_python(pid); }
 
 private:
-    BpfSession& bpf_;
+    capture::BpfSession& bpf_;
 };
 
-}  // namespace commdbg
+}  // namespace commdbg::session

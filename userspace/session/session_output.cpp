@@ -10,7 +10,7 @@
 
 #include "render.hpp"
 
-namespace commdbg {
+namespace commdbg::session {
 
 std::array<std::pair<const char*, std::string*>, 4> named_outputs(SessionOutput& o) {
     return {{{"table", &o.table}, {"table_color", &o.table_color}, {"json", &o.json}, {"trace", &o.trace}}};
@@ -18,38 +18,38 @@ std::array<std::pair<const char*, std::string*>, 4> named_outputs(SessionOutput&
 
 namespace {
 
-int rank_of(const ProcessSnapshot& r) {
-    for (const CommInfo& c : r.comms)
+int rank_of(const snapshot::ProcessSnapshot& r) {
+    for (const snapshot::CommInfo& c : r.comms)
         if (c.rank >= 0) return c.rank;
     return -1;
 }
 
 // The verdict of the lifecycle checks: each process's section, then across ranks.
-void fsdp_verdict(const std::vector<ProcessSnapshot>& reports, const std::vector<lifecycle::Finding>& cross,
+void fsdp_verdict(const std::vector<snapshot::ProcessSnapshot>& reports, const std::vector<fsdp::Finding>& cross,
                   SessionOutput::Fsdp& out) {
-    for (const auto* r : render_parts::by_pid(reports)) {
+    for (const auto* r : output::render_parts::by_pid(reports)) {
         if (!r->fsdp) continue;
         ++out.processes;
         out.violations += r->fsdp->violations.size();
         out.warnings += r->fsdp->warnings.size();
-        out.verdict += "== pid " + std::to_string(r->pid) + ": " + r->command + " ==\n" + lifecycle::render_section(*r->fsdp);
+        out.verdict += "== pid " + std::to_string(r->pid) + ": " + r->command + " ==\n" + fsdp::render_section(*r->fsdp);
     }
     out.violations += cross.size();
-    out.verdict += lifecycle::render_cross_rank(cross, out.processes);
+    out.verdict += fsdp::render_cross_rank(cross, out.processes);
 }
 
 }  // namespace
 
-std::vector<lifecycle::Finding> fsdp_cross_rank(const std::vector<ProcessSnapshot>& reports) {
-    std::vector<const ProcessSnapshot*> ranks;
-    for (const auto* r : render_parts::by_pid(reports))
+std::vector<fsdp::Finding> fsdp_cross_rank(const std::vector<snapshot::ProcessSnapshot>& reports) {
+    std::vector<const snapshot::ProcessSnapshot*> ranks;
+    for (const auto* r : output::render_parts::by_pid(reports))
         if (r->fsdp && !r->fsdp->empty()) ranks.push_back(r);
     std::stable_sort(ranks.begin(), ranks.end(),
-                     [](const auto* a, const auto* b) { return lifecycle::rank_before(rank_of(*a), rank_of(*b)); });
-    std::vector<lifecycle::RankView> views;
+                     [](const auto* a, const auto* b) { return fsdp::rank_before(rank_of(*a), rank_of(*b)); });
+    std::vector<fsdp::RankView> views;
     for (const auto* r : ranks)
-        views.push_back({lifecycle::rank_view_name(rank_of(*r), "pid " + std::to_string(r->pid)), &*r->fsdp});
-    return lifecycle::cross_rank(views);
+        views.push_back({fsdp::rank_view_name(rank_of(*r), "pid " + std::to_string(r->pid)), &*r->fsdp});
+    return fsdp::cross_rank(views);
 }
 
 SessionOutput render_session(TraceSession& s, int noise_level, const OutputWants& wants) {
@@ -61,7 +61,7 @@ SessionOutput render_session(TraceSession& s, int noise_level, const OutputWants
     nlohmann::ordered_json kernel_drops = nlohmann::ordered_json::object();
     auto drops = s.kernel_drops();
     for (uint32_t i = 0; i < drops.size(); ++i)
-        if (drops[i]) kernel_drops[drop_cause_name(i)] = drops[i];
+        if (drops[i]) kernel_drops[capture::drop_cause_name(i)] = drops[i];
     if (!kernel_drops.empty())
         out.messages.push_back("warning: kernel-side losses by cause: " + kernel_drops.dump() +
                                " (counters stay exact; a larger --ringbuf-kb keeps more records)");
@@ -70,13 +70,13 @@ SessionOutput render_session(TraceSession& s, int noise_level, const OutputWants
     for (const auto& r : reports) {
         std::string head = reports.size() > 1 ? "== pid " + std::to_string(r.pid) + ": " + r.command + " ==\n" : "";
         std::string tail = reports.size() > 1 ? "\n" : "";
-        out.table += head + render_table(r, syms, noise_level, false) + tail;
-        if (wants.table_color) out.table_color += head + render_table(r, syms, noise_level, true) + tail;
+        out.table += head + output::render_table(r, syms, noise_level, false) + tail;
+        if (wants.table_color) out.table_color += head + output::render_table(r, syms, noise_level, true) + tail;
     }
     const auto cross = fsdp_cross_rank(reports);
     fsdp_verdict(reports, cross, out.fsdp);
     if (!cross.empty()) {
-        std::string section = lifecycle::render_cross_rank(cross, out.fsdp.processes);
+        std::string section = fsdp::render_cross_rank(cross, out.fsdp.processes);
         out.table += section;
         if (wants.table_color) out.table_color += section;
     }
@@ -84,11 +84,11 @@ SessionOutput render_session(TraceSession& s, int noise_level, const OutputWants
     if (!kernel_drops.empty()) extra["kernel_drops"] = kernel_drops;
     if (out.fsdp.processes > 1) {
         nlohmann::ordered_json c = nlohmann::ordered_json::array();
-        for (const auto& f : cross) c.push_back(lifecycle::to_json(f));
+        for (const auto& f : cross) c.push_back(fsdp::to_json(f));
         extra["cross_rank"] = std::move(c);
     }
-    if (wants.json) out.json = to_json_text(reports, syms, noise_level, extra) + "\n";
-    if (wants.trace) out.trace = chrome_trace_text(reports, syms) + "\n";
+    if (wants.json) out.json = output::to_json_text(reports, syms, noise_level, extra) + "\n";
+    if (wants.trace) out.trace = output::chrome_trace_text(reports, syms) + "\n";
     return out;
 }
 
@@ -110,4 +110,4 @@ bool run_attach_window(TraceSession& s, int pid, double duration_s, const std::f
     return gone();
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::session

@@ -10,7 +10,7 @@
 
 #include "trace_session.hpp"
 
-namespace commdbg {
+namespace commdbg::session {
 
 struct SessionOutput {
     std::string table;        // plain text
@@ -28,7 +28,7 @@ struct SessionOutput {
 
 // The ranks of one job compared: every report with a lifecycle, in rank
 // order where a communicator says the rank, else by pid.
-std::vector<lifecycle::Finding> fsdp_cross_rank(const std::vector<ProcessSnapshot>& reports);
+std::vector<fsdp::Finding> fsdp_cross_rank(const std::vector<snapshot::ProcessSnapshot>& reports);
 
 // The outputs by their control-protocol names ("table", "table_color",
 // "json", "trace"), in the order a daemon session sends them.
@@ -48,4 +48,4 @@ SessionOutput render_session(TraceSession& s, int noise_level, const OutputWants
 // target exits; then drains the ring buffer.  Returns whether it exited.
 bool run_attach_window(TraceSession& s, int pid, double duration_s, const std::function<bool()>& stop);
 
-}  // namespace commdbg
+}  // namespace commdbg::session

@@ -15,10 +15,10 @@
 #include "snapshot.hpp"
 #include "procfs.hpp"
 
-namespace commdbg {
+namespace commdbg::session {
 
 std::string describe_pid(int pid) {
-    auto p = read_process(pid);
+    auto p = host::read_process(pid);
     if (!p) return "pid " + std::to_string(pid);
     std::string cmd = p->cmdline.empty() ? p->comm : p->cmdline;
     if (cmd.size() > 60) cmd = cmd.substr(0, 57) + "...";
@@ -29,11 +29,11 @@ namespace {
 
 // --py-stack off: no symbol walks; ops: ops walk too (the specs' defaults
 // leave them out, they are many).
-void apply_py_stack_mode(std::vector<ProbeSpec>& specs, PyStackMode mode) {
-    for (ProbeSpec& s : specs)
-        for (SymbolRule& r : s.symbols) {
-            if (mode == PyStackMode::Off) r.info.py_stack = false;
-            if (mode == PyStackMode::Ops && r.info.role == CD_ROLE_OP && !r.py_stack.has_value())
+void apply_py_stack_mode(std::vector<capture::ProbeSpec>& specs, python::PyStackMode mode) {
+    for (capture::ProbeSpec& s : specs)
+        for (capture::SymbolRule& r : s.symbols) {
+            if (mode == python::PyStackMode::Off) r.info.py_stack = false;
+            if (mode == python::PyStackMode::Ops && r.info.role == CD_ROLE_OP && !r.py_stack.has_value())
                 r.info.py_stack = true;
         }
 }
@@ -43,15 +43,15 @@ void apply_py_stack_mode(std::vector<ProbeSpec>& specs, PyStackMode mode) {
 Result<std::unique_ptr<TraceSession>> TraceSession::create(const SessionOptions& opts) {
     using R = Result<std::unique_ptr<TraceSession>>;
     std::vector<std::string> spec_errors;
-    auto specs = select_specs(opts.probes, spec_errors);
+    auto specs = capture::select_specs(opts.probes, spec_errors);
     if (specs.empty()) {
         std::string msg = "commdbg: no usable probe spec";
         for (const auto& e : spec_errors) msg += "\n  " + e;
         return R::fail(msg);
     }
     apply_py_stack_mode(specs, opts.py_stack);
-    auto guard = std::make_unique<ResumeGuard>();
-    auto bpf = BpfSession::open(BpfOptions{opts.ringbuf_bytes});
+    auto guard = std::make_unique<capture::ResumeGuard>();
+    auto bpf = capture::BpfSession::open(capture::BpfOptions{opts.ringbuf_bytes});
     if (!bpf) return R::fail(bpf.error());
     std::unique_ptr<TraceSession> s(
         new TraceSession(std::move(guard), std::move(bpf.value()), std::move(specs), opts));
@@ -59,15 +59,15 @@ Result<std::unique_ptr<TraceSession>> TraceSession::create(const SessionOptions&
     return R(std::move(s));
 }
 
-TraceSession::TraceSession(std::unique_ptr<ResumeGuard> guard, std::unique_ptr<BpfSession> bpf,
-                           std::vector<ProbeSpec> specs, const SessionOptions& opts)
+TraceSession::TraceSession(std::unique_ptr<capture::ResumeGuard> guard, std::unique_ptr<capture::BpfSession> bpf,
+                           std::vector<capture::ProbeSpec> specs, const SessionOptions& opts)
     : guard_(std::move(guard)),
       bpf_(std::move(bpf)),
       py_maps_(*bpf_),
       attacher_(*bpf_, symbols_, std::move(specs)),
       model_(symbols_, opts.limits),
       opts_(opts),
-      python_(py_maps_, PySupportOptions{.stacks = opts.py_stack != PyStackMode::Off && opts.records,
+      python_(py_maps_, python::PySupportOptions{.stacks = opts.py_stack != python::PyStackMode::Off && opts.records,
                                          .depth = opts.py_depth}) {
     bpf_->set_event_handler([this](std::span<const uint8_t> b) { on_record(b); });
     if (python_.stacks()) model_.set_resolver(&python_.resolver());
@@ -89,7 +89,7 @@ TracedProcess& TraceSession::track(uint32_t pid) {
     auto [it, fresh] = procs_.try_emplace(pid);
     if (fresh) {
         it->second.pid = pid;
-        if (auto info = read_process(static_cast<int>(pid)))
+        if (auto info = host::read_process(static_cast<int>(pid)))
             it->second.command = info->cmdline.empty() ? info->comm : info->cmdline;
     }
     return it->second;
@@ -97,10 +97,10 @@ TracedProcess& TraceSession::track(uint32_t pid) {
 
 namespace {
 
-uint32_t tgid_of(const Event& ev) {
+uint32_t tgid_of(const capture::Event& ev) {
     return std::visit(
         [](const auto& e) -> uint32_t {
-            if constexpr (std::is_same_v<std::decay_t<decltype(e)>, Call>) return e.enter.tgid;
+            if constexpr (std::is_same_v<std::decay_t<decltype(e)>, capture::Call>) return e.enter.tgid;
             else return e.tgid;
         },
         ev);
@@ -108,7 +108,7 @@ uint32_t tgid_of(const Event& ev) {
 
 // Why `pid` cannot be traced (a thread, a kernel thread, a zombie), if so.
 Result<bool> check_traceable(int pid) {
-    auto info = read_process(pid);
+    auto info = host::read_process(pid);
     if (!info) return Result<bool>::fail(info.error());
     if (info->kernel_thread)
         return Result<bool>::fail("pid " + std::to_string(pid) + " is a kernel thread (" + info->comm +
@@ -136,7 +136,7 @@ uint32_t TraceSession::trace_flags(bool follow, bool dl_stop) {
 
 bool TraceSession::owner_may_read(uint32_t pid) const {
     if (opts_.owner_uid == 0) return true;
-    auto c = read_creds(static_cast<int>(pid));
+    auto c = host::read_creds(static_cast<int>(pid));
     return !c || may_read_process(*c, opts_.owner_uid, opts_.owner_gid);
 }
 
@@ -189,7 +189,7 @@ Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
     auto scan_result = attacher_.scan_process(pid);
     if (!scan_result) {
         undo();
-        if (!read_process(pid)) return Result<bool>::fail("pid " + std::to_string(pid) + " exited during attach — nothing was traced");
+        if (!host::read_process(pid)) return Result<bool>::fail("pid " + std::to_string(pid) + " exited during attach — nothing was traced");
         return Result<bool>::fail(scan_result.error());
     }
     follow_flags_ = flags;
@@ -218,7 +218,7 @@ void TraceSession::scan(uint32_t pid) {
     auto r = attacher_.scan_process(static_cast<int>(pid));
     if (!r) return;  // gone meanwhile: its exit event follows
     // An exec event (DlChange::exec) follows every exec: the command line is final by now.
-    if (auto info = read_process(static_cast<int>(pid)))
+    if (auto info = host::read_process(static_cast<int>(pid)))
         p.command = info->cmdline.empty() ? info->comm : info->cmdline;
     p.libraries.insert(r->libraries.begin(), r->libraries.end());
     for (auto& n : r->notes) messages_.push_back(std::move(n));
@@ -238,7 +238,7 @@ void TraceSession::on_record(std::span<const uint8_t> bytes) noexcept {
 
 // Its records may all have been read after it was gone: the name it had at
 // its exit stands in for the one /proc could not give.
-void TraceSession::name_exited_thread(const ThreadExit& t) {
+void TraceSession::name_exited_thread(const capture::ThreadExit& t) {
     auto it = procs_.find(t.tgid);
     if (it == procs_.end() || t.name.empty()) return;
     auto& names = it->second.thread_names;
@@ -248,19 +248,19 @@ void TraceSession::name_exited_thread(const ThreadExit& t) {
 }
 
 void TraceSession::handle_record(std::span<const uint8_t> bytes) {
-    DecodeResult d = decode(bytes);
+    capture::DecodeResult d = capture::decode(bytes);
     if (!d.event) {
         ++decode_errors_;
         return;
     }
-    Event& ev = *d.event;
+    capture::Event& ev = *d.event;
     auto self = procs_.find(tgid_of(ev));
-    if (self != procs_.end() && self->second.withheld && !std::holds_alternative<ProcExit>(ev)) {
+    if (self != procs_.end() && self->second.withheld && !std::holds_alternative<capture::ProcExit>(ev)) {
         // Sent before it was untraced: nothing of it is read.  A stop still ends.
-        if (auto* dl = std::get_if<DlChange>(&ev); dl && dl->stopped) kill(static_cast<pid_t>(dl->tgid), SIGCONT);
+        if (auto* dl = std::get_if<capture::DlChange>(&ev); dl && dl->stopped) kill(static_cast<pid_t>(dl->tgid), SIGCONT);
         return;
     }
-    if (auto* dl = std::get_if<DlChange>(&ev)) {
+    if (auto* dl = std::get_if<capture::DlChange>(&ev)) {
         // After an exec the scan finds the new image's loader (another
         // file in another root) and probes it before the image runs.
         if (procs_.count(dl->tgid)) scan(dl->tgid);
@@ -269,7 +269,7 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
         if (dl->stopped) kill(static_cast<pid_t>(dl->tgid), SIGCONT);
         return;
     }
-    if (auto* f = std::get_if<ProcFork>(&ev)) {
+    if (auto* f = std::get_if<capture::ProcFork>(&ev)) {
         if (!(follow_flags_ & CD_TRACE_FOLLOW)) {
             // Not followed: said, so that a parent whose children do the
             // work does not look idle.
@@ -289,7 +289,7 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
         child.may_be_stopped = stops;
         child.from_start = true;
         scan(f->tgid);
-    } else if (auto* x = std::get_if<ProcExit>(&ev)) {
+    } else if (auto* x = std::get_if<capture::ProcExit>(&ev)) {
         auto it = procs_.find(x->tgid);
         if (it != procs_.end() && !it->second.exited) {
             it->second.exited = true;
@@ -297,15 +297,15 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
             python_.exited(x->tgid);
         }
         python_.clear(x->tgid);
-    } else if (auto* t = std::get_if<ThreadExit>(&ev)) {
+    } else if (auto* t = std::get_if<capture::ThreadExit>(&ev)) {
         name_exited_thread(*t);
-    } else if (const CallEnter* e = entry_of(ev)) {
+    } else if (const capture::CallEnter* e = entry_of(ev)) {
         // A thread's name is read while it runs: at the report it may be gone.
         auto it = procs_.find(e->tgid);
         if (it != procs_.end() && !it->second.thread_names.count(e->tid) &&
             it->second.thread_names.size() < TracedProcess::kMaxThreadNames)
-            it->second.thread_names[e->tid] = read_thread_name(static_cast<int>(e->tgid), static_cast<int>(e->tid));
-        const SymbolInfo* info = symbols_.from_cookie(e->cookie);
+            it->second.thread_names[e->tid] = host::read_thread_name(static_cast<int>(e->tgid), static_cast<int>(e->tid));
+        const capture::SymbolInfo* info = symbols_.from_cookie(e->cookie);
         if (it != procs_.end() && info && info->role == CD_ROLE_SCOPE_BEGIN && !e->py_frames.empty() &&
             e->label.empty())
             python_.learn_scope_label(e->tgid, e->py_frames);
@@ -328,8 +328,8 @@ void TraceSession::drain() {
     // A return-probed call sends its record when it returns: those still in
     // flight (a rank stuck in a collective) are read from the kernel's slots
     // and reported as open calls, as they were when the window closed.
-    for (const CallEnter& e : bpf_->open_calls())
-        if (auto it = procs_.find(e.tgid); it != procs_.end() && !it->second.withheld) model_.on_event(Event{e});
+    for (const capture::CallEnter& e : bpf_->open_calls())
+        if (auto it = procs_.find(e.tgid); it != procs_.end() && !it->second.withheld) model_.on_event(capture::Event{e});
 }
 
 void TraceSession::reset_window() {
@@ -367,12 +367,12 @@ std::vector<std::string> TraceSession::take_messages() {
     return out;
 }
 
-std::vector<ProcessSnapshot> TraceSession::reports() const {
+std::vector<snapshot::ProcessSnapshot> TraceSession::reports() const {
     auto snapshot = bpf_->counter_snapshot();
     auto comms = bpf_->comms();
-    std::vector<ProcessSnapshot> out;
+    std::vector<snapshot::ProcessSnapshot> out;
     for (const auto& [pid, p] : procs_) {
-        ProcessSnapshot r;
+        snapshot::ProcessSnapshot r;
         r.pid = pid;
         r.command = p.command;
         r.exit_code = p.exit_code;
@@ -386,9 +386,9 @@ std::vector<ProcessSnapshot> TraceSession::reports() const {
 
         join_kernel_state(pid, snapshot, comms, r);
         if (r.tree) {
-            auto items = lifecycle::items_from_tree(*r.tree, symbols_);
-            if (const lifecycle::Profile* prof = lifecycle::detect_profile(items, opts_.lifecycle_profiles))
-                r.fsdp = lifecycle::analyse(items, *prof,
+            auto items = fsdp::items_from_tree(*r.tree, symbols_);
+            if (const fsdp::Profile* prof = fsdp::detect_profile(items, opts_.lifecycle_profiles))
+                r.fsdp = fsdp::analyse(items, *prof,
                                             {.from_start = p.from_start,
                                              .records_lost = r.kernel_dropped_records + r.tree->dropped_total(),
                                              .process_ended = p.exited});
@@ -409,4 +409,4 @@ std::vector<ProcessSnapshot> TraceSession::reports() const {
     return out;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::session

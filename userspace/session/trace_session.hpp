@@ -24,17 +24,17 @@
 #include "resume_guard.hpp"
 #include "symbol_table.hpp"
 
-namespace commdbg {
+namespace commdbg::session {
 
 struct SessionOptions {
     size_t ringbuf_bytes = 8u << 20;
-    ModelLimits limits;
+    model::ModelLimits limits;
     std::vector<std::string> probes;  // spec names or files; empty: every built-in
     bool records = true;              // ring-buffer records (off: counters only)
     bool stack_args = false;          // records also read stack-passed arguments only they show (NCCL's stream)
-    PyStackMode py_stack = PyStackMode::Default;  // where records carry the Python stack
+    python::PyStackMode py_stack = python::PyStackMode::Default;  // where records carry the Python stack
     uint32_t py_depth = CD_DEFAULT_PY_FRAMES;     // frames walked per record, innermost first
-    std::vector<lifecycle::Profile> lifecycle_profiles;  // tried before the built-in ones
+    std::vector<fsdp::Profile> lifecycle_profiles;  // tried before the built-in ones
     // Whom the session traces for (commdbgd: its client).  Other than root,
     // a process the kernel would not let that user read (may_read_process)
     // is refused at add_process, and one that becomes so during the window
@@ -92,25 +92,25 @@ public:
     bool exited(int pid) const;
     const std::map<uint32_t, TracedProcess>& processes() const { return procs_; }
 
-    std::vector<ProcessSnapshot> reports() const;
+    std::vector<snapshot::ProcessSnapshot> reports() const;
     // Ends a window of records for every process at once (commdbgd
     // --fsdp-checks): their records go, open frames stay as placeholders,
     // and exited processes are forgotten here, in the model and in the
     // kernel's per-process maps.  Tracing goes on.
     void reset_window();
-    const SymbolTable& symbols() const { return symbols_; }
+    const capture::SymbolTable& symbols() const { return symbols_; }
     std::vector<std::string> take_messages();  // problems worth a line on stderr
     uint64_t decode_errors() const { return decode_errors_; }
     // Records whose handling failed (each said in take_messages, up to kMaxFailureNotes).
     uint64_t failed_records() const { return failed_records_; }
     std::array<uint64_t, CD_DROP_MAX> kernel_drops() const { return bpf_->drops(); }
-    const std::vector<AttachedFile>& attached_files() const { return attacher_.files(); }
+    const std::vector<capture::AttachedFile>& attached_files() const { return attacher_.files(); }
 
 private:
-    TraceSession(std::unique_ptr<ResumeGuard> guard, std::unique_ptr<BpfSession> bpf,
-                 std::vector<ProbeSpec> specs, const SessionOptions& opts);
+    TraceSession(std::unique_ptr<capture::ResumeGuard> guard, std::unique_ptr<capture::BpfSession> bpf,
+                 std::vector<capture::ProbeSpec> specs, const SessionOptions& opts);
     void on_record(std::span<const uint8_t> bytes) noexcept;
-    void name_exited_thread(const ThreadExit& t);
+    void name_exited_thread(const capture::ThreadExit& t);
     void handle_record(std::span<const uint8_t> bytes);
     uint32_t trace_flags(bool follow, bool dl_stop);
     void scan(uint32_t pid);
@@ -121,14 +121,14 @@ private:
     void withhold(TracedProcess& p);
     void recheck_access();
 
-    std::unique_ptr<ResumeGuard> guard_;  // forked before the BPF object exists
-    std::unique_ptr<BpfSession> bpf_;
+    std::unique_ptr<capture::ResumeGuard> guard_;  // forked before the BPF object exists
+    std::unique_ptr<capture::BpfSession> bpf_;
     BpfPyMaps py_maps_;  // what python_ writes to bpf_
-    SymbolTable symbols_;
-    ProbeAttacher attacher_;
-    TraceModel model_;
+    capture::SymbolTable symbols_;
+    capture::ProbeAttacher attacher_;
+    model::TraceModel model_;
     SessionOptions opts_;
-    PythonSupport python_;  // Python stacks: discovery, the kernel's walker, frame names
+    python::PythonSupport python_;  // Python stacks: discovery, the kernel's walker, frame names
     std::map<uint32_t, TracedProcess> procs_;
     std::vector<std::string> messages_;
     uint64_t decode_errors_ = 0;
@@ -143,4 +143,4 @@ private:
 // "pid 4242 (python3 train.py)" for messages.
 std::string describe_pid(int pid);
 
-}  // namespace commdbg
+}  // namespace commdbg::session

@@ -9,11 +9,11 @@
 #include "bpf_session.hpp"
 #include "snapshot.hpp"
 
-namespace commdbg {
+namespace commdbg::snapshot {
 
 // In creation order; communicators used by counted calls but never created
 // while we watched come last, with origin BeforeAttach.
-std::vector<CommInfo> communicators_of(uint32_t pid, const std::vector<CommEntry>& comms,
-                                       const std::vector<CounterEntry>& counters);
+std::vector<CommInfo> communicators_of(uint32_t pid, const std::vector<capture::CommEntry>& comms,
+                                       const std::vector<capture::CounterEntry>& counters);
 
-}  // namespace commdbg
+}  // namespace commdbg::snapshot

@@ -6,7 +6,7 @@
 #include "comm_registry.hpp"
 #include "nccl.hpp"
 
-namespace commdbg {
+namespace commdbg::snapshot {
 
 std::string_view to_string(CommOrigin o) {
     switch (o) {
@@ -19,13 +19,13 @@ std::string_view to_string(CommOrigin o) {
     return "unknown";
 }
 
-void join_kernel_state(uint32_t pid, const CounterSnapshot& counters, const std::vector<CommEntry>& comms,
+void join_kernel_state(uint32_t pid, const capture::CounterSnapshot& counters, const std::vector<capture::CommEntry>& comms,
                        ProcessSnapshot& r) {
     join_kernel_state(pid, counters.entries, counters.loss, comms, r);
 }
 
-void join_kernel_state(uint32_t pid, const std::vector<CounterEntry>& counters,
-                       const std::map<uint32_t, CounterLoss>& losses, const std::vector<CommEntry>& comms,
+void join_kernel_state(uint32_t pid, const std::vector<capture::CounterEntry>& counters,
+                       const std::map<uint32_t, capture::CounterLoss>& losses, const std::vector<capture::CommEntry>& comms,
                        ProcessSnapshot& r) {
     for (const auto& c : counters) {
         if (c.key.tgid != pid) continue;
@@ -51,10 +51,10 @@ void join_kernel_state(uint32_t pid, const std::vector<CounterEntry>& counters,
     r.comms = communicators_of(pid, comms, counters);
 }
 
-std::map<std::string, CollSummary> coll_summary(const std::vector<CounterRow>& counters, const SymbolTable& syms) {
+std::map<std::string, CollSummary> coll_summary(const std::vector<CounterRow>& counters, const capture::SymbolTable& syms) {
     std::map<std::string, CollSummary> out;
     for (const CounterRow& c : counters) {
-        const SymbolInfo* s = syms.find(c.sym);
+        const capture::SymbolInfo* s = syms.find(c.sym);
         if (!s || s->role != CD_ROLE_COLLECTIVE) continue;
         // The kernel's nesting is "inside a framework collective": for one
         // of those that is its own layer's outer call.  A kind only ever
@@ -62,7 +62,7 @@ std::map<std::string, CollSummary> coll_summary(const std::vector<CounterRow>& c
         // not issued: no key.
         const bool framework = CD_COOKIE_FRAMEWORK_COLL(make_cookie(c.sym, *s));
         if (framework && c.nested >= c.calls) continue;
-        CollSummary& sum = out[coll_key(s->layer, s->coll)];
+        CollSummary& sum = out[model::coll_key(s->layer, s->coll)];
         sum.calls += framework ? c.calls - std::min(c.nested, c.calls) : c.calls;
         sum.bytes += framework ? c.bytes - std::min(c.nested_bytes, c.bytes) : c.bytes;
         sum.errors += c.errors;
@@ -70,26 +70,26 @@ std::map<std::string, CollSummary> coll_summary(const std::vector<CounterRow>& c
     return out;
 }
 
-std::map<std::string, CollSummary> coll_summary(const ProcessSnapshot& p, const SymbolTable& syms) {
+std::map<std::string, CollSummary> coll_summary(const ProcessSnapshot& p, const capture::SymbolTable& syms) {
     return coll_summary(p.counters, syms);
 }
 
-std::map<std::string, uint64_t> comm_counts(const ProcessSnapshot& p, const SymbolTable& syms) {
+std::map<std::string, uint64_t> comm_counts(const ProcessSnapshot& p, const capture::SymbolTable& syms) {
     std::map<std::string, uint64_t> out;
     for (const auto& [k, sum] : coll_summary(p, syms)) out[k] = sum.calls;
     return out;
 }
 
-std::map<std::string, uint64_t> comm_bytes(const ProcessSnapshot& p, const SymbolTable& syms) {
+std::map<std::string, uint64_t> comm_bytes(const ProcessSnapshot& p, const capture::SymbolTable& syms) {
     std::map<std::string, uint64_t> out;
     for (const auto& [k, sum] : coll_summary(p, syms)) out[k] = sum.bytes;
     return out;
 }
 
-uint64_t total_counts(const ProcessSnapshot& p, const SymbolTable& syms) {
+uint64_t total_counts(const ProcessSnapshot& p, const capture::SymbolTable& syms) {
     uint64_t calls = 0, nested = 0;
     for (const CounterRow& c : p.counters) {
-        const SymbolInfo* s = syms.find(c.sym);
+        const capture::SymbolInfo* s = syms.find(c.sym);
         if (!s || s->role != CD_ROLE_COLLECTIVE) continue;
         calls += c.calls;
         nested += c.nested;
@@ -98,8 +98,8 @@ uint64_t total_counts(const ProcessSnapshot& p, const SymbolTable& syms) {
     return calls > nested ? calls - nested : 0;
 }
 
-std::map<std::string, ProcessTree::ModuleCommCounts> module_comm_counts(const ProcessSnapshot& p) {
-    return p.tree ? p.tree->module_comm_counts() : std::map<std::string, ProcessTree::ModuleCommCounts>{};
+std::map<std::string, model::ProcessTree::ModuleCommCounts> module_comm_counts(const ProcessSnapshot& p) {
+    return p.tree ? p.tree->module_comm_counts() : std::map<std::string, model::ProcessTree::ModuleCommCounts>{};
 }
 
 const CommInfo* find_comm(const ProcessSnapshot& p, uint64_t ptr) {
@@ -108,4 +108,4 @@ const CommInfo* find_comm(const ProcessSnapshot& p, uint64_t ptr) {
     return nullptr;
 }
 
-}  // namespace commdbg
+}  // namespace commdbg::snapshot

@@ -19,7 +19,7 @@
 #include "model.hpp"
 #include "symbol_table.hpp"
 
-namespace commdbg {
+namespace commdbg::snapshot {
 
 // One exact kernel counter (cd_count_key + cd_count_val).  nested: of calls,
 // those entered while an entry-only collective of their thread was open
@@ -64,13 +64,13 @@ struct ProcessSnapshot {
     std::vector<std::string> libraries;
     std::vector<CounterRow> counters;
     std::vector<CommInfo> comms;
-    const ProcessTree* tree = nullptr;
+    const model::ProcessTree* tree = nullptr;
     uint64_t kernel_dropped_records = 0;
     uint64_t counter_breakdown_lost = 0;  // calls counted without comm and dtype (kernel counter keys ran out)
     std::vector<std::string> notes;
     std::map<uint32_t, std::string> thread_names;  // tid -> name, where known
     // The FSDP lifecycle of its scopes, when a lifecycle profile recognised them.
-    std::optional<lifecycle::Findings> fsdp;
+    std::optional<fsdp::Findings> fsdp;
 };
 
 // The kernel's state for `pid`, joined: its counters (a coarse counter merged
@@ -78,10 +78,10 @@ struct ProcessSnapshot {
 // unique), its communicators and what its counters lost.  Fills `r`'s
 // counters, comms and counter_breakdown_lost, and appends a note for calls
 // that could not be counted.
-void join_kernel_state(uint32_t pid, const CounterSnapshot& counters, const std::vector<CommEntry>& comms,
+void join_kernel_state(uint32_t pid, const capture::CounterSnapshot& counters, const std::vector<capture::CommEntry>& comms,
                        ProcessSnapshot& r);
-void join_kernel_state(uint32_t pid, const std::vector<CounterEntry>& counters,
-                       const std::map<uint32_t, CounterLoss>& loss, const std::vector<CommEntry>& comms,
+void join_kernel_state(uint32_t pid, const std::vector<capture::CounterEntry>& counters,
+                       const std::map<uint32_t, capture::CounterLoss>& loss, const std::vector<capture::CommEntry>& comms,
                        ProcessSnapshot& r);
 
 // Per collective kind, summed from the exact counters of collective-role
@@ -94,24 +94,24 @@ void join_kernel_state(uint32_t pid, const std::vector<CounterEntry>& counters,
 struct CollSummary {
     uint64_t calls = 0, bytes = 0, errors = 0;
 };
-std::map<std::string, CollSummary> coll_summary(const std::vector<CounterRow>& counters, const SymbolTable& syms);
-std::map<std::string, CollSummary> coll_summary(const ProcessSnapshot& p, const SymbolTable& syms);
+std::map<std::string, CollSummary> coll_summary(const std::vector<CounterRow>& counters, const capture::SymbolTable& syms);
+std::map<std::string, CollSummary> coll_summary(const ProcessSnapshot& p, const capture::SymbolTable& syms);
 // "nccl.all_reduce" -> calls / bytes (the same keys as coll_summary).
-std::map<std::string, uint64_t> comm_counts(const ProcessSnapshot& p, const SymbolTable& syms);
-std::map<std::string, uint64_t> comm_bytes(const ProcessSnapshot& p, const SymbolTable& syms);
+std::map<std::string, uint64_t> comm_counts(const ProcessSnapshot& p, const capture::SymbolTable& syms);
+std::map<std::string, uint64_t> comm_bytes(const ProcessSnapshot& p, const capture::SymbolTable& syms);
 // Each logical collective once, at its outermost collective call of any
 // layer: the collective calls minus those the kernel counted as nested (c10d
 // _allgather_base -> allgather, c10d allreduce -> ncclAllReduce), exact
 // whatever records were lost.  Where the model saw more nesting than the
 // kernel (threads deeper than the kernel's CD_MAX_FRAMES), its count wins.
-uint64_t total_counts(const ProcessSnapshot& p, const SymbolTable& syms);
+uint64_t total_counts(const ProcessSnapshot& p, const capture::SymbolTable& syms);
 
 // Collectives per module path (ProcessTree::module_comm_counts); empty when
 // the process has no records.
-std::map<std::string, ProcessTree::ModuleCommCounts> module_comm_counts(const ProcessSnapshot& p);
+std::map<std::string, model::ProcessTree::ModuleCommCounts> module_comm_counts(const ProcessSnapshot& p);
 
 // The communicator at `ptr` (pointers are reused after a destroy: the most
 // recent wins), or nullptr.
 const CommInfo* find_comm(const ProcessSnapshot& p, uint64_t ptr);
 
-}  // namespace commdbg
+}  // namespace commdbg::snapshot

@@ -7,6 +7,7 @@
 #include "events.hpp"
 
 using namespace commdbg;
+using namespace commdbg::capture;
 
 namespace {
 

@@ -10,6 +10,7 @@
 #include "nccl_dtype.h"
 
 using namespace commdbg;
+using namespace commdbg::capture;
 
 TEST(Dtype, BpfSizeEqualsUserspaceSizeForEveryByteValue) {
     for (uint32_t t = 0; t < 256; ++t) {

@@ -7,6 +7,7 @@
 #include "symbol_table.hpp"
 
 using namespace commdbg;
+using namespace commdbg::capture;
 
 namespace {
 

@@ -27,7 +27,7 @@
 
 namespace fs = std::filesystem;
 
-namespace commdbg {
+namespace commdbg::capture {
 namespace {
 
 // ---- built-ins ---------------------------------------------------------------
@@ -168,11 +168,11 @@ TEST(ProbeSpecErrors, RegexCompilingTooLargeIsRefused) {
 
 // The regex runs over every demangled name of a library before tracing
 // starts: a pattern that backtracks exponentially kept attach busy for
-// minutes.  Planned on this test binary, whose symbols include glob_match.
+// minutes.  Planned on this test binary, whose symbols include capture::glob_match.
 TEST(ProbeSpecRegex, PathologicalRegexIsPlannedInBoundedTimeAndPicksTheRightSymbols) {
     std::string re = "^";
     for (int i = 0; i < 12; ++i) re += "(.*?)*";
-    re += "commdbg::glob_match\\\\(";
+    re += "commdbg::capture::glob_match\\\\(";
     auto spec = parse_probe_spec(spec_with(R"("name": "a",)", R"({"regex": ")" + re + R"(", "role": "op"})"), "p.json");
     ASSERT_TRUE(spec) << spec.error();
     auto names = timing::finishes_within(timing::kPatternTimeBound, [spec = spec.value()] {
@@ -184,7 +184,7 @@ TEST(ProbeSpecRegex, PathologicalRegexIsPlannedInBoundedTimeAndPicksTheRightSymb
         return out;
     });
     ASSERT_TRUE(names) << "no plan within " << timing::kPatternTimeBound.count() << " s";
-    EXPECT_EQ(*names, std::set<std::string>{"commdbg::glob_match"});
+    EXPECT_EQ(*names, std::set<std::string>{"commdbg::capture::glob_match"});
 }
 
 TEST(ProbeSpecErrors, ArgIndexOutOfRange) {
@@ -487,4 +487,4 @@ TEST(TorchSpecs, C10dPlanOnRealLibtorch) {
 }
 
 }  // namespace
-}  // namespace commdbg
+}  // namespace commdbg::capture

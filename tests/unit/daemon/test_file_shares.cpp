@@ -5,7 +5,7 @@
 
 #include "files.hpp"
 
-namespace commdbg {
+namespace commdbg::daemon {
 namespace {
 
 FileShares::FileId file(uint64_t n) { return {42, n}; }
@@ -71,4 +71,4 @@ TEST(FileShares, StatusSaysWhoHoldsWhatAndWhatWasRefused) {
 }
 
 }  // namespace
-}  // namespace commdbg
+}  // namespace commdbg::daemon

@@ -13,6 +13,7 @@
 #include "metrics.hpp"
 
 using namespace commdbg;
+using namespace commdbg::daemon;
 using namespace std::chrono_literals;
 
 namespace {

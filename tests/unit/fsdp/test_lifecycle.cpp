@@ -14,7 +14,7 @@
 #include "bounded_time.hpp"
 #include "lifecycle.hpp"
 
-namespace commdbg::lifecycle {
+namespace commdbg::fsdp {
 namespace {
 
 const Profile& fsdp2() {
@@ -594,4 +594,4 @@ TEST(Lifecycle, MicroStepCutByTheWindowsEndIsNotChecked) {
 }
 
 }  // namespace
-}  // namespace commdbg::lifecycle
+}  // namespace commdbg::fsdp

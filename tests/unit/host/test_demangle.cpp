@@ -8,7 +8,7 @@
 
 #include "demangle.hpp"
 
-using commdbg::demangle;
+using commdbg::host::demangle;
 
 namespace {
 

@@ -17,8 +17,8 @@
 #include "elf_symbols.hpp"
 
 namespace fs = std::filesystem;
-using commdbg::ElfSymbol;
-using commdbg::ElfSymbols;
+using commdbg::host::ElfSymbol;
+using commdbg::host::ElfSymbols;
 
 namespace {
 

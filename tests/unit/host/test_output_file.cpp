@@ -20,6 +20,7 @@
 #include "test_proc.hpp"
 
 using namespace commdbg;
+using namespace commdbg::host;
 
 namespace {
 

@@ -20,6 +20,7 @@
 
 namespace fs = std::filesystem;
 using namespace commdbg;
+using namespace commdbg::host;
 using namespace std::string_literals;
 
 namespace {

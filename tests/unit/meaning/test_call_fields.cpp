@@ -16,6 +16,7 @@
 #include "render.hpp"
 
 using namespace commdbg;
+using namespace commdbg::meaning;
 
 namespace {
 
@@ -29,13 +30,13 @@ std::string read_file(const std::string& path) {
 }
 
 // The spec as a user would extend it: the shipped file plus one symbol.
-ProbeSpec spec_with_new_symbol() {
+capture::ProbeSpec spec_with_new_symbol() {
     auto j = nlohmann::json::parse(read_file(std::string(SOURCE_DIR) + "/specs/nccl.json"));
     j["symbols"].push_back({{"match", "ncclAllReduceOnStream"},
                             {"role", "collective"},
                             {"collective", "all_reduce"},
                             {"args", {{"count", 0}, {"dtype", 1}, {"comm", 2}, {"stream", 3}}}});
-    auto spec = parse_probe_spec(j.dump(), "test copy of nccl.json");
+    auto spec = capture::parse_probe_spec(j.dump(), "test copy of nccl.json");
     EXPECT_TRUE(spec.ok()) << (spec.ok() ? "" : spec.error());
     return spec.value();
 }
@@ -43,32 +44,32 @@ ProbeSpec spec_with_new_symbol() {
 }  // namespace
 
 TEST(CallFields, AStreamArgumentAddedInASpecReachesTableJsonAndTrace) {
-    ProbeSpec spec = spec_with_new_symbol();
-    const SymbolRule* rule = nullptr;
+    capture::ProbeSpec spec = spec_with_new_symbol();
+    const capture::SymbolRule* rule = nullptr;
     for (const auto& r : spec.symbols)
         if (r.match == "ncclAllReduceOnStream") rule = &r;
     ASSERT_NE(rule, nullptr);
-    SymbolInfo info = rule->info;
+    capture::SymbolInfo info = rule->info;
     info.name = "ncclAllReduceOnStream";
     info.layer = spec.layer;
     info.return_probe = spec.return_probes;
-    SymbolTable syms;
+    capture::SymbolTable syms;
     uint32_t id = syms.intern(info);
 
-    TraceModel model(syms);
-    CallEnter e;
+    model::TraceModel model(syms);
+    capture::CallEnter e;
     e.tgid = e.tid = kPid;
     e.ts_ns = 1000;
     e.sp = 0x7000;
     e.cookie = make_cookie(id, *syms.find(id));
     e.args = {64, 7, 0x1000, 0xabc0, 0, 0, 0, 0};  // count, float32, comm, stream
-    CallExit x;
+    capture::CallExit x;
     x.tgid = x.tid = kPid;
     x.ts_ns = 3000;
     x.cookie = e.cookie;
     x.enter_ts_ns = e.ts_ns;
-    model.on_event(Call{e, x});
-    ProcessSnapshot p;
+    model.on_event(capture::Call{e, x});
+    snapshot::ProcessSnapshot p;
     p.pid = kPid;
     p.tree = model.process(kPid);
     ASSERT_NE(p.tree, nullptr);
@@ -82,16 +83,16 @@ TEST(CallFields, AStreamArgumentAddedInASpecReachesTableJsonAndTrace) {
     EXPECT_EQ(stream->u, 0xabc0u);
 
     // Formatted by each output.
-    std::string table = render_table(p, syms, 2, false);
+    std::string table = output::render_table(p, syms, 2, false);
     EXPECT_NE(table.find("ncclAllReduceOnStream count=64 float32 comm=0x1000 stream=0xabc0 ret=0"), std::string::npos)
         << table;
-    EXPECT_EQ(render_table(p, syms, 1, false).find("stream="), std::string::npos) << "addresses are level 2";
-    auto j = to_json(p, syms, 1);
+    EXPECT_EQ(output::render_table(p, syms, 1, false).find("stream="), std::string::npos) << "addresses are level 2";
+    auto j = output::to_json(p, syms, 1);
     ASSERT_EQ(j["records"].size(), 1u);
     EXPECT_EQ(j["records"][0]["stream"], "0xabc0");
     EXPECT_EQ(j["records"][0]["dtype"], "float32");
     EXPECT_EQ(j["records"][0]["host_enqueue_ns"], 2000);
-    auto trace = chrome_trace({p}, syms);
+    auto trace = output::chrome_trace({p}, syms);
     const nlohmann::json* call = nullptr;
     for (const auto& ev : trace["traceEvents"])
         if (ev.value("ph", "") == "X") call = &ev;  // the rest name the process and thread
@@ -104,25 +105,25 @@ TEST(CallFields, AStreamArgumentAddedInASpecReachesTableJsonAndTrace) {
 // The table and the JSON show some fields differently (the table's raw
 // count, the JSON's elements); each says which it is for.
 TEST(CallFields, EachFieldSaysWhereItShows) {
-    SymbolInfo s;
+    capture::SymbolInfo s;
     s.name = "ncclAllGather";
     s.layer = "nccl";
     s.role = CD_ROLE_COLLECTIVE;
     s.coll = CD_COLL_ALL_GATHER;
     s.slots = {2, 3, 4};
     s.return_probe = true;
-    SymbolTable syms;
+    capture::SymbolTable syms;
     uint32_t id = syms.intern(s);
-    Record r;
+    model::Record r;
     r.sym = id;
-    r.kind = RecordKind::Collective;
+    r.kind = model::RecordKind::Collective;
     r.coll = CD_COLL_ALL_GATHER;
     r.count = 10;
     r.dtype = 7;
     r.comm = 0x1000;
-    r.flags = kHasCount | kHasDtype | kHasComm;
-    ProcessSnapshot p;
-    CommInfo c;
+    r.flags = model::kHasCount | model::kHasDtype | model::kHasComm;
+    snapshot::ProcessSnapshot p;
+    snapshot::CommInfo c;
     c.ptr = 0x1000;
     c.nranks = 4;
     p.comms.push_back(c);

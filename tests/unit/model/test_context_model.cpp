@@ -17,6 +17,7 @@
 #include "snapshot.hpp"
 
 using namespace commdbg;
+using namespace commdbg::model;
 using nlohmann::ordered_json;
 
 namespace {
@@ -44,31 +45,31 @@ enum Code : uint64_t {
 // Module objects.
 constexpr uint64_t kModel = 0xa000, kEncoder = 0xa100, kBlock = 0xa200;
 
-class FakeResolver : public PyContextResolver {
+class FakeResolver : public python::PyContextResolver {
 public:
     FakeResolver() {
         code(kMain, "main", "/src/train.py", 10);
         code(kStep, "train_step", "/src/train.py", 20);
-        code(kWrapped, "Module._wrapped_call_impl", "/torch/nn/modules/module.py", 1736, PyFrameKind::ModuleCall, true);
-        code(kCallImpl, "Module._call_impl", "/torch/nn/modules/module.py", 1747, PyFrameKind::ModuleCall, true);
+        code(kWrapped, "Module._wrapped_call_impl", "/torch/nn/modules/module.py", 1736, python::PyFrameKind::ModuleCall, true);
+        code(kCallImpl, "Module._call_impl", "/torch/nn/modules/module.py", 1747, python::PyFrameKind::ModuleCall, true);
         code(kModelFwd, "Model.forward", "/src/model.py", 5);
         code(kEncoderFwd, "Encoder.forward", "/src/model.py", 15);
         code(kBlockFwd, "Block.forward", "/src/model.py", 30);
         code(kRfEnter, "record_function.__enter__", "/torch/autograd/profiler.py", 750,
-             PyFrameKind::RecordFunctionEnter, true).label = "phase13";
-        code(kOpsCall, "OpOverloadPacket.__call__", "/torch/_ops.py", 1000, PyFrameKind::Plain, true);
-        code(kAllReduce, "all_reduce", "/torch/distributed/distributed_c10d.py", 2500, PyFrameKind::Plain, true);
-        code(kEngineRun, "_engine_run_backward", "/torch/autograd/graph.py", 825, PyFrameKind::BackwardEntry, true);
+             python::PyFrameKind::RecordFunctionEnter, true).label = "phase13";
+        code(kOpsCall, "OpOverloadPacket.__call__", "/torch/_ops.py", 1000, python::PyFrameKind::Plain, true);
+        code(kAllReduce, "all_reduce", "/torch/distributed/distributed_c10d.py", 2500, python::PyFrameKind::Plain, true);
+        code(kEngineRun, "_engine_run_backward", "/torch/autograd/graph.py", 825, python::PyFrameKind::BackwardEntry, true);
         code(kHook, "Block.grad_hook", "/src/model.py", 50);
         modules_ = {{kModel, "Model"}, {kEncoder, "Encoder"}, {kBlock, "Block"}};
         paths_ = {{{kModel, kEncoder}, "encoder"}, {{kModel, kBlock}, "encoder.blocks.1"}};
     }
 
-    const PyFrameInfo& frame(uint32_t, const cd_py_frame& f) override {
+    const python::PyFrameInfo& frame(uint32_t, const cd_py_frame& f) override {
         ++frame_calls;
         auto [it, added] = cache_.try_emplace({f.code, f.self});
         if (!added) return it->second;
-        PyFrameInfo& out = it->second;
+        python::PyFrameInfo& out = it->second;
         if (auto c = codes_.find(f.code); c != codes_.end()) out = c->second;
         if (auto m = modules_.find(f.self); m != modules_.end() && out.known)
             out.module = f.self, out.module_class = m->second;
@@ -86,16 +87,16 @@ public:
     std::vector<uint32_t> forgotten;
 
 private:
-    PyFrameInfo& code(uint64_t code, const char* qualname, const char* file, uint32_t line,
-                      PyFrameKind kind = PyFrameKind::Plain, bool library = false) {
-        PyFrameInfo& f = codes_[code];
+    python::PyFrameInfo& code(uint64_t code, const char* qualname, const char* file, uint32_t line,
+                      python::PyFrameKind kind = python::PyFrameKind::Plain, bool library = false) {
+        python::PyFrameInfo& f = codes_[code];
         f.qualname = qualname, f.file = file, f.line = line, f.known = true, f.kind = kind, f.library = library;
         return f;
     }
-    std::map<uint64_t, PyFrameInfo> codes_;
+    std::map<uint64_t, python::PyFrameInfo> codes_;
     std::map<uint64_t, std::string> modules_;
     std::map<std::pair<uint64_t, uint64_t>, std::string> paths_;
-    std::map<std::pair<uint64_t, uint64_t>, PyFrameInfo> cache_;
+    std::map<std::pair<uint64_t, uint64_t>, python::PyFrameInfo> cache_;
 };
 
 // A frame: its code and its first local.
@@ -114,22 +115,22 @@ const Stack kInEncoder = kInModel + module_call(kEncoder, kEncoderFwd);
 const Stack kInBlock = kInEncoder + module_call(kBlock, kBlockFwd);
 const Stack kBackwardHook = kTop + Stack{F(kEngineRun), F(kHook, kBlock)};
 
-SymbolInfo sym(const char* name, const char* layer, cd_role role, ArgSlots slots = {}, cd_coll coll = CD_COLL_NONE,
+capture::SymbolInfo sym(const char* name, const char* layer, cd_role role, capture::ArgSlots slots = {}, cd_coll coll = CD_COLL_NONE,
                bool ret = false) {
     return test::symbol(name, layer, role, coll, slots, ret, /*py_stack=*/true);
 }
 
 struct Ctx {
-    SymbolTable t;
+    capture::SymbolTable t;
     uint32_t label = t.intern(sym("torch::autograd::profiler::record_function_enter_new", "torch", CD_ROLE_SCOPE_LABEL));
     uint32_t begin = t.intern(sym("at::RecordFunction::RecordFunction", "torch", CD_ROLE_SCOPE_BEGIN,
                                   [] {
-                                      ArgSlots s;
+                                      capture::ArgSlots s;
                                       s.count = 0, s.peer = 1;
                                       return s;
                                   }()));
     uint32_t end = t.intern(sym("at::RecordFunction::end", "torch", CD_ROLE_SCOPE_END, [] {
-        ArgSlots s;
+        capture::ArgSlots s;
         s.count = 0;
         return s;
     }()));
@@ -147,9 +148,9 @@ struct Ctx {
     }
 
     // An entry at the next timestamp; `stack` outermost first.
-    CallEnter enter(uint32_t s, uint64_t sp, const std::optional<Stack>& stack = std::nullopt,
+    capture::CallEnter enter(uint32_t s, uint64_t sp, const std::optional<Stack>& stack = std::nullopt,
                     std::array<uint64_t, CD_NUM_ARGS> args = {}, uint32_t tid = kTid) {
-        CallEnter e;
+        capture::CallEnter e;
         e.tgid = kPid;
         e.tid = tid;
         e.ts_ns = now += 1000;
@@ -163,13 +164,13 @@ struct Ctx {
         model.on_event(e);
         return e;
     }
-    void exit(const CallEnter& e) {
-        CallExit x;
+    void exit(const capture::CallEnter& e) {
+        capture::CallExit x;
         x.tgid = e.tgid, x.tid = e.tid, x.ts_ns = now += 1000, x.cookie = e.cookie, x.enter_ts_ns = e.ts_ns;
         model.on_event(x);
     }
-    CallEnter scope_label(const std::string& l, const Stack& stack, uint64_t sp = 0x7000) {
-        CallEnter e;
+    capture::CallEnter scope_label(const std::string& l, const Stack& stack, uint64_t sp = 0x7000) {
+        capture::CallEnter e;
         e.tgid = kPid, e.tid = kTid, e.ts_ns = now += 1000, e.sp = sp;
         e.cookie = make_cookie(label, *t.find(label));
         e.label = l;
@@ -178,11 +179,11 @@ struct Ctx {
         model.on_event(e);
         return e;
     }
-    CallEnter scope_begin(uint64_t self, const std::optional<Stack>& stack, uint64_t scope = kUserScope,
+    capture::CallEnter scope_begin(uint64_t self, const std::optional<Stack>& stack, uint64_t scope = kUserScope,
                           uint64_t sp = 0x7000) {
         return enter(begin, sp, stack, {self, scope, 0, 0, 0, 0, 0, 0});
     }
-    CallEnter scope_end(uint64_t self, uint64_t sp = 0x7000) { return enter(end, sp, std::nullopt, {self}); }
+    capture::CallEnter scope_end(uint64_t self, uint64_t sp = 0x7000) { return enter(end, sp, std::nullopt, {self}); }
     // c10d allreduce -> ncclAllReduce, from `stack`.
     void collective(const Stack& stack, uint64_t sp = 0x7000) {
         enter(c10d, sp, stack);
@@ -210,8 +211,8 @@ struct Ctx {
     std::string_view parent_name(const Record& r) const {
         return r.parent == kNoRecord ? std::string_view("<none>") : name(recs()[r.parent]);
     }
-    ProcessSnapshot report() const {
-        ProcessSnapshot r;
+    snapshot::ProcessSnapshot report() const {
+        snapshot::ProcessSnapshot r;
         r.pid = kPid;
         r.tree = model.process(kPid);
         return r;
@@ -332,7 +333,7 @@ TEST(ContextModel, ScopeMarkersStayOnTheNativeStackAsPlaceholders) {
     Ctx c;
     // The kernel counts the begin as an open frame: depths after it include it.
     auto at = [&](uint32_t s, uint32_t depth, std::array<uint64_t, CD_NUM_ARGS> args = {}) {
-        CallEnter e;
+        capture::CallEnter e;
         e.tgid = kPid, e.tid = kTid, e.ts_ns = c.now += 1000, e.sp = 0x7000 - depth * 0x100;
         e.cookie = make_cookie(s, *c.t.find(s));
         e.frame_depth = depth;
@@ -424,7 +425,7 @@ TEST(ContextModel, ModuleCommCountsCountTheOutermostCollectiveUnderEveryEnclosin
 TEST(ContextModel, TruncatedStacksLeaveTheChainAlone) {
     Ctx c;
     c.enter(c.c10d, 0x7000, kInBlock);
-    CallEnter e;
+    capture::CallEnter e;
     e.tgid = kPid, e.tid = kTid, e.ts_ns = c.now += 1000, e.sp = 0x7000;
     e.cookie = make_cookie(c.c10d, *c.t.find(c.c10d));
     e.py_status = CD_PY_OK;
@@ -485,7 +486,7 @@ TEST(ContextModel, AFreedCodeObjectResolvesAsUnknownAndNoResolverNamesNothing) {
     const auto& inner = c.tree().py_frame(frames[0]);
     EXPECT_EQ(c.tree().text(inner.qualname), "<unknown>");
     EXPECT_FALSE(inner.known);
-    EXPECT_EQ(render_parts::py_location(r, c.tree()), "<unknown>");
+    EXPECT_EQ(output::render_parts::py_location(r, c.tree()), "<unknown>");
 
     Ctx bare({}, /*with_resolver=*/false);
     bare.enter(bare.c10d, 0x7000, kInBlock);
@@ -499,7 +500,7 @@ TEST(ContextModel, ProcessExitEndsOpenContextAndForgetsTheProcess) {
     Ctx c;
     c.enter(c.c10d, 0x7000, kInBlock);
     c.scope_begin(0x9, kInBlock, kUserScope, 0x6f00);  // inside the c10d call
-    ProcExit x;
+    capture::ProcExit x;
     x.tgid = kPid, x.ts_ns = c.now += 1000;
     c.model.on_event(x);
     for (const Record& r : c.recs()) {
@@ -534,7 +535,7 @@ struct Rendered : Ctx {
         scope_begin(0x55, kInModel);
         collective(kInBlock);
         scope_end(0x55);
-        CallEnter e;
+        capture::CallEnter e;
         e.tgid = kPid, e.tid = kTid + 1, e.ts_ns = now += 1000, e.sp = 0x9000;
         e.cookie = make_cookie(nccl, *t.find(nccl));
         e.py_status = CD_PY_NO_TSTATE;
@@ -558,7 +559,7 @@ const ordered_json* find_json(const ordered_json& recs, std::string_view name) {
 
 TEST(ContextRender, JsonShowsScopesModulesStacksAndModuleCommCounts) {
     Rendered c;
-    auto j = to_json(c.report(), c.t, 2);
+    auto j = output::to_json(c.report(), c.t, 2);
     ASSERT_TRUE(j.contains("module_comm_counts"));
     EXPECT_EQ(j["module_comm_counts"].dump(),
               R"({"<root>":{"forward":{"c10d.all_reduce":1}},"encoder":{"forward":{"c10d.all_reduce":1}},)"
@@ -605,7 +606,7 @@ TEST(ContextRender, JsonShowsScopesModulesStacksAndModuleCommCounts) {
 TEST(ContextRender, JsonOmitsContextKeysWithoutContext) {
     Ctx c;
     c.enter(c.c10d, 0x7000);  // no stack
-    auto j = to_json(c.report(), c.t, 2);
+    auto j = output::to_json(c.report(), c.t, 2);
     EXPECT_FALSE(j.contains("module_comm_counts"));
     EXPECT_FALSE(j["records"][0].contains("py_stack"));
     EXPECT_FALSE(j["records"][0].contains("module_fqn"));
@@ -613,7 +614,7 @@ TEST(ContextRender, JsonOmitsContextKeysWithoutContext) {
 
 TEST(ContextRender, JsonHidesScopeAndModuleRecordsBelowNoiseTwoButKeepsTheirCounts) {
     Rendered c;
-    auto j = to_json(c.report(), c.t, 1);
+    auto j = output::to_json(c.report(), c.t, 1);
     EXPECT_EQ(find_json(j["records"], "my_phase"), nullptr);
     EXPECT_EQ(find_json(j["records"], "encoder"), nullptr);
     EXPECT_NE(find_json(j["records"], "c10d::ProcessGroupNCCL::allreduce"), nullptr);
@@ -622,7 +623,7 @@ TEST(ContextRender, JsonHidesScopeAndModuleRecordsBelowNoiseTwoButKeepsTheirCoun
 
 TEST(ContextRender, TableShowsScopeAndModuleRowsAndWhereFromNoiseTwo) {
     Rendered c;
-    std::string table = render_table(c.report(), c.t, 2, false);
+    std::string table = output::render_table(c.report(), c.t, 2, false);
     auto has = [&](const std::string& line) { return table.find(line + "\n") != std::string::npos; };
     EXPECT_TRUE(has("Module      module <root> (Model) forward")) << table;
     EXPECT_TRUE(has("Scope         scope my_phase at /src/model.py:5 Model.forward")) << table;
@@ -636,7 +637,7 @@ TEST(ContextRender, TableShowsScopeAndModuleRowsAndWhereFromNoiseTwo) {
     EXPECT_TRUE(has("thread 5153\nCollective  ncclAllReduce count=0 int8 sum comm=0x0 at <unknown>")) << table;
     EXPECT_TRUE(has("thread 5152\nCollective  ncclAllReduce count=0 int8 sum comm=0x0")) << table;  // no Python
 
-    std::string quiet = render_table(c.report(), c.t, 1, false);
+    std::string quiet = output::render_table(c.report(), c.t, 1, false);
     EXPECT_EQ(quiet.find("scope my_phase"), std::string::npos);
     EXPECT_EQ(quiet.find("module "), std::string::npos);
     EXPECT_EQ(quiet.find(" at /src"), std::string::npos);
@@ -644,7 +645,7 @@ TEST(ContextRender, TableShowsScopeAndModuleRowsAndWhereFromNoiseTwo) {
 
 TEST(ContextRender, TraceHasScopeAndModuleSlicesWithTheStackInArgs) {
     Rendered c;
-    auto trace = chrome_trace({c.report()}, c.t);
+    auto trace = output::chrome_trace({c.report()}, c.t);
     std::map<std::string, nlohmann::json> slices;
     for (const auto& ev : trace["traceEvents"])
         if (ev["ph"] == "X" && ev["tid"] == kTid) slices[ev["name"].get<std::string>()] = ev;

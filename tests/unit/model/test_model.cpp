@@ -7,29 +7,30 @@
 #include "model.hpp"
 
 using namespace commdbg;
+using namespace commdbg::model;
 
 namespace {
 
 constexpr uint32_t kPid = 4242;
 constexpr uint32_t kTid = 4242;
 
-SymbolInfo nccl(const char* name, cd_coll coll, ArgSlots slots, cd_role role = CD_ROLE_COLLECTIVE) {
+capture::SymbolInfo nccl(const char* name, cd_coll coll, capture::ArgSlots slots, cd_role role = CD_ROLE_COLLECTIVE) {
     return test::symbol(name, "nccl", role, coll, slots, /*return_probe=*/true);
 }
 
-SymbolInfo frame_sym(const char* name, const char* layer, cd_role role, cd_coll coll = CD_COLL_NONE) {
+capture::SymbolInfo frame_sym(const char* name, const char* layer, cd_role role, cd_coll coll = CD_COLL_NONE) {
     return test::symbol(name, layer, role, coll);
 }
 
 struct Fixture {
-    SymbolTable t;
+    capture::SymbolTable t;
     uint32_t allreduce = t.intern(nccl("ncclAllReduce", CD_COLL_ALL_REDUCE, [] {
-        ArgSlots s{2, 3, 5, 4};
+        capture::ArgSlots s{2, 3, 5, 4};
         s.sendbuf = 0, s.recvbuf = 1, s.stream = 6;  // stream: the first stack word
         return s;
     }()));
     uint32_t send = t.intern(nccl("ncclSend", CD_COLL_SEND, [] {
-        ArgSlots s{1, 2, 4, CD_SLOT_NONE, 3};
+        capture::ArgSlots s{1, 2, 4, CD_SLOT_NONE, 3};
         s.sendbuf = 0, s.stream = 5;
         return s;
     }()));
@@ -46,9 +47,9 @@ struct Fixture {
     uint32_t add = t.intern(frame_sym("aten::add.Tensor", "aten", CD_ROLE_OP));
     uint32_t module = t.intern(frame_sym("Linear", "python", CD_ROLE_ANNOTATION));
 
-    CallEnter enter(uint32_t sym, uint64_t ts, uint64_t sp, uint32_t tid = kTid,
+    capture::CallEnter enter(uint32_t sym, uint64_t ts, uint64_t sp, uint32_t tid = kTid,
                     uint32_t pid = kPid) const {
-        CallEnter e;
+        capture::CallEnter e;
         e.tgid = pid;
         e.tid = tid;
         e.ts_ns = ts;
@@ -56,8 +57,8 @@ struct Fixture {
         e.cookie = make_cookie(sym, *t.find(sym));
         return e;
     }
-    static CallExit exit_of(const CallEnter& e, uint64_t ts, int64_t ret = 0, uint64_t out = 0) {
-        CallExit x;
+    static capture::CallExit exit_of(const capture::CallEnter& e, uint64_t ts, int64_t ret = 0, uint64_t out = 0) {
+        capture::CallExit x;
         x.tgid = e.tgid;
         x.tid = e.tid;
         x.ts_ns = ts;
@@ -88,7 +89,7 @@ TEST(Model, OneCallRecordBuildsWhatItsEntryAndExitBuild) {
         auto nc = f.enter(f.allreduce, 300, 800);
         nc.args[2] = 64, nc.args[3] = 7, nc.args[6] = 0x5000;
         if (combined) {
-            m.on_event(Call{nc, Fixture::exit_of(nc, 350, -3)});
+            m.on_event(capture::Call{nc, Fixture::exit_of(nc, 350, -3)});
         } else {
             m.on_event(nc);
             m.on_event(Fixture::exit_of(nc, 350, -3));
@@ -369,11 +370,11 @@ TEST(Model, KernelFrameDepthMakesADeeperLaterSiblingASiblingNotAChild) {
     // frame's return-address slot overwritten and says depth 0.
     Fixture f;
     TraceModel m(f.t);
-    CallEnter first = f.enter(f.c10d_allreduce, 100, 1000);
+    capture::CallEnter first = f.enter(f.c10d_allreduce, 100, 1000);
     first.frame_depth = 0;
-    CallEnter second = f.enter(f.c10d_allreduce, 200, 900);  // deeper sp
+    capture::CallEnter second = f.enter(f.c10d_allreduce, 200, 900);  // deeper sp
     second.frame_depth = 0;
-    CallEnter child = f.enter(f.allreduce, 300, 800);  // NCCL leaf inside the second
+    capture::CallEnter child = f.enter(f.allreduce, 300, 800);  // NCCL leaf inside the second
     child.frame_depth = 1;
     m.on_event(first);
     m.on_event(second);
@@ -409,7 +410,7 @@ TEST(Model, ProcExitClosesOpenFramesAndRecordsTheExitCode) {
     m.on_event(f.enter(f.mm, 100, 1000));
     m.on_event(f.enter(f.add, 200, 900));
     m.on_event(f.enter(f.allreduce, 300, 800));
-    m.on_event(ProcExit{kPid, 1000, 256});
+    m.on_event(capture::ProcExit{kPid, 1000, 256});
     const ProcessTree* p = m.process(kPid);
     EXPECT_EQ(p->records()[0].end_ns, 1000u);
     EXPECT_EQ(p->records()[1].end_ns, 1000u);
@@ -425,7 +426,7 @@ TEST(Model, AFrameClosedByALaterEntryIsNotMarkedEndAtExit) {
     TraceModel m(f.t);
     m.on_event(f.enter(f.mm, 100, 1000));
     m.on_event(f.enter(f.add, 200, 1000));  // mm returned before this entry
-    m.on_event(ProcExit{kPid, 1000, 0});
+    m.on_event(capture::ProcExit{kPid, 1000, 0});
     const auto& recs = m.process(kPid)->records();
     EXPECT_EQ(recs[0].end_ns, 200u);
     EXPECT_FALSE(recs[0].has(kEndAtExit));
@@ -436,7 +437,7 @@ TEST(Model, ForkRecordsTheParentAndPidsAreSorted) {
     Fixture f;
     TraceModel m(f.t);
     m.on_event(f.enter(f.mm, 100, 1000, 9, 9));
-    m.on_event(ProcFork{5, 9, 150});
+    m.on_event(capture::ProcFork{5, 9, 150});
     EXPECT_EQ(m.pids(), (std::vector<uint32_t>{5, 9}));
     EXPECT_EQ(m.process(5)->parent_pid(), 9u);
     EXPECT_EQ(m.process(1), nullptr);
@@ -458,7 +459,7 @@ TEST(Model, WindowResetEmptiesTheModelKeepsLimitsAndOpenNesting) {
     m.on_event(f.enter(f.c10d_allreduce, 100, 1000));
     m.on_event(f.enter(f.allreduce, 200, 900));
     m.on_event(f.enter(f.mm, 300, 5000, 1, 77));
-    m.on_event(ProcExit{77, 400, 0});
+    m.on_event(capture::ProcExit{77, 400, 0});
     m.reset();
     EXPECT_EQ(m.pids(), std::vector<uint32_t>{kPid});  // the exited process is forgotten
     const ProcessTree* p = m.process(kPid);

@@ -20,6 +20,7 @@
 #include "result.hpp"
 
 using namespace commdbg;
+using namespace commdbg::output;
 
 namespace {
 
@@ -29,15 +30,15 @@ constexpr uint64_t kSplitComm = 0x5555c0ffef00;
 constexpr uint64_t kStream = 0x5555a0000010;
 constexpr uint64_t kSend = 0x7f0000200000, kRecv = 0x7f0000400000;
 
-ArgSlots with_buffers(ArgSlots s, uint8_t send, uint8_t recv, uint8_t stream) {
+capture::ArgSlots with_buffers(capture::ArgSlots s, uint8_t send, uint8_t recv, uint8_t stream) {
     s.sendbuf = send;
     s.recvbuf = recv;
     s.stream = stream;
     return s;
 }
 
-SymbolInfo sym(const char* name, const char* layer, cd_role role, cd_coll coll = CD_COLL_NONE,
-               ArgSlots slots = {}, bool ret = false) {
+capture::SymbolInfo sym(const char* name, const char* layer, cd_role role, cd_coll coll = CD_COLL_NONE,
+               capture::ArgSlots slots = {}, bool ret = false) {
     return test::symbol(name, layer, role, coll, slots, ret);
 }
 
@@ -45,7 +46,7 @@ SymbolInfo sym(const char* name, const char* layer, cd_role role, cd_coll coll =
 // one, trivial ops hiding a real one, a call whose exit never came, and a
 // second thread.
 struct Scenario {
-    SymbolTable t;
+    capture::SymbolTable t;
     // The spec's layout (specs/nccl.json): init nranks/rank -> count/peer,
     // split key/color/parent -> count/peer/comm.
     uint32_t init = t.intern(sym("ncclCommInitRank", "nccl", CD_ROLE_COMM_INIT, CD_COLL_NONE,
@@ -76,11 +77,11 @@ struct Scenario {
     uint32_t add = t.intern(sym("aten::add.Tensor", "aten", CD_ROLE_OP));
 
     std::array<uint8_t, CD_UNIQUE_ID_BYTES> uid{};
-    TraceModel model;
+    model::TraceModel model;
 
-    CallEnter enter(uint32_t s, uint64_t ts, uint64_t sp, uint32_t tid = kPid,
+    capture::CallEnter enter(uint32_t s, uint64_t ts, uint64_t sp, uint32_t tid = kPid,
                     std::array<uint64_t, CD_NUM_ARGS> args = {}) {
-        CallEnter e;
+        capture::CallEnter e;
         e.tgid = kPid;
         e.tid = tid;
         e.ts_ns = ts;
@@ -90,8 +91,8 @@ struct Scenario {
         model.on_event(e);
         return e;
     }
-    void exit(const CallEnter& e, uint64_t ts, int64_t ret = 0, uint64_t out = 0) {
-        CallExit x;
+    void exit(const capture::CallEnter& e, uint64_t ts, int64_t ret = 0, uint64_t out = 0) {
+        capture::CallExit x;
         x.tgid = e.tgid;
         x.tid = e.tid;
         x.ts_ns = ts;
@@ -102,7 +103,7 @@ struct Scenario {
         model.on_event(x);
     }
 
-    explicit Scenario(ModelLimits limits = {}) : model(t, limits) {
+    explicit Scenario(model::ModelLimits limits = {}) : model(t, limits) {
         for (int i = 0; i < CD_UNIQUE_ID_BYTES; ++i) uid[i] = static_cast<uint8_t>(i * 37);
         const uint64_t base = 1'000'000'000;
         auto e = enter(init, base + 1000, 0x7000, kPid, {0x7ffd1000, 2, 0, 0, 0, 0, 0, 0});
@@ -137,8 +138,8 @@ struct Scenario {
         exit(e, base + 107000, 4);
     }
 
-    ProcessSnapshot report() const {
-        ProcessSnapshot r;
+    snapshot::ProcessSnapshot report() const {
+        snapshot::ProcessSnapshot r;
         r.pid = kPid;
         r.command = "python3 train.py";
         r.libraries = {"/usr/local/cuda/lib64/libnccl.so.2", "/usr/lib/libtorch_cpu.so"};
@@ -146,17 +147,17 @@ struct Scenario {
                       {allgather, kComm, 9, 1, 256, 512, 0},   {bcast, kComm, 2, 1, 64, 256, 0},
                       {send, kComm, 2, 1, 16, 64, 1},          {init, 0, 0xffffffff, 1, 0, 0, 0},
                       {split, kComm, 0xffffffff, 1, 0, 0, 0},  {destroy, kSplitComm, 0xffffffff, 1, 0, 0, 0}};
-        CommInfo c;
+        snapshot::CommInfo c;
         c.ptr = kComm;
-        c.id = nccl_comm_hash(uid);
+        c.id = capture::nccl_comm_hash(uid);
         c.nranks = 2;
         c.rank = 0;
-        c.origin = CommOrigin::InitRank;
+        c.origin = snapshot::CommOrigin::InitRank;
         c.init_ret = 0;
-        CommInfo child;
+        snapshot::CommInfo child;
         child.ptr = kSplitComm;
         child.id = 0x1234abcd5678ef00;
-        child.origin = CommOrigin::Split;
+        child.origin = snapshot::CommOrigin::Split;
         child.parent_ptr = kComm;
         child.init_ret = 0;
         child.destroyed = true;
@@ -176,7 +177,7 @@ void expect_golden(const std::string& name, const std::string& actual) {
     std::string path = golden_path(name);
     const char* update = std::getenv("COMMDBG_UPDATE_GOLDEN");
     if (update && std::string(update) == "1") {
-        write_file_atomic(path, actual);
+        host::write_file_atomic(path, actual);
         return;
     }
     std::ifstream in(path);
@@ -311,7 +312,7 @@ TEST(Render, JsonDerivesElementsFromCollKindAndGroupSize) {
 }
 
 TEST(Render, DropsAreReportedInTableAndJson) {
-    Scenario s(ModelLimits{.max_records = 3, .max_depth = 128});
+    Scenario s(model::ModelLimits{.max_records = 3, .max_depth = 128});
     auto r = s.report();
     r.kernel_dropped_records = 7;
     uint64_t model_drops = r.tree->dropped_total();
@@ -336,11 +337,11 @@ TEST(Render, MultiProcessJsonIsOrderedByPidAndSingleIsFlat) {
     auto b = s.report();
     b.pid = 17;
     b.tree = nullptr;
-    auto multi = to_json(std::vector<ProcessSnapshot>{a, b}, s.t, 1);
+    auto multi = to_json(std::vector<snapshot::ProcessSnapshot>{a, b}, s.t, 1);
     ASSERT_EQ(multi["processes"].size(), 2u);
     EXPECT_EQ(multi["processes"][0]["process"]["pid"], 17);
     EXPECT_EQ(multi["processes"][1]["process"]["pid"], kPid);
-    auto single = to_json(std::vector<ProcessSnapshot>{a}, s.t, 1);
+    auto single = to_json(std::vector<snapshot::ProcessSnapshot>{a}, s.t, 1);
     EXPECT_FALSE(single.contains("processes"));
     EXPECT_EQ(single.begin().key(), "comm_counts");
 }
@@ -374,29 +375,29 @@ TEST(Render, ThreadNamesNameTheTracksAndAreInTheDump) {
 TEST(Render, FramesStillOpenAtExitEndWithTheirLastChildNotAtTheExit) {
     // The last op of a thread stays open until the process exits, seconds
     // later: drawn to the exit it would look that long.  Its children bound it.
-    SymbolTable t;
+    capture::SymbolTable t;
     uint32_t op = t.intern(sym("aten::add_.Tensor", "aten", CD_ROLE_OP));
     uint32_t leaf = t.intern(sym("ncclAllReduce", "nccl", CD_ROLE_COLLECTIVE, CD_COLL_ALL_REDUCE, {}, true));
-    TraceModel m(t);
-    CallEnter e;
+    model::TraceModel m(t);
+    capture::CallEnter e;
     e.tgid = e.tid = 1;
     e.ts_ns = 1'000'000;
     e.sp = 1000;
     e.cookie = make_cookie(op, *t.find(op));
     m.on_event(e);
-    CallEnter c = e;
+    capture::CallEnter c = e;
     c.ts_ns = 1'010'000;
     c.sp = 900;
     c.cookie = make_cookie(leaf, *t.find(leaf));
     m.on_event(c);
-    CallExit x;
+    capture::CallExit x;
     x.tgid = x.tid = 1;
     x.ts_ns = 1'030'000;
     x.cookie = c.cookie;
     x.enter_ts_ns = c.ts_ns;
     m.on_event(x);
-    m.on_event(ProcExit{1, 5'000'000'000, 0});  // ~5 s later
-    ProcessSnapshot r;
+    m.on_event(capture::ProcExit{1, 5'000'000'000, 0});  // ~5 s later
+    snapshot::ProcessSnapshot r;
     r.pid = 1;
     r.tree = m.process(1);
     auto trace = chrome_trace({r}, t);
@@ -419,13 +420,13 @@ TEST(Render, FramesStillOpenAtExitEndWithTheirLastChildNotAtTheExit) {
 
 TEST(Render, ChromeTraceClampsUnknownEndsInsideParents) {
     // Open frames with children, leaves without exits, a process that never ends.
-    SymbolTable t;
+    capture::SymbolTable t;
     uint32_t op = t.intern(sym("aten::mm", "aten", CD_ROLE_OP));
     uint32_t leaf = t.intern(sym("ncclAllReduce", "nccl", CD_ROLE_COLLECTIVE, CD_COLL_ALL_REDUCE,
                                  {}, true));
-    TraceModel m(t);
+    model::TraceModel m(t);
     auto ev = [&](uint32_t s, uint64_t ts, uint64_t sp, uint32_t tid) {
-        CallEnter e;
+        capture::CallEnter e;
         e.tgid = 1;
         e.tid = tid;
         e.ts_ns = ts;
@@ -439,14 +440,14 @@ TEST(Render, ChromeTraceClampsUnknownEndsInsideParents) {
     ev(op, 1300, 900, 1);
     ev(leaf, 5000, 800, 1);
     ev(leaf, 1500, 100, 2);
-    ProcessSnapshot r;
+    snapshot::ProcessSnapshot r;
     r.pid = 1;
     r.tree = m.process(1);
     auto trace = chrome_trace({r}, t);
     check_trace_structure(trace);
     // Stand-in ends are bounded by the next sibling: no start had to move.
     std::multiset<double> starts;
-    for (const Record& rec : r.tree->records()) starts.insert(static_cast<double>(rec.start_ns) / 1000.0);
+    for (const model::Record& rec : r.tree->records()) starts.insert(static_cast<double>(rec.start_ns) / 1000.0);
     for (const auto& ev : trace["traceEvents"]) {
         if (ev["ph"] != "X") continue;
         auto it = starts.find(ev["ts"].get<double>());
@@ -459,14 +460,14 @@ TEST(Render, ChromeTraceClampsUnknownEndsInsideParents) {
 TEST(Render, WriteFileAtomicReplacesAndReportsFailures) {
     std::string dir = ::testing::TempDir();
     std::string path = dir + "/commdbg_atomic_test.txt";
-    write_file_atomic(path, "first");
-    write_file_atomic(path, "second");
+    host::write_file_atomic(path, "first");
+    host::write_file_atomic(path, "second");
     std::ifstream in(path);
     std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     EXPECT_EQ(got, "second");
     std::remove(path.c_str());
     try {
-        write_file_atomic("/nonexistent-dir-commdbg/x.json", "x");
+        host::write_file_atomic("/nonexistent-dir-commdbg/x.json", "x");
         FAIL() << "expected CommdbgError";
     } catch (const CommdbgError& e) {
         EXPECT_NE(std::string(e.what()).find("/nonexistent-dir-commdbg/x.json"), std::string::npos);
@@ -586,27 +587,27 @@ TEST(Render, CommunicatorCallsAreShownWithTheMeaningOfTheirSlots) {
 }
 
 TEST(Render, CommInitAllShowsTheDeviceCount) {
-    SymbolTable t;
-    SymbolInfo all = sym("ncclCommInitAll", "nccl", CD_ROLE_COMM_INIT, CD_COLL_NONE,
+    capture::SymbolTable t;
+    capture::SymbolInfo all = sym("ncclCommInitAll", "nccl", CD_ROLE_COMM_INIT, CD_COLL_NONE,
                          {1, CD_SLOT_NONE, CD_SLOT_NONE, CD_SLOT_NONE, CD_SLOT_NONE, 0}, true);
     all.tail = CD_TAIL_COMM_LIST;
     uint32_t id = t.intern(all);
-    TraceModel m(t);
-    CallEnter e;
+    model::TraceModel m(t);
+    capture::CallEnter e;
     e.tgid = e.tid = 1;
     e.ts_ns = 100;
     e.sp = 0x1000;
     e.cookie = make_cookie(id, *t.find(id));
     e.args = {0x7ffd0000, 4, 0, 0, 0, 0, 0, 0};
     m.on_event(e);
-    CallExit x;
+    capture::CallExit x;
     x.tgid = x.tid = 1;
     x.ts_ns = 200;
     x.cookie = e.cookie;
     x.enter_ts_ns = e.ts_ns;
     x.out_value = 0xabc0;
     m.on_event(x);
-    ProcessSnapshot r;
+    snapshot::ProcessSnapshot r;
     r.pid = 1;
     r.tree = m.process(1);
     EXPECT_NE(render_table(r, t, 0, false).find("ncclCommInitAll ndev=4 new_comm=0xabc0 ret=0"),
@@ -705,7 +706,7 @@ namespace {
 
 std::string write_temp(const std::string& name, const std::string& text) {
     std::string path = ::testing::TempDir() + "/commdbg_" + name;
-    write_file_atomic(path, text);
+    host::write_file_atomic(path, text);
     return path;
 }
 
@@ -714,11 +715,11 @@ std::string write_temp(const std::string& name, const std::string& text) {
 // exit as leaves, one exit in ten lost; the threads of two processes
 // interleaved in time, about ten days after boot, to the nanosecond.
 struct RandomStream {
-    using Ev = std::variant<CallEnter, CallExit>;
-    SymbolTable t;
+    using Ev = std::variant<capture::CallEnter, capture::CallExit>;
+    capture::SymbolTable t;
     std::vector<uint32_t> ops, colls;
     std::mt19937_64 rng{20261129};
-    TraceModel model;
+    model::TraceModel model;
     std::vector<Ev> events;
 
     static uint64_t ts_of(const Ev& e) {
@@ -729,7 +730,7 @@ struct RandomStream {
         int n = depth == 0 ? 60 : static_cast<int>(rng() % 4) + 1;
         for (int i = 0; i < n; ++i) {
             now += rng() % 5000 + 1;
-            CallEnter e;
+            capture::CallEnter e;
             e.tgid = pid;
             e.tid = tid;
             e.ts_ns = now;
@@ -746,7 +747,7 @@ struct RandomStream {
                 events.push_back(e);
                 if (rng() % 10 != 0) {
                     now += rng() % 20000;
-                    CallExit x;
+                    capture::CallExit x;
                     x.tgid = pid;
                     x.tid = tid;
                     x.ts_ns = now;
@@ -779,10 +780,10 @@ struct RandomStream {
         for (const auto& e : events) std::visit([&](const auto& x) { model.on_event(x); }, e);
     }
 
-    std::vector<ProcessSnapshot> reports() const {
-        std::vector<ProcessSnapshot> out;
+    std::vector<snapshot::ProcessSnapshot> reports() const {
+        std::vector<snapshot::ProcessSnapshot> out;
         for (uint32_t pid : {7001u, 7002u}) {
-            ProcessSnapshot r;
+            snapshot::ProcessSnapshot r;
             r.pid = pid;
             r.command = "python3 train.py --rank " + std::to_string(pid - 7001);
             r.tree = model.process(pid);
@@ -794,18 +795,18 @@ struct RandomStream {
 
 // The call tree as the model built it, in Perfetto's terms: each record's
 // thread, start, name, depth and parent's name.  Perfetto must show this.
-std::vector<perfetto_check::Slice> tree_as_slices(const std::vector<ProcessSnapshot>& reports,
-                                                 const SymbolTable& syms) {
+std::vector<perfetto_check::Slice> tree_as_slices(const std::vector<snapshot::ProcessSnapshot>& reports,
+                                                 const capture::SymbolTable& syms) {
     std::vector<perfetto_check::Slice> out;
     for (const auto& r : reports) {
         const auto& recs = r.tree->records();
-        for (const Record& rec : recs) {
+        for (const model::Record& rec : recs) {
             perfetto_check::Slice sl;
             sl.pid = r.pid;
             sl.tid = rec.tid;
             sl.ts = static_cast<int64_t>(rec.start_ns);
             sl.name = record_name(rec, syms);
-            for (uint32_t p = rec.parent; p != kNoRecord; p = recs[p].parent) {
+            for (uint32_t p = rec.parent; p != model::kNoRecord; p = recs[p].parent) {
                 if (sl.depth++ == 0) sl.parent = record_name(recs[p], syms);
             }
             out.push_back(sl);
@@ -915,8 +916,8 @@ TEST(Render, StreamedJsonTextIsTheDumpOfTheJsonValue) {
     nlohmann::ordered_json extra = {{"kernel_drops", {{"ringbuf_full", 3}}}};
     for (int level = 0; level <= 3; ++level) {
         SCOPED_TRACE("noise level " + std::to_string(level));
-        for (const auto& ps : {std::vector<ProcessSnapshot>{one}, std::vector<ProcessSnapshot>{one, two, none},
-                               std::vector<ProcessSnapshot>{none}, std::vector<ProcessSnapshot>{}}) {
+        for (const auto& ps : {std::vector<snapshot::ProcessSnapshot>{one}, std::vector<snapshot::ProcessSnapshot>{one, two, none},
+                               std::vector<snapshot::ProcessSnapshot>{none}, std::vector<snapshot::ProcessSnapshot>{}}) {
             auto j = to_json(ps, s.t, level);
             EXPECT_EQ(to_json_text(ps, s.t, level), j.dump(2));
             for (const auto& [k, v] : extra.items()) j[k] = v;

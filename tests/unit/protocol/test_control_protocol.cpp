@@ -15,7 +15,7 @@
 
 #include "control_protocol.hpp"
 
-namespace commdbg {
+namespace commdbg::protocol {
 namespace {
 
 using json = nlohmann::json;
@@ -339,8 +339,8 @@ TEST(ParseRequest, OverLongLineIsRefused) {
 
 constexpr uint32_t kAlice = 1000, kBob = 1001;
 
-ProcessCreds creds(uint32_t uid, bool dumpable = true) {
-    ProcessCreds c;
+host::ProcessCreds creds(uint32_t uid, bool dumpable = true) {
+    host::ProcessCreds c;
     c.uids.fill(uid);
     c.gids.fill(uid);  // each user's gid is its uid here
     c.dumpable = dumpable;
@@ -348,22 +348,22 @@ ProcessCreds creds(uint32_t uid, bool dumpable = true) {
 }
 
 // Alice's processes past 200 are hers by their real uid, not to the kernel.
-const std::map<int, ProcessCreds> kOwners = [] {
-    std::map<int, ProcessCreds> m = {{100, creds(0)}, {200, creds(kAlice)}, {300, creds(kBob)},
+const std::map<int, host::ProcessCreds> kOwners = [] {
+    std::map<int, host::ProcessCreds> m = {{100, creds(0)}, {200, creds(kAlice)}, {300, creds(kBob)},
                                      {400, creds(kAlice, false)}};
-    ProcessCreds setuid_root = creds(kAlice);
+    host::ProcessCreds setuid_root = creds(kAlice);
     setuid_root.uids = {kAlice, 0, 0, 0};  // a set-uid-root program she started (passwd)
     m[500] = setuid_root;
-    ProcessCreds setgid = creds(kAlice);
+    host::ProcessCreds setgid = creds(kAlice);
     setgid.gids = {kAlice, 42, 42, 42};
     m[600] = setgid;
-    ProcessCreds saved_root = creds(kAlice);
+    host::ProcessCreds saved_root = creds(kAlice);
     saved_root.uids[2] = 0;  // root that set only its real and effective uid to hers
     m[700] = saved_root;
     return m;
 }();
 
-std::optional<ProcessCreds> owner_of(int pid) {
+std::optional<host::ProcessCreds> owner_of(int pid) {
     auto it = kOwners.find(pid);
     if (it == kOwners.end()) return std::nullopt;
     return it->second;
@@ -531,4 +531,4 @@ TEST(Responses, NotJsonErrorFromTheParserMakesAValidReply) {
 }
 
 }  // namespace
-}  // namespace commdbg
+}  // namespace commdbg::protocol

@@ -9,7 +9,7 @@
 
 #include "py_code_table.hpp"
 
-namespace commdbg {
+namespace commdbg::python {
 namespace {
 
 // Code objects whose addresses share a bucket (the walker's hash).
@@ -98,4 +98,4 @@ TEST(PyCodeTable, ChangedOnlyWhenTheKernelWouldSeeADifference) {
 }
 
 }  // namespace
-}  // namespace commdbg
+}  // namespace commdbg::python

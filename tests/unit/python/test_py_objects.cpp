@@ -24,6 +24,7 @@
 #include "test_proc.hpp"
 
 using namespace commdbg;
+using namespace commdbg::python;
 using nlohmann::json;
 
 namespace {

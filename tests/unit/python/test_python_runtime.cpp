@@ -19,6 +19,7 @@
 #include "test_proc.hpp"
 
 using namespace commdbg;
+using namespace commdbg::python;
 using Status = PyDiscovery::Status;
 
 namespace {

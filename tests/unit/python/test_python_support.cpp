@@ -23,6 +23,7 @@
 #include "test_proc.hpp"
 
 using namespace commdbg;
+using namespace commdbg::python;
 using nlohmann::json;
 using Status = PyDiscovery::Status;
 

@@ -11,10 +11,11 @@
 #include "render.hpp"
 
 using namespace commdbg;
+using namespace commdbg::snapshot;
 
 namespace {
 
-SymbolInfo coll(const char* name, const char* layer, cd_coll kind, bool return_probe) {
+capture::SymbolInfo coll(const char* name, const char* layer, cd_coll kind, bool return_probe) {
     return test::symbol(name, layer, CD_ROLE_COLLECTIVE, kind, {}, return_probe);
 }
 
@@ -30,7 +31,7 @@ CounterRow row(uint32_t sym, uint64_t calls, uint64_t nested = 0, uint64_t bytes
 
 // torch 2.6's ProcessGroupGloo, as the FSDP2 job of the issue drives it.
 struct Gloo {
-    SymbolTable t;
+    capture::SymbolTable t;
     uint32_t ag_base = t.intern(coll("c10d::ProcessGroupGloo::_allgather_base", "c10d", CD_COLL_ALL_GATHER, false));
     uint32_t ag = t.intern(coll("c10d::ProcessGroupGloo::allgather", "c10d", CD_COLL_ALL_GATHER, false));
     uint32_t rs_base =
@@ -108,8 +109,8 @@ TEST(CommCounts, LibraryCollectiveInsideAFrameworkOneKeepsItsOwnKeyButCountsOnce
 // commdbgd --no-count-errors probes NCCL at entry only: still a library
 // collective (its communicator is an argument), every call counted.
 TEST(CommCounts, EntryOnlyNcclIsStillALibraryCollective) {
-    SymbolTable t;
-    SymbolInfo s = coll("ncclAllReduce", "nccl", CD_COLL_ALL_REDUCE, false);
+    capture::SymbolTable t;
+    capture::SymbolInfo s = coll("ncclAllReduce", "nccl", CD_COLL_ALL_REDUCE, false);
     s.slots.count = 2, s.slots.dtype = 3, s.slots.comm = 5;
     uint32_t id = t.intern(s);
     ProcessSnapshot r;
@@ -134,7 +135,7 @@ TEST(CommCounts, BytesAreTheOutermostCallsBytes) {
 
 TEST(CommCounts, JoinKeepsNestedAndMergesCoarseRows) {
     Gloo g;
-    std::vector<CounterEntry> entries(2);
+    std::vector<capture::CounterEntry> entries(2);
     entries[0].key.tgid = 7;
     entries[0].key.sym = g.ag;
     entries[0].key.dtype = CD_DTYPE_NONE;
@@ -156,10 +157,10 @@ TEST(CommCounts, JoinKeepsNestedAndMergesCoarseRows) {
 // records were lost, and counts only where it saw more nesting.
 TEST(CommCounts, TotalCountsTakeTheKernelsNestingOverTheModelsUnderRecordLoss) {
     Gloo g;
-    TraceModel model(g.t);
+    model::TraceModel model(g.t);
     // Only one of the 56 nested allgathers reached the model as a record.
     auto call = [&](uint32_t sym, uint64_t sp, uint32_t depth) {
-        CallEnter e;
+        capture::CallEnter e;
         e.tgid = 7;
         e.tid = 7;
         e.sp = sp;

@@ -8,11 +8,12 @@
 #include "render.hpp"
 
 using namespace commdbg;
+using namespace commdbg::snapshot;
 
 namespace {
 
 struct Fixture {
-    SymbolTable t;
+    capture::SymbolTable t;
     uint32_t allreduce;
     Fixture() {
         allreduce = t.intern(test::symbol("ncclAllReduce", "nccl", CD_ROLE_COLLECTIVE, CD_COLL_ALL_REDUCE));
@@ -40,17 +41,17 @@ TEST(CounterLoss, CoarseCountersAddToTheCountsPerKind) {
 
 TEST(CounterLoss, JsonSaysHowManyCallsLostTheirBreakdown) {
     Fixture f;
-    auto j = to_json(f.report(7), f.t, 1);
+    auto j = output::to_json(f.report(7), f.t, 1);
     EXPECT_EQ(j["comm_counts"]["nccl.all_reduce"], 12);
     ASSERT_TRUE(j.contains("counter_breakdown_lost")) << j.dump();
     EXPECT_EQ(j["counter_breakdown_lost"], 7);
     // Nothing lost: no key (the golden dump stays as it was).
-    EXPECT_FALSE(to_json(f.report(0), f.t, 1).contains("counter_breakdown_lost"));
+    EXPECT_FALSE(output::to_json(f.report(0), f.t, 1).contains("counter_breakdown_lost"));
 }
 
 TEST(CounterLoss, TableWarnsThatTheBreakdownIsIncompleteButCountsAreExact) {
     Fixture f;
-    std::string text = render_table(f.report(7), f.t, 1, false);
+    std::string text = output::render_table(f.report(7), f.t, 1, false);
     EXPECT_NE(text.find("7 calls counted without communicator and datatype"), std::string::npos) << text;
-    EXPECT_EQ(render_table(f.report(0), f.t, 1, false).find("without communicator and datatype"), std::string::npos);
+    EXPECT_EQ(output::render_table(f.report(0), f.t, 1, false).find("without communicator and datatype"), std::string::npos);
 }
