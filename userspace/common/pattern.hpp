@@ -17,7 +17,7 @@
 
 namespace re2 {
 class RE2;
-}
+}  // namespace re2
 
 namespace commdbg {
 
