@@ -196,6 +196,12 @@ inline NobodyBins nobody_bins() {
     return b;
 }
 
+// The stub-NCCL workload run as uid 65534 with `args`: its argv and environment.
+inline std::vector<std::string> nobody_workload(const NobodyBins& b, const std::vector<std::string>& args) {
+    return concat(concat(kAsNobody, {b.workload}), args);
+}
+inline std::map<std::string, std::string> nobody_env(const NobodyBins& b) { return {{"LD_LIBRARY_PATH", b.stub_dir}}; }
+
 inline ProcResult cli_as_nobody(const NobodyBins& b, const std::vector<std::string>& args, int timeout_s = 60) {
     return run(concat(concat(kAsNobody, {b.commdbg}), args), {}, timeout_s);
 }

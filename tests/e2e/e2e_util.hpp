@@ -97,6 +97,24 @@ std::vector<nlohmann::json> workload_lines(const std::string& out, const std::st
 // The per-process objects of a dump: {"processes": [...]} or the one object.
 std::vector<nlohmann::json> processes_of(const nlohmann::json& dump);
 const nlohmann::json* process_by_pid(const std::vector<nlohmann::json>& ps, int pid);
+// The torch tests' per-rank preamble: for each rank line a workload printed
+// (with "rank" and "pid"), `check(rank, process)` on that rank's process in
+// the dump, under a SCOPED_TRACE naming rank and pid.  A rank the dump lacks
+// fails the test ("rank not followed") and the others are still checked.
+template <typename Check>
+void for_each_rank_process(const std::vector<nlohmann::json>& ps, const std::vector<nlohmann::json>& ranks,
+                           Check&& check) {
+    for (const auto& rank : ranks) {
+        const int pid = rank["pid"].get<int>();
+        SCOPED_TRACE("rank " + rank["rank"].dump() + " pid " + std::to_string(pid));
+        const nlohmann::json* p = process_by_pid(ps, pid);
+        if (!p) {
+            ADD_FAILURE() << "rank not followed: pid " << pid << " is not in the dump";
+            continue;
+        }
+        check(rank, *p);
+    }
+}
 // The pid in nccl_workload's "ready pid=N" line, or -1.
 int pid_of_ready(const std::string& line);
 // Creates `path` (the workload's --wait-file).

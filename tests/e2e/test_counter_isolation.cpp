@@ -202,8 +202,8 @@ TEST(CounterIsolation, StormOfShortProcessesOfAnotherUserLeavesRootJobCountedAnd
     NobodyBins bins = nobody_bins();
     // In batches a refresh apart, so a batch meets the one before it exited.
     for (int i = 0; i < kBatches; ++i) {
-        auto storm = run(concat(kAsNobody, {bins.workload, "--calls", "all_reduce=3", "--fork", std::to_string(kChildren)}),
-                         {{"LD_LIBRARY_PATH", bins.stub_dir}}, 120);
+        auto storm = run(nobody_workload(bins, {"--calls", "all_reduce=3", "--fork", std::to_string(kChildren)}),
+                         nobody_env(bins), 120);
         ASSERT_EQ(storm.status, 0) << storm.err;
         sleep_ms(700);
     }

@@ -374,9 +374,8 @@ TEST(Daemon, UnprivilegedAttachToOwnProcessWorks) {
     SharedDir tmp;
     START_DAEMON(d, tmp);
     auto bins = nobody_bins();
-    Background work(concat(kAsNobody, {bins.workload, "--calls", pattern_arg(kPattern), "--fake-comm", "--wait-file",
-                                       tmp.path("go")}),
-                    {{"LD_LIBRARY_PATH", bins.stub_dir}});
+    Background work(nobody_workload(bins, {"--calls", pattern_arg(kPattern), "--fake-comm", "--wait-file", tmp.path("go")}),
+                    nobody_env(bins));
     ASSERT_FALSE(work.wait_for_line("ready pid=").empty()) << "workload (uid 65534) never got ready";
     auto owner = run({"stat", "-c", "%u", "/proc/" + std::to_string(work.pid())});
     ASSERT_EQ(owner.out, std::to_string(kNobody) + "\n");
@@ -392,8 +391,7 @@ TEST(Daemon, UnprivilegedCountsListOnlyOwnProcesses) {
     auto bins = nobody_bins();
     const std::vector<std::pair<std::string, int>> theirs = {{"all_reduce", 4}, {"reduce", 9}};
     StalledWorkload root_w({testprog("nccl_workload"), "--calls", pattern_arg(kPattern), "--fake-comm"}, nccl_env(false));
-    StalledWorkload nobody_w(concat(kAsNobody, {bins.workload, "--calls", pattern_arg(theirs), "--fake-comm"}),
-                             {{"LD_LIBRARY_PATH", bins.stub_dir}});
+    StalledWorkload nobody_w(nobody_workload(bins, {"--calls", pattern_arg(theirs), "--fake-comm"}), nobody_env(bins));
     ASSERT_STALLED(root_w);
     ASSERT_STALLED(nobody_w);
     EXPECT_EQ(daemon_counts_settled(d, root_w.pid(), expected_map(kPattern, "nccl.")),

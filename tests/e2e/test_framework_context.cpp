@@ -263,20 +263,17 @@ TEST_P(FrameworkContext, ModuleCommCountsExactPerRank) {
     const JobRun* j = job_or_fail();
     if (!j) return;
     auto ps = processes_of(j->dump);
-    for (const auto& rank : j->ranks) {
-        SCOPED_TRACE("rank " + rank["rank"].dump());
-        const nlohmann::json* p = process_by_pid(ps, rank["pid"].get<int>());
-        ASSERT_NE(p, nullptr) << "rank not followed";
-        EXPECT_EQ((*p)["process"]["exit_code"].get<int>(), 0);
+    for_each_rank_process(ps, j->ranks, [&](const nlohmann::json& rank, const nlohmann::json& p) {
+        EXPECT_EQ(p["process"]["exit_code"].get<int>(), 0);
         const Counts want = normalized(rank["module_comm_counts"]);
         // The workload's plan, pinned here so a changed workload cannot pass by itself.
         ASSERT_EQ(want.at("encoder.blocks.1.mixer").at("backward").at("c10d.all_reduce"), kSteps);
         ASSERT_EQ(want.at("<root>").at("forward").at("c10d.all_reduce"), 4 * kSteps);
-        ASSERT_TRUE(p->contains("module_comm_counts")) << "no module_comm_counts in the rank's JSON";
-        EXPECT_EQ(normalized((*p)["module_comm_counts"]), want) << (*p)["module_comm_counts"].dump(1);
-        EXPECT_EQ((*p)["comm_counts"].value("c10d.all_reduce", 0), rank["calls"]["all_reduce"].get<int>())
-            << (*p)["comm_counts"].dump();
-    }
+        ASSERT_TRUE(p.contains("module_comm_counts")) << "no module_comm_counts in the rank's JSON";
+        EXPECT_EQ(normalized(p["module_comm_counts"]), want) << p["module_comm_counts"].dump(1);
+        EXPECT_EQ(p["comm_counts"].value("c10d.all_reduce", 0), rank["calls"]["all_reduce"].get<int>())
+            << p["comm_counts"].dump();
+    });
 }
 
 // Each collective sits under the module records of the modules that were
@@ -290,11 +287,8 @@ TEST_P(FrameworkContext, CollectivesNestUnderTheirModuleRecords) {
     const JobRun* j = job_or_fail();
     if (!j) return;
     auto ps = processes_of(j->dump);
-    for (const auto& rank : j->ranks) {
-        SCOPED_TRACE("rank " + rank["rank"].dump());
-        const nlohmann::json* p = process_by_pid(ps, rank["pid"].get<int>());
-        ASSERT_NE(p, nullptr);
-        auto all = placed_records(*p);
+    for_each_rank_process(ps, j->ranks, [&](const nlohmann::json& rank, const nlohmann::json& p) {
+        auto all = placed_records(p);
         for (const auto& m : all) {
             if (!is_type(m.rec, "module")) continue;
             const std::string fqn = m.rec->value("module_fqn", "");
@@ -333,7 +327,7 @@ TEST_P(FrameworkContext, CollectivesNestUnderTheirModuleRecords) {
         };
         EXPECT_EQ(by_site, want) << "issuer in innermost module record, per outermost collective";
         EXPECT_EQ(static_cast<int>(colls.size()), rank["calls"]["all_reduce"].get<int>());
-    }
+    });
 }
 
 // record_function scopes: `my_phase` nests its one collective, one scope
@@ -345,11 +339,8 @@ TEST_P(FrameworkContext, RecordFunctionScopesNestTheirCollectives) {
     const JobRun* j = job_or_fail();
     if (!j) return;
     auto ps = processes_of(j->dump);
-    for (const auto& rank : j->ranks) {
-        SCOPED_TRACE("rank " + rank["rank"].dump());
-        const nlohmann::json* p = process_by_pid(ps, rank["pid"].get<int>());
-        ASSERT_NE(p, nullptr);
-        auto all = placed_records(*p);
+    for_each_rank_process(ps, j->ranks, [&](const nlohmann::json& rank, const nlohmann::json& p) {
+        auto all = placed_records(p);
         const std::map<std::string, int> want_scopes = int_map(rank["scopes"]);
         const auto scopes = traced_scopes(all, rank, !GetParam().trixie);
         const auto collectives_in = collectives_in_scopes(all);
@@ -357,7 +348,7 @@ TEST_P(FrameworkContext, RecordFunctionScopesNestTheirCollectives) {
         EXPECT_EQ(scopes, want_scopes);
         EXPECT_EQ(collectives_in, int_map(rank["scope_collectives"]))
             << "collectives whose innermost context is the scope";
-    }
+    });
 }
 
 // The ValueError that leaves `failing_phase` closes the scope through
@@ -368,20 +359,17 @@ TEST_P(FrameworkContext, ExceptionThroughScopeLeavesTargetAliveAndScopeClosed) {
     const JobRun* j = job_or_fail();
     if (!j) return;
     auto ps = processes_of(j->dump);
-    for (const auto& rank : j->ranks) {
-        SCOPED_TRACE("rank " + rank["rank"].dump());
+    for_each_rank_process(ps, j->ranks, [&](const nlohmann::json& rank, const nlohmann::json& p) {
         EXPECT_EQ(rank["failing_phase_caught"].get<int>(), kSteps);
-        const nlohmann::json* p = process_by_pid(ps, rank["pid"].get<int>());
-        ASSERT_NE(p, nullptr);
-        EXPECT_EQ((*p)["process"]["exit_code"].get<int>(), 0);
+        EXPECT_EQ(p["process"]["exit_code"].get<int>(), 0);
         int closed = 0;
-        for (const auto& s : placed_records(*p)) {
+        for (const auto& s : placed_records(p)) {
             if (!is_type(s.rec, "scope")) continue;
             EXPECT_FALSE(s.rec->value("end_inferred", false)) << "scope left open: " << s.rec->dump();
             if (s.rec->value("name", "") == "failing_phase" && s.rec->contains("end_ns")) ++closed;
         }
         EXPECT_EQ(closed, kSteps);
-    }
+    });
 }
 
 // With torch.profiler on, every op runs inside a dispatcher RecordFunction
@@ -399,12 +387,9 @@ TEST_P(FrameworkContext, ProfilerOnLeavesUserScopesAsWithItOff) {
     if (!off || !on) return;
     ASSERT_EQ(on->plan.value("profiler", false), true) << on->plan.dump();
     auto ps_on = processes_of(on->dump), ps_off = processes_of(off->dump);
-    for (const auto& rank : on->ranks) {
-        SCOPED_TRACE("rank " + rank["rank"].dump());
+    for_each_rank_process(ps_on, on->ranks, [&](const nlohmann::json& rank, const nlohmann::json& p) {
         EXPECT_GT(rank.value("profiler_ops", 0), 0) << "the profiler recorded no op: its RecordFunctions never ran";
-        const nlohmann::json* p = process_by_pid(ps_on, rank["pid"].get<int>());
-        ASSERT_NE(p, nullptr) << "rank not followed";
-        EXPECT_EQ((*p)["process"]["exit_code"].get<int>(), 0);
+        EXPECT_EQ(p["process"]["exit_code"].get<int>(), 0);
         const nlohmann::json* off_rank = nullptr;
         for (const auto& r : off->ranks)
             if (r["rank"] == rank["rank"]) off_rank = &r;
@@ -413,10 +398,10 @@ TEST_P(FrameworkContext, ProfilerOnLeavesUserScopesAsWithItOff) {
         ASSERT_NE(p_off, nullptr);
         // The ops' RecordFunctions reached the probes: an end() each, on
         // top of the scopes' and c10d's own (about 150 without the profiler).
-        EXPECT_GT(record_function_ends(*p), record_function_ends(*p_off) + rank["profiler_ops"].get<int>() / 2)
-            << "on " << record_function_ends(*p) << ", off " << record_function_ends(*p_off);
+        EXPECT_GT(record_function_ends(p), record_function_ends(*p_off) + rank["profiler_ops"].get<int>() / 2)
+            << "on " << record_function_ends(p) << ", off " << record_function_ends(*p_off);
         const bool torch113 = !GetParam().trixie;
-        auto all = placed_records(*p);
+        auto all = placed_records(p);
         const auto scopes = traced_scopes(all, rank, torch113);
         ASSERT_EQ(int_map(rank["scopes"]).at("my_phase"), kSteps);
         EXPECT_EQ(scopes, int_map(rank["scopes"])) << "scope records by name, profiler on";
@@ -444,8 +429,8 @@ TEST_P(FrameworkContext, ProfilerOnLeavesUserScopesAsWithItOff) {
             EXPECT_FALSE(s.rec->value("end_inferred", false)) << "scope left open: " << s.rec->dump().substr(0, 400);
         }
         EXPECT_EQ(static_cast<int>(colls.size()), rank["calls"]["all_reduce"].get<int>());
-        EXPECT_EQ(normalized((*p)["module_comm_counts"]), normalized(rank["module_comm_counts"]));
-    }
+        EXPECT_EQ(normalized(p["module_comm_counts"]), normalized(rank["module_comm_counts"]));
+    });
 }
 
 // The table at noise level 2 shows the context rows.

@@ -181,9 +181,7 @@ void expect_issued_counts(const FsdpRun& f) {
     ASSERT_FALSE(f.dump.is_null()) << f.r.err.substr(0, 4000);
     ASSERT_EQ(f.ranks.size(), 2u) << f.r.out.substr(0, 2000);
     auto ps = processes_of(f.dump);
-    for (const auto& rank : f.ranks) {
-        const int pid = rank["pid"].get<int>();
-        SCOPED_TRACE("rank " + rank["rank"].dump() + " pid " + std::to_string(pid));
+    for_each_rank_process(ps, f.ranks, [&](const nlohmann::json& rank, const nlohmann::json& p) {
         std::map<std::string, long> want;
         long issued = 0;
         for (const auto& [kind, n] : rank["issued"].items()) {
@@ -191,21 +189,19 @@ void expect_issued_counts(const FsdpRun& f) {
             issued += n.get<long>();
         }
         EXPECT_GT(want["c10d.all_gather"], 0) << rank.dump();
-        const nlohmann::json* p = process_by_pid(ps, pid);
-        ASSERT_NE(p, nullptr) << "rank not followed into the root";
-        EXPECT_EQ((*p)["process"]["exit_code"].get<int>(), 0);
+        EXPECT_EQ(p["process"]["exit_code"].get<int>(), 0);
         std::map<std::string, long> got;
-        for (const auto& [k, v] : (*p)["comm_counts"].items()) got[k] = v.get<long>();
-        EXPECT_EQ(got, want) << "comm_counts " << (*p)["comm_counts"].dump()
+        for (const auto& [k, v] : p["comm_counts"].items()) got[k] = v.get<long>();
+        EXPECT_EQ(got, want) << "comm_counts " << p["comm_counts"].dump()
                              << " — a collective counted once per gloo method it went through";
-        EXPECT_EQ((*p)["total_counts"].get<long>(), issued);
+        EXPECT_EQ(p["total_counts"].get<long>(), issued);
         long per_symbol = 0;
-        for (const auto& c : (*p)["counters"])
+        for (const auto& c : p["counters"])
             if (c.value("layer", "") == "c10d" && c.contains("collective")) per_symbol += c["calls"].get<long>();
-        EXPECT_GT(per_symbol, issued) << "the counters must still show gloo's inner calls: " << (*p)["counters"].dump();
-        EXPECT_EQ(counter_calls(*p, "c10d::ProcessGroupGloo::allgather"), want["c10d.all_gather"])
+        EXPECT_GT(per_symbol, issued) << "the counters must still show gloo's inner calls: " << p["counters"].dump();
+        EXPECT_EQ(counter_calls(p, "c10d::ProcessGroupGloo::allgather"), want["c10d.all_gather"])
             << "each _allgather_base goes through allgather";
-    }
+    });
 }
 
 TEST(FsdpCounts, Fsdp2RanksCountEachCollectiveOnceAsIssued) {

@@ -96,26 +96,22 @@ TEST(Torch, SpawnedGlooRanksGiveExactC10dCounts) {
     const std::map<std::string, int> want = {{"c10d.all_reduce", kSteps * kAllReduce},
                                              {"c10d.all_gather", kSteps * kAllGather},
                                              {"c10d.broadcast", kSteps * kBroadcast}};
-    for (const auto& rank : t.ranks) {
-        int pid = rank["pid"].get<int>();
-        SCOPED_TRACE("rank " + rank["rank"].dump() + " pid " + std::to_string(pid));
+    for_each_rank_process(ps, t.ranks, [&](const nlohmann::json& rank, const nlohmann::json& p) {
         // The workload's own account first.
         EXPECT_EQ(rank["calls"]["all_reduce"].get<int>(), kSteps * kAllReduce);
-        const nlohmann::json* p = process_by_pid(ps, pid);
-        ASSERT_NE(p, nullptr) << "rank not followed";
-        EXPECT_EQ((*p)["process"]["exit_code"].get<int>(), 0);
+        EXPECT_EQ(p["process"]["exit_code"].get<int>(), 0);
         std::map<std::string, int> got;
-        for (const auto& [k, v] : (*p)["comm_counts"].items()) got[k] = v.get<int>();
+        for (const auto& [k, v] : p["comm_counts"].items()) got[k] = v.get<int>();
         EXPECT_EQ(got, want) << "exact kernel counters per kind; nothing else (no barrier, no nccl)";
         // Records: one collective record per call, named by the method.
         std::map<std::string, int> names;
-        count_names((*p)["records"], names);
+        count_names(p["records"], names);
         EXPECT_EQ(names["c10d::ProcessGroupGloo::allreduce"], kSteps * kAllReduce);
         EXPECT_EQ(names["c10d::ProcessGroupGloo::allgather"], kSteps * kAllGather);
         EXPECT_EQ(names["c10d::ProcessGroupGloo::broadcast"], kSteps * kBroadcast);
         EXPECT_GE(names["aten::linear"], kSteps);
         EXPECT_GE(names["aten::addmm"], kSteps);
-    }
+    });
 }
 
 // total_counts counts each logical collective once: with c10d only (no
@@ -131,13 +127,11 @@ TEST(Torch, TotalCountsEqualSumOfKinds) {
     ASSERT_EQ(t.r.status, 0) << t.r.err;
     ASSERT_EQ(t.ranks.size(), 2u) << t.r.out;
     auto ps = processes_of(t.dump);
-    for (const auto& rank : t.ranks) {
-        const nlohmann::json* p = process_by_pid(ps, rank["pid"].get<int>());
-        ASSERT_NE(p, nullptr);
-        EXPECT_EQ((*p)["total_counts"].get<int>(), kSteps * (kAllReduce + kAllGather + kBroadcast))
-            << "comm_counts " << (*p)["comm_counts"].dump()
+    for_each_rank_process(ps, t.ranks, [&](const nlohmann::json&, const nlohmann::json& p) {
+        EXPECT_EQ(p["total_counts"].get<int>(), kSteps * (kAllReduce + kAllGather + kBroadcast))
+            << "comm_counts " << p["comm_counts"].dump()
             << " — a collective record was nested under a sibling collective (stack-pointer nesting)";
-    }
+    });
 }
 
 TEST(Torch, TableNestsAddmmUnderLinear) {

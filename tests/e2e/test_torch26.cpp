@@ -64,22 +64,18 @@ TEST(Torch26, GlooRanksInTrixieRootGiveExactC10dCounts) {
     auto dump = read_json(tmp.path("out.json"));
     auto ps = processes_of(dump);
     ASSERT_NE(process_by_pid(ps, plan[0]["pid"].get<int>()), nullptr) << "launcher not in the dump";
-    for (const auto& rank : ranks) {
-        const int pid = rank["pid"].get<int>();
-        SCOPED_TRACE("rank " + rank["rank"].dump() + " pid " + std::to_string(pid));
+    for_each_rank_process(ps, ranks, [&](const nlohmann::json& rank, const nlohmann::json& p) {
         // The workload's own account first: it issued what the plan says.
         const int want_ar = rank["calls"]["all_reduce"].get<int>();
         const int want_bc = rank["calls"]["broadcast"].get<int>();
         EXPECT_EQ(want_ar, kSteps * kAllReduce);
         EXPECT_EQ(want_bc, kSteps * kBroadcast);
-        const nlohmann::json* p = process_by_pid(ps, pid);
-        ASSERT_NE(p, nullptr) << "rank not followed into the root";
-        EXPECT_EQ((*p)["process"]["exit_code"].get<int>(), 0);
-        const auto& counts = (*p)["comm_counts"];
+        EXPECT_EQ(p["process"]["exit_code"].get<int>(), 0);
+        const auto& counts = p["comm_counts"];
         EXPECT_EQ(counts.value("c10d.all_reduce", 0), want_ar)
             << "comm_counts " << counts.dump() << " — libtorch inside the root not probed, or a call counted twice";
         EXPECT_EQ(counts.value("c10d.broadcast", 0), want_bc) << "comm_counts " << counts.dump();
-    }
+    });
 }
 
 // The helper's mounts live in its own mount namespace: a job that fails or
