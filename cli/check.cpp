@@ -42,7 +42,8 @@ std::string no_lifecycle_note(const session::SessionOutput& out) {
 
 // Renders, writes the files, prints the verdict; the exit status.
 int finish_check(session::TraceSession& s, std::optional<int> wstatus, const TraceCliOptions& trace) {
-    session::OutputWants wants{.table_color = false, .json = !trace.json_file.empty(), .trace = !trace.trace_file.empty()};
+    session::OutputWants wants{
+        .table_color = false, .json = !trace.json_file.empty(), .trace = !trace.trace_file.empty()};
     session::SessionOutput out = render_session(s, trace.noise_level, wants);
     std::string verdict = out.fsdp.verdict;
     if (out.fsdp.processes > 0)

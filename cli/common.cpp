@@ -118,7 +118,8 @@ int write_outputs(const session::SessionOutput& out, const TraceCliOptions& o, c
             rc = 1;
             // Checked before the window, failed after it (the disk filled up,
             // the reader went away): the window is kept somewhere else.
-            auto saved = host::save_fallback(table ? "table" : json ? "dump" : "trace", table ? "txt" : "json", content);
+            const char* kind = table ? "table" : json ? "dump" : "trace";
+            auto saved = host::save_fallback(kind, table ? "txt" : "json", content);
             std::cerr << "commdbg: writing the " << what << " (" << t.option << "): " << e.what()
                       << (saved ? " — saved it to " + *saved + " instead" : " — and no fallback worked: " + saved.error())
                       << "\n";

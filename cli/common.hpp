@@ -61,6 +61,7 @@ void print_messages(session::TraceSession& s);
 // Prints messages and the table, writes the requested files (also used for a
 // session that commdbgd ran).  Returns 0, or 1 when a file could not be written.
 // `stdout_text`: printed in place of the table (commdbg check's verdict).
-int write_outputs(const session::SessionOutput& out, const TraceCliOptions& o, const std::string* stdout_text = nullptr);
+int write_outputs(const session::SessionOutput& out, const TraceCliOptions& o,
+                  const std::string* stdout_text = nullptr);
 
 }  // namespace commdbg::cli

@@ -71,8 +71,8 @@ private:
     Result<uint64_t> take_slot(const std::shared_ptr<ActiveSession>& session, const std::string& who);
     void release_slot(uint64_t id);
     void set_state(ActiveSession& session, const char* state);
-    void trace_and_send(const protocol::Request& req, const protocol::PeerCred& peer, Connection& client, ActiveSession& session,
-                        std::unique_ptr<session::TraceSession> ts);
+    void trace_and_send(const protocol::Request& req, const protocol::PeerCred& peer, Connection& client,
+                        ActiveSession& session, std::unique_ptr<session::TraceSession> ts);
     void send_outputs(Connection& client, nlohmann::json last, session::SessionOutput& out);
 
     const size_t max_sessions_;

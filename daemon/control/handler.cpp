@@ -24,13 +24,15 @@ std::optional<host::ProcessCreds> creds_of(int pid) {
 
 }  // namespace
 
-std::optional<std::string> RequestHandler::handle(std::string_view line, const protocol::PeerCred& peer, Connection& client) {
+std::optional<std::string> RequestHandler::handle(std::string_view line, const protocol::PeerCred& peer,
+                                                  Connection& client) {
     auto req = protocol::parse_request(line);
     if (!req) return protocol::error_response(req.error());
     return answer(*req, peer, client);
 }
 
-std::optional<std::string> RequestHandler::answer(const protocol::Request& req, const protocol::PeerCred& peer, Connection& client) {
+std::optional<std::string> RequestHandler::answer(const protocol::Request& req, const protocol::PeerCred& peer,
+                                                  Connection& client) {
     protocol::Access a = authorize(req, peer, creds_of);
     if (a == protocol::Access::Deny) return protocol::error_response(deny_message(req, peer));
     std::optional<uint32_t> only_uid;
@@ -53,7 +55,8 @@ std::optional<std::string> RequestHandler::answer(const protocol::Request& req, 
     if (req.op == "sessions") return protocol::ok_response({{"sessions", sessions_.list(only_uid)}});
     if (req.op == "detach") {
         if (!sessions_.detach(*req.id, only_uid))
-            return protocol::error_response("detach " + std::to_string(*req.id) + ": no such session — see `commdbg sessions`");
+            return protocol::error_response("detach " + std::to_string(*req.id) +
+                                            ": no such session — see `commdbg sessions`");
         return protocol::ok_response({{"detached", *req.id}});
     }
     if (req.op == "attach") {
@@ -73,7 +76,8 @@ std::string RequestHandler::counts(const protocol::Request& req, const NodeCount
     std::optional<uint32_t> pid;
     if (req.pid) pid = static_cast<uint32_t>(*req.pid);
     nlohmann::json reply = counter_.counts(pid, req.by_comm, may_see);
-    if (!pid || !reply.value("processes", nlohmann::json::array()).empty()) return protocol::ok_response(std::move(reply));
+    if (!pid || !reply.value("processes", nlohmann::json::array()).empty())
+        return protocol::ok_response(std::move(reply));
     const std::string who = "counts --pid " + std::to_string(*pid);
     const std::string p = std::to_string(*pid);
     auto task = host::read_tgid(static_cast<int>(*pid));

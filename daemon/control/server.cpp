@@ -179,7 +179,8 @@ void ControlServer::serve(int fd, const protocol::PeerCred& peer) {
             deadline = Clock::now() + std::chrono::milliseconds(kRequestDeadlineMs);
         }
         if (reader.overflowed()) {
-            client.send(protocol::error_response("request too large (> " + std::to_string(protocol::kMaxRequestBytes) + " bytes)"));
+            client.send(protocol::error_response("request too large (> " + std::to_string(protocol::kMaxRequestBytes) +
+                                                 " bytes)"));
             return;
         }
     }

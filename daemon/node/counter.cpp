@@ -73,7 +73,8 @@ Result<std::unique_ptr<NodeCounter>> NodeCounter::create(const NodeCounterOption
 }
 
 Result<bool> NodeCounter::open_bpf(std::vector<capture::ProbeSpec> specs) {
-    auto bpf = capture::BpfSession::open(capture::BpfOptions{opts_.ringbuf_bytes, true, scope_.fd(), opts_.counter_keys_per_process});
+    auto bpf = capture::BpfSession::open(
+        capture::BpfOptions{opts_.ringbuf_bytes, true, scope_.fd(), opts_.counter_keys_per_process});
     if (!bpf) return Result<bool>::fail(bpf.error());
     bpf_ = std::move(bpf.value());
     // Always on: armed before the first file is attached and never disarmed
@@ -293,7 +294,8 @@ void NodeCounter::uncharge_file(FileShares::FileId f) {
 
 // What the control and HTTP threads read: the snapshot for counts and
 // status, the series for /metrics.
-void NodeCounter::publish(const capture::CounterSnapshot& snapshot, std::vector<capture::CommEntry> comms, Clock::time_point now) {
+void NodeCounter::publish(const capture::CounterSnapshot& snapshot, std::vector<capture::CommEntry> comms,
+                          Clock::time_point now) {
     std::lock_guard lock(mu_);
     counters_ = snapshot.entries;
     counter_loss_ = snapshot.loss;

@@ -50,7 +50,8 @@ std::vector<capture::AttachedFile> detach_deleted_files(capture::ProbeAttacher& 
     if (!any) return {};
     // Only then the costly one: which files does any process still map?
     const std::set<uint64_t> mapped = mapped_inodes();
-    auto gone = attacher.detach_files([&](const capture::AttachedFile& f) { return replaced(f) && !mapped.count(f.inode); });
+    auto gone =
+        attacher.detach_files([&](const capture::AttachedFile& f) { return replaced(f) && !mapped.count(f.inode); });
     for (const auto& f : gone) bpf.forget_known_file(f.dev, f.inode);
     return gone;
 }

@@ -90,7 +90,8 @@ Labels SeriesExporter::labels_of(const CountedProcess& p, const std::string& lay
     return labels;
 }
 
-void SeriesExporter::export_counts(const capture::CounterSnapshot& snapshot, const std::vector<capture::CommEntry>& comms,
+void SeriesExporter::export_counts(const capture::CounterSnapshot& snapshot,
+                                   const std::vector<capture::CommEntry>& comms,
                                    const std::map<uint32_t, CountedProcess>& procs, Clock::time_point now) {
     // Several counters can fall into one series (a coarse counter, label
     // sets past a process's share): summed before they are set.

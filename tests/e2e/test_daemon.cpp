@@ -374,8 +374,9 @@ TEST(Daemon, UnprivilegedAttachToOwnProcessWorks) {
     SharedDir tmp;
     START_DAEMON(d, tmp);
     auto bins = nobody_bins();
-    Background work(nobody_workload(bins, {"--calls", pattern_arg(kPattern), "--fake-comm", "--wait-file", tmp.path("go")}),
-                    nobody_env(bins));
+    Background work(
+        nobody_workload(bins, {"--calls", pattern_arg(kPattern), "--fake-comm", "--wait-file", tmp.path("go")}),
+        nobody_env(bins));
     ASSERT_FALSE(work.wait_for_line("ready pid=").empty()) << "workload (uid 65534) never got ready";
     auto owner = run({"stat", "-c", "%u", "/proc/" + std::to_string(work.pid())});
     ASSERT_EQ(owner.out, std::to_string(kNobody) + "\n");

@@ -303,8 +303,9 @@ TEST(DaemonLimits, UnprivilegedSessionsAreHeldToThePerUserLimits) {
     SharedDir tmp;
     START_DAEMON(d, tmp);
     auto bins = nobody_bins();
-    Background work(nobody_workload(bins, {"--calls", pattern_arg(kPattern), "--fake-comm", "--wait-file", tmp.path("go")}),
-                    nobody_env(bins));
+    Background work(
+        nobody_workload(bins, {"--calls", pattern_arg(kPattern), "--fake-comm", "--wait-file", tmp.path("go")}),
+        nobody_env(bins));
     ASSERT_FALSE(work.wait_for_line("ready pid=").empty()) << "workload (uid 65534) never got ready";
     const std::string pid = std::to_string(work.pid());
     auto attach = [&](const std::vector<std::string>& opts) {

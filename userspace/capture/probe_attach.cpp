@@ -228,9 +228,9 @@ ProbeAttacher::~ProbeAttacher() {
     for (auto& t : threads) t.join();
 }
 
-Result<size_t> ProbeAttacher::attach_multi(bpf_program* prog, const host::MappedFile& f, std::vector<unsigned long> offsets,
-                                           std::vector<__u64> cookies, bool retprobe,
-                                           std::vector<std::string>& notes) {
+Result<size_t> ProbeAttacher::attach_multi(bpf_program* prog, const host::MappedFile& f,
+                                           std::vector<unsigned long> offsets, std::vector<__u64> cookies,
+                                           bool retprobe, std::vector<std::string>& notes) {
     auto try_attach = [&](const unsigned long* offs, const __u64* cks, size_t n) -> bpf_link* {
         LIBBPF_OPTS(bpf_uprobe_multi_opts, o, .offsets = offs, .cookies = cks, .cnt = n, .retprobe = retprobe);
         return bpf_program__attach_uprobe_multi(prog, -1, f.open_path.c_str(), nullptr, &o);

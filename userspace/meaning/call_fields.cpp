@@ -59,9 +59,11 @@ public:
 // Communicator calls reuse the generic slots: init count/peer = nranks/rank,
 // split comm/peer/count = parent/color/key (see probe_spec.cpp).  int
 // arguments are read from 64-bit registers: only the low 32 bits are defined.
-void lifecycle_fields(const model::Record& r, const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms, cd_role role, Fields& f) {
+void lifecycle_fields(const model::Record& r, const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms,
+                      cd_role role, Fields& f) {
     if (role == CD_ROLE_COMM_INIT) {
-        if (r.has(model::kHasCount)) f.int_both(is_init_all(r, syms) ? "ndev" : "nranks", static_cast<int32_t>(r.count), kPosFirst);
+        if (r.has(model::kHasCount))
+            f.int_both(is_init_all(r, syms) ? "ndev" : "nranks", static_cast<int32_t>(r.count), kPosFirst);
         if (r.has(model::kHasPeer)) f.int_both("rank", r.peer, kPosSecond);
     } else if (role == CD_ROLE_COMM_SPLIT) {
         if (r.has(model::kHasComm)) f.hex_both("parent", r.comm, kPosFirst);
@@ -83,7 +85,8 @@ void lifecycle_fields(const model::Record& r, const snapshot::ProcessSnapshot& p
 }
 
 void collective_fields(const model::Record& r, const snapshot::ProcessSnapshot& p, Fields& f) {
-    if (r.coll != CD_COLL_NONE) f.json("collective", FieldType::Text, 0, 0, std::string(capture::coll_name(static_cast<cd_coll>(r.coll))));
+    if (r.coll != CD_COLL_NONE)
+        f.json("collective", FieldType::Text, 0, 0, std::string(capture::coll_name(static_cast<cd_coll>(r.coll))));
     // The communicator a call runs on.
     std::optional<uint64_t> ptr;
     if (r.has(model::kHasNewComm)) ptr = r.new_comm;
@@ -99,14 +102,16 @@ void collective_fields(const model::Record& r, const snapshot::ProcessSnapshot& 
         f.json("input_elements", FieldType::UInt, 0, el->in);
         f.json("output_elements", FieldType::UInt, 0, el->out);
     }
-    if (r.has(model::kHasDtype)) f.both("dtype", FieldType::Text, 0, 0, model::dtype_name(r.dtype), TableShow::Bare, kPosSecond);
+    if (r.has(model::kHasDtype))
+        f.both("dtype", FieldType::Text, 0, 0, model::dtype_name(r.dtype), TableShow::Bare, kPosSecond);
     if (auto b = record_bytes(r)) f.json("bytes", FieldType::UInt, 0, *b);
     if (r.has(model::kHasRedop)) {
         auto op = capture::nccl_redop_name(r.redop);
         f.both("reduce_op", FieldType::Text, 0, 0, op ? std::string(*op) : "op(" + std::to_string(r.redop) + ")",
                TableShow::Bare, kPosThird);
     }
-    if (r.has(model::kHasPeer)) f.int_both(r.coll == CD_COLL_SEND || r.coll == CD_COLL_RECV ? "peer" : "root", r.peer, kPosPeer);
+    if (r.has(model::kHasPeer))
+        f.int_both(r.coll == CD_COLL_SEND || r.coll == CD_COLL_RECV ? "peer" : "root", r.peer, kPosPeer);
     if (r.has(model::kHasComm)) f.table("comm", FieldType::Hex, r.comm, kPosComm);
     if (r.has(model::kHasNewComm)) f.table("new_comm", FieldType::Hex, r.new_comm, kPosNewComm);
     // Addresses are noise for reading the flow: the table shows them from level 2.
@@ -117,7 +122,8 @@ void collective_fields(const model::Record& r, const snapshot::ProcessSnapshot& 
 
 }  // namespace
 
-std::vector<CallField> call_fields(const model::Record& r, const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms) {
+std::vector<CallField> call_fields(const model::Record& r, const snapshot::ProcessSnapshot& p,
+                                   const capture::SymbolTable& syms) {
     Fields f;
     if (r.kind == model::RecordKind::Module && r.ctx != model::kNoCtx && p.tree) {
         f.json("module_fqn", FieldType::Text, 0, 0, std::string(p.tree->context_name(r)));

@@ -57,7 +57,8 @@ struct CallField {
 // The fields of a collective-kind record (collectives and the communicator
 // lifecycle) or of a module record seen in Python stacks (module_fqn,
 // module_class, event_type), in JSON order; empty for other kinds.
-std::vector<CallField> call_fields(const model::Record& r, const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms);
+std::vector<CallField> call_fields(const model::Record& r, const snapshot::ProcessSnapshot& p,
+                                   const capture::SymbolTable& syms);
 
 // A field's value as JSON / table text.
 std::string field_text(const CallField& f);

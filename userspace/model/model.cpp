@@ -206,7 +206,8 @@ uint32_t ProcessTree::intern_frame(const python::PyFrameInfo& f) {
     return it->second;
 }
 
-uint32_t ProcessTree::intern_stack(std::span<const python::PyFrameInfo* const> frames, uint16_t status, uint16_t flags) {
+uint32_t ProcessTree::intern_stack(std::span<const python::PyFrameInfo* const> frames, uint16_t status,
+                                   uint16_t flags) {
     // The new stack's frames go at the end of the list; a stack seen before
     // takes them back.
     const size_t first = stack_frames_.size();

@@ -297,14 +297,17 @@ private:
     void on_enter(const capture::CallEnter& e);
     void on_exit(const capture::CallExit& e);
     void pop_returned(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e);
-    uint32_t add_call(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, const capture::SymbolInfo& info);
+    uint32_t add_call(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
+                      const capture::SymbolInfo& info);
     bool admit(ProcessTree& p, const ProcessTree::ThreadState& th);
     void resolve_frames(const capture::CallEnter& e);
     void update_context(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e);
     void want_modules(ProcessTree& p);
     void open_module(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, size_t want);
-    void on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, const capture::SymbolInfo& info);
-    void begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, const capture::SymbolInfo& info);
+    void on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
+                  const capture::SymbolInfo& info);
+    void begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
+                     const capture::SymbolInfo& info);
     void end_scope(ProcessTree& p, ProcessTree::ThreadState& th, uint64_t self, uint64_t ts);
 
     // A module the current record's stack shows, outermost first.

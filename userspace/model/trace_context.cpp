@@ -106,7 +106,8 @@ void TraceModel::open_module(ProcessTree& p, ProcessTree::ThreadState& th, const
     th.ctx.push_back({m.module, m.depth, rec, kNoRecord, false, m.backward});
 }
 
-void TraceModel::on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, const capture::SymbolInfo& info) {
+void TraceModel::on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
+                          const capture::SymbolInfo& info) {
     uint64_t v = 0;
     switch (info.role) {
     case CD_ROLE_SCOPE_LABEL:
@@ -128,7 +129,8 @@ void TraceModel::on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const ca
 // torch 1.13 only shows it as the name of the record_function whose
 // __enter__ is on the stack.  The scope's depth is that of the frame that
 // entered it: the frames outside the innermost __enter__.
-void TraceModel::begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, const capture::SymbolInfo& info) {
+void TraceModel::begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
+                             const capture::SymbolInfo& info) {
     const python::PyFrameInfo* enter = nullptr;
     size_t at = 0;
     for (; at < frames_.size() && !enter; ++at)

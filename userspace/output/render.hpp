@@ -60,8 +60,10 @@ using snapshot::find_comm;
 // The same as record_name / record_layer (record_facts.hpp), for context
 // records too: a scope's label, a module's path (layer "python"); the tree
 // holds their names.
-std::string_view record_name(const model::Record& r, const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms);
-std::string_view record_layer(const model::Record& r, const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms);
+std::string_view record_name(const model::Record& r, const snapshot::ProcessSnapshot& p,
+                             const capture::SymbolTable& syms);
+std::string_view record_layer(const model::Record& r, const snapshot::ProcessSnapshot& p,
+                              const capture::SymbolTable& syms);
 using model::record_name;
 using model::record_layer;
 // The record's Python stack as "py_stack" (innermost first, [] for a thread
@@ -78,12 +80,14 @@ bool is_init_all(const model::Record& r, const capture::SymbolTable& syms);
 // The processes in output order: by pid (stable).
 std::vector<const snapshot::ProcessSnapshot*> by_pid(const std::vector<snapshot::ProcessSnapshot>& ps);
 // The counters in output order: stable by (symbol name, comm, dtype).
-std::vector<const snapshot::CounterRow*> sorted_counters(const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms);
+std::vector<const snapshot::CounterRow*> sorted_counters(const snapshot::ProcessSnapshot& p,
+                                                         const capture::SymbolTable& syms);
 // The fields of a record (call_fields: "collective", "group_size", "comm", ...;
 // a module's "module_fqn", ...), shared by the JSON dump and the trace's args;
 // instantiated for both json types.
 template <typename Json>
-void collective_json(const model::Record& r, const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms, Json& o);
+void collective_json(const model::Record& r, const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms,
+                     Json& o);
 }  // namespace render_parts
 
 }  // namespace commdbg::output

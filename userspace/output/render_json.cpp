@@ -195,7 +195,8 @@ private:
 namespace render_parts {
 
 template <typename Json>
-void collective_json(const model::Record& r, const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms, Json& o) {
+void collective_json(const model::Record& r, const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms,
+                     Json& o) {
     for (const meaning::CallField& f : meaning::call_fields(r, p, syms)) {
         if (f.key.empty()) continue;  // the table's only
         std::string key(f.key);
@@ -237,8 +238,8 @@ void append_indented(std::string& out, const std::string& text, size_t n) {
 
 }  // namespace
 
-std::string to_json_text(const std::vector<snapshot::ProcessSnapshot>& ps, const capture::SymbolTable& syms, int noise_level,
-                         const nlohmann::ordered_json& extra) {
+std::string to_json_text(const std::vector<snapshot::ProcessSnapshot>& ps, const capture::SymbolTable& syms,
+                         int noise_level, const nlohmann::ordered_json& extra) {
     const auto sorted = by_pid(ps);
     // The skeleton, with a mark per process where its records go.  The mark
     // holds control characters, which dump() escapes: no record's text has it.

@@ -47,12 +47,14 @@ bool record_visible(const model::Record& r, const capture::SymbolTable& syms, in
 
 namespace render_parts {
 
-std::string_view record_name(const model::Record& r, const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms) {
+std::string_view record_name(const model::Record& r, const snapshot::ProcessSnapshot& p,
+                             const capture::SymbolTable& syms) {
     if (r.ctx != model::kNoCtx && p.tree) return p.tree->context_name(r);
     return record_name(r, syms);
 }
 
-std::string_view record_layer(const model::Record& r, const snapshot::ProcessSnapshot& /*p*/, const capture::SymbolTable& syms) {
+std::string_view record_layer(const model::Record& r, const snapshot::ProcessSnapshot& /*p*/,
+                              const capture::SymbolTable& syms) {
     if (r.kind == model::RecordKind::Module && r.ctx != model::kNoCtx) return "python";
     return record_layer(r, syms);
 }
@@ -89,7 +91,8 @@ std::string py_location(const model::Record& r, const model::ProcessTree& t) {
     return {};
 }
 
-std::vector<const snapshot::CounterRow*> sorted_counters(const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms) {
+std::vector<const snapshot::CounterRow*> sorted_counters(const snapshot::ProcessSnapshot& p,
+                                                         const capture::SymbolTable& syms) {
     std::vector<const snapshot::CounterRow*> out;
     out.reserve(p.counters.size());
     for (const snapshot::CounterRow& c : p.counters) out.push_back(&c);

@@ -180,13 +180,15 @@ private:
         std::string name(p_.tree->context_name(r));
         if (r.kind == model::RecordKind::Scope) return "scope " + name;
         std::string cls(p_.tree->module_class(r));
-        return "module " + name + (cls.empty() ? "" : " (" + cls + ")") + (r.has(model::kBackward) ? " backward" : " forward");
+        return "module " + name + (cls.empty() ? "" : " (" + cls + ")") +
+               (r.has(model::kBackward) ? " backward" : " forward");
     }
 
     void fields_detail(const model::Record& r, std::string& d) const {
         auto fields = meaning::call_fields(r, p_, syms_);
-        std::stable_sort(fields.begin(), fields.end(),
-                         [](const meaning::CallField& a, const meaning::CallField& b) { return a.table_order < b.table_order; });
+        std::stable_sort(fields.begin(), fields.end(), [](const meaning::CallField& a, const meaning::CallField& b) {
+            return a.table_order < b.table_order;
+        });
         for (const meaning::CallField& f : fields) {
             if (f.show == meaning::TableShow::Never || noise_ < f.min_noise) continue;
             std::string value = f.type == meaning::FieldType::Nanos ? us(f.u) + " (host)" : field_text(f);

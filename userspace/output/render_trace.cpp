@@ -135,7 +135,8 @@ private:
     Sink emit_;
 };
 
-void for_each_event(const std::vector<snapshot::ProcessSnapshot>& ps, const capture::SymbolTable& syms, const TraceWriter::Sink& sink) {
+void for_each_event(const std::vector<snapshot::ProcessSnapshot>& ps, const capture::SymbolTable& syms,
+                    const TraceWriter::Sink& sink) {
     const auto sorted = by_pid(ps);
     for (const auto* p : sorted) {
         if (!p->tree) continue;

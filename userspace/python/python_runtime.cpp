@@ -81,7 +81,8 @@ std::string basename_of(const std::string& p) {
 }
 
 // The load bias of `path` from the mapping of its first PT_LOAD.
-std::optional<uint64_t> load_bias(const std::vector<host::MapEntry>& maps, const std::string& path, const host::ElfData& elf) {
+std::optional<uint64_t> load_bias(const std::vector<host::MapEntry>& maps, const std::string& path,
+                                  const host::ElfData& elf) {
     const host::ElfSegment& first = elf.loads.front();
     uint64_t off = first.offset & ~0xfffull, va = first.vaddr & ~0xfffull;
     for (const host::MapEntry& e : maps) {
@@ -92,7 +93,8 @@ std::optional<uint64_t> load_bias(const std::vector<host::MapEntry>& maps, const
 
 // The files that may hold the interpreter: libpython3.X.so* first (the
 // executable is then a launcher), then the executable.
-std::vector<host::MappedFile> candidate_files(int pid, const std::vector<host::MapEntry>& maps, const std::string& proc_root) {
+std::vector<host::MappedFile> candidate_files(int pid, const std::vector<host::MapEntry>& maps,
+                                              const std::string& proc_root) {
     char exe[4096];
     std::string exe_link = proc_root + "/" + std::to_string(pid) + "/exe";
     ssize_t n = readlink(exe_link.c_str(), exe, sizeof exe - 1);
@@ -266,7 +268,8 @@ bool take_symbols(const Found& found, PyDiscovery& d) {
 }
 
 // The layout of the interpreter `found`, checked against the target.
-PyDiscovery layout_of(int pid, const Found& found, const std::vector<host::MapEntry>& maps, const std::string& proc_root) {
+PyDiscovery layout_of(int pid, const Found& found, const std::vector<host::MapEntry>& maps,
+                      const std::string& proc_root) {
     host::ProcessMemory mem(pid);
     PyDiscovery d;
     d.info.file = found.file.path, d.info.open_path = found.file.open_path, d.info.load_bias = found.bias;

@@ -32,7 +32,8 @@ void fsdp_verdict(const std::vector<snapshot::ProcessSnapshot>& reports, const s
         ++out.processes;
         out.violations += r->fsdp->violations.size();
         out.warnings += r->fsdp->warnings.size();
-        out.verdict += "== pid " + std::to_string(r->pid) + ": " + r->command + " ==\n" + fsdp::render_section(*r->fsdp);
+        out.verdict +=
+            "== pid " + std::to_string(r->pid) + ": " + r->command + " ==\n" + fsdp::render_section(*r->fsdp);
     }
     out.violations += cross.size();
     out.verdict += fsdp::render_cross_rank(cross, out.processes);

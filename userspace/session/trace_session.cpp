@@ -189,7 +189,8 @@ Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
     auto scan_result = attacher_.scan_process(pid);
     if (!scan_result) {
         undo();
-        if (!host::read_process(pid)) return Result<bool>::fail("pid " + std::to_string(pid) + " exited during attach — nothing was traced");
+        if (!host::read_process(pid))
+            return Result<bool>::fail("pid " + std::to_string(pid) + " exited during attach — nothing was traced");
         return Result<bool>::fail(scan_result.error());
     }
     follow_flags_ = flags;
@@ -257,7 +258,8 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
     auto self = procs_.find(tgid_of(ev));
     if (self != procs_.end() && self->second.withheld && !std::holds_alternative<capture::ProcExit>(ev)) {
         // Sent before it was untraced: nothing of it is read.  A stop still ends.
-        if (auto* dl = std::get_if<capture::DlChange>(&ev); dl && dl->stopped) kill(static_cast<pid_t>(dl->tgid), SIGCONT);
+        if (auto* dl = std::get_if<capture::DlChange>(&ev); dl && dl->stopped)
+            kill(static_cast<pid_t>(dl->tgid), SIGCONT);
         return;
     }
     if (auto* dl = std::get_if<capture::DlChange>(&ev)) {
@@ -304,7 +306,8 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
         auto it = procs_.find(e->tgid);
         if (it != procs_.end() && !it->second.thread_names.count(e->tid) &&
             it->second.thread_names.size() < TracedProcess::kMaxThreadNames)
-            it->second.thread_names[e->tid] = host::read_thread_name(static_cast<int>(e->tgid), static_cast<int>(e->tid));
+            it->second.thread_names[e->tid] =
+                host::read_thread_name(static_cast<int>(e->tgid), static_cast<int>(e->tid));
         const capture::SymbolInfo* info = symbols_.from_cookie(e->cookie);
         if (it != procs_.end() && info && info->role == CD_ROLE_SCOPE_BEGIN && !e->py_frames.empty() &&
             e->label.empty())
@@ -329,7 +332,8 @@ void TraceSession::drain() {
     // flight (a rank stuck in a collective) are read from the kernel's slots
     // and reported as open calls, as they were when the window closed.
     for (const capture::CallEnter& e : bpf_->open_calls())
-        if (auto it = procs_.find(e.tgid); it != procs_.end() && !it->second.withheld) model_.on_event(capture::Event{e});
+        if (auto it = procs_.find(e.tgid); it != procs_.end() && !it->second.withheld)
+            model_.on_event(capture::Event{e});
 }
 
 void TraceSession::reset_window() {

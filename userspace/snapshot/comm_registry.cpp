@@ -18,8 +18,9 @@ std::vector<CommInfo> communicators_of(uint32_t pid, const std::vector<capture::
     for (const auto& c : comms)
         if (c.key.tgid == pid) mine.push_back(&c);
     // Creation order, so a split's parent has its id before the child needs it.
-    std::sort(mine.begin(), mine.end(),
-              [](const capture::CommEntry* a, const capture::CommEntry* b) { return a->val.created_ns < b->val.created_ns; });
+    std::sort(mine.begin(), mine.end(), [](const capture::CommEntry* a, const capture::CommEntry* b) {
+        return a->val.created_ns < b->val.created_ns;
+    });
     std::vector<CommInfo> out;
     std::map<uint64_t, uint64_t> id_of;
     for (const capture::CommEntry* c : mine) {
@@ -31,7 +32,8 @@ std::vector<CommInfo> communicators_of(uint32_t pid, const std::vector<capture::
         switch (c->val.origin) {
         case CD_COMM_FROM_ID:
             ci.origin = CommOrigin::InitRank;
-            ci.id = capture::nccl_comm_hash(std::span<const uint8_t, CD_UNIQUE_ID_BYTES>(c->val.unique_id, CD_UNIQUE_ID_BYTES));
+            ci.id = capture::nccl_comm_hash(
+                std::span<const uint8_t, CD_UNIQUE_ID_BYTES>(c->val.unique_id, CD_UNIQUE_ID_BYTES));
             break;
         case CD_COMM_FROM_SPLIT: {
             // NCCL passes no size or rank for a split child: they stay unknown.
@@ -39,7 +41,8 @@ std::vector<CommInfo> communicators_of(uint32_t pid, const std::vector<capture::
             ci.parent_ptr = c->val.parent;
             auto parent = id_of.find(c->val.parent);
             if (parent != id_of.end() && c->val.split_index >= 0)
-                ci.id = capture::nccl_split_comm_id(parent->second, c->val.color, static_cast<uint32_t>(c->val.split_index));
+                ci.id = capture::nccl_split_comm_id(parent->second, c->val.color,
+                                                    static_cast<uint32_t>(c->val.split_index));
             break;
         }
         case CD_COMM_FROM_ALL:

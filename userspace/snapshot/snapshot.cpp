@@ -19,14 +19,14 @@ std::string_view to_string(CommOrigin o) {
     return "unknown";
 }
 
-void join_kernel_state(uint32_t pid, const capture::CounterSnapshot& counters, const std::vector<capture::CommEntry>& comms,
-                       ProcessSnapshot& r) {
+void join_kernel_state(uint32_t pid, const capture::CounterSnapshot& counters,
+                       const std::vector<capture::CommEntry>& comms, ProcessSnapshot& r) {
     join_kernel_state(pid, counters.entries, counters.loss, comms, r);
 }
 
 void join_kernel_state(uint32_t pid, const std::vector<capture::CounterEntry>& counters,
-                       const std::map<uint32_t, capture::CounterLoss>& losses, const std::vector<capture::CommEntry>& comms,
-                       ProcessSnapshot& r) {
+                       const std::map<uint32_t, capture::CounterLoss>& losses,
+                       const std::vector<capture::CommEntry>& comms, ProcessSnapshot& r) {
     for (const auto& c : counters) {
         if (c.key.tgid != pid) continue;
         auto same = std::find_if(r.counters.begin(), r.counters.end(), [&](const CounterRow& row) {
@@ -51,7 +51,8 @@ void join_kernel_state(uint32_t pid, const std::vector<capture::CounterEntry>& c
     r.comms = communicators_of(pid, comms, counters);
 }
 
-std::map<std::string, CollSummary> coll_summary(const std::vector<CounterRow>& counters, const capture::SymbolTable& syms) {
+std::map<std::string, CollSummary> coll_summary(const std::vector<CounterRow>& counters,
+                                                const capture::SymbolTable& syms) {
     std::map<std::string, CollSummary> out;
     for (const CounterRow& c : counters) {
         const capture::SymbolInfo* s = syms.find(c.sym);

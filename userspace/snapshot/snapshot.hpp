@@ -78,11 +78,11 @@ struct ProcessSnapshot {
 // unique), its communicators and what its counters lost.  Fills `r`'s
 // counters, comms and counter_breakdown_lost, and appends a note for calls
 // that could not be counted.
-void join_kernel_state(uint32_t pid, const capture::CounterSnapshot& counters, const std::vector<capture::CommEntry>& comms,
-                       ProcessSnapshot& r);
+void join_kernel_state(uint32_t pid, const capture::CounterSnapshot& counters,
+                       const std::vector<capture::CommEntry>& comms, ProcessSnapshot& r);
 void join_kernel_state(uint32_t pid, const std::vector<capture::CounterEntry>& counters,
-                       const std::map<uint32_t, capture::CounterLoss>& loss, const std::vector<capture::CommEntry>& comms,
-                       ProcessSnapshot& r);
+                       const std::map<uint32_t, capture::CounterLoss>& loss,
+                       const std::vector<capture::CommEntry>& comms, ProcessSnapshot& r);
 
 // Per collective kind, summed from the exact counters of collective-role
 // symbols (never from records, which may be dropped), CommDebugMode's way:
@@ -94,7 +94,8 @@ void join_kernel_state(uint32_t pid, const std::vector<capture::CounterEntry>& c
 struct CollSummary {
     uint64_t calls = 0, bytes = 0, errors = 0;
 };
-std::map<std::string, CollSummary> coll_summary(const std::vector<CounterRow>& counters, const capture::SymbolTable& syms);
+std::map<std::string, CollSummary> coll_summary(const std::vector<CounterRow>& counters,
+                                                const capture::SymbolTable& syms);
 std::map<std::string, CollSummary> coll_summary(const ProcessSnapshot& p, const capture::SymbolTable& syms);
 // "nccl.all_reduce" -> calls / bytes (the same keys as coll_summary).
 std::map<std::string, uint64_t> comm_counts(const ProcessSnapshot& p, const capture::SymbolTable& syms);

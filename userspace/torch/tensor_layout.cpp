@@ -194,9 +194,11 @@ Result<TensorLayout> derive_tensor_layout(const std::string& path) {
     auto nf = numel_field(numel->first);
     auto dt = dtype_read(resize->first, resize->second);
     if (!sym || !nf || !dt)
-        return R::fail(why + (!sym ? "no symbolic-shape test in sizes_custom" : !nf ? "numel_custom's code has another shape"
-                                                                                     : "HandleResize's code has another shape"));
-    TensorLayout l{sb->dim, sb->inline_at, sb->inline_dims, *nf, dt->data_type, sym->first, sym->second, dt->undefined, {}, 0};
+        return R::fail(why + (!sym  ? "no symbolic-shape test in sizes_custom"
+                              : !nf ? "numel_custom's code has another shape"
+                                    : "HandleResize's code has another shape"));
+    TensorLayout l{sb->dim,    sb->inline_at, sb->inline_dims, *nf, dt->data_type,
+                   sym->first, sym->second,   dt->undefined,   {},  0};
     const uint32_t arrays_end = l.sizes + 16 * l.inline_dims;  // inline sizes, then inline strides
     auto inside = [&](uint32_t off) { return off >= l.dim && off < arrays_end; };
     if (l.inline_dims == 0 || l.inline_dims > 16 || sb->heap_at != l.sizes || l.sizes != l.dim + 8 ||

@@ -68,7 +68,8 @@ Result<TensorMeta> read_tensor(host::RemoteMemory& mem, const TensorLayout& l, u
         product *= s;
     }
     if (product != t.numel) return R::fail("the tensor's numel is not the product of its sizes");
-    if (type >= l.itemsizes.size()) return R::fail("the tensor's dtype index " + std::to_string(type) + " is not a ScalarType");
+    if (type >= l.itemsizes.size())
+        return R::fail("the tensor's dtype index " + std::to_string(type) + " is not a ScalarType");
     t.dtype = dtype_name(l, type);
     t.bytes = uint64_t(t.numel) * l.itemsizes[type];
     return t;

@@ -50,16 +50,20 @@ public:
     FakeResolver() {
         code(kMain, "main", "/src/train.py", 10);
         code(kStep, "train_step", "/src/train.py", 20);
-        code(kWrapped, "Module._wrapped_call_impl", "/torch/nn/modules/module.py", 1736, python::PyFrameKind::ModuleCall, true);
-        code(kCallImpl, "Module._call_impl", "/torch/nn/modules/module.py", 1747, python::PyFrameKind::ModuleCall, true);
+        code(kWrapped, "Module._wrapped_call_impl", "/torch/nn/modules/module.py", 1736,
+             python::PyFrameKind::ModuleCall, true);
+        code(kCallImpl, "Module._call_impl", "/torch/nn/modules/module.py", 1747, python::PyFrameKind::ModuleCall,
+             true);
         code(kModelFwd, "Model.forward", "/src/model.py", 5);
         code(kEncoderFwd, "Encoder.forward", "/src/model.py", 15);
         code(kBlockFwd, "Block.forward", "/src/model.py", 30);
         code(kRfEnter, "record_function.__enter__", "/torch/autograd/profiler.py", 750,
              python::PyFrameKind::RecordFunctionEnter, true).label = "phase13";
         code(kOpsCall, "OpOverloadPacket.__call__", "/torch/_ops.py", 1000, python::PyFrameKind::Plain, true);
-        code(kAllReduce, "all_reduce", "/torch/distributed/distributed_c10d.py", 2500, python::PyFrameKind::Plain, true);
-        code(kEngineRun, "_engine_run_backward", "/torch/autograd/graph.py", 825, python::PyFrameKind::BackwardEntry, true);
+        code(kAllReduce, "all_reduce", "/torch/distributed/distributed_c10d.py", 2500, python::PyFrameKind::Plain,
+             true);
+        code(kEngineRun, "_engine_run_backward", "/torch/autograd/graph.py", 825, python::PyFrameKind::BackwardEntry,
+             true);
         code(kHook, "Block.grad_hook", "/src/model.py", 50);
         modules_ = {{kModel, "Model"}, {kEncoder, "Encoder"}, {kBlock, "Block"}};
         paths_ = {{{kModel, kEncoder}, "encoder"}, {{kModel, kBlock}, "encoder.blocks.1"}};
@@ -115,8 +119,8 @@ const Stack kInEncoder = kInModel + module_call(kEncoder, kEncoderFwd);
 const Stack kInBlock = kInEncoder + module_call(kBlock, kBlockFwd);
 const Stack kBackwardHook = kTop + Stack{F(kEngineRun), F(kHook, kBlock)};
 
-capture::SymbolInfo sym(const char* name, const char* layer, cd_role role, capture::ArgSlots slots = {}, cd_coll coll = CD_COLL_NONE,
-               bool ret = false) {
+capture::SymbolInfo sym(const char* name, const char* layer, cd_role role, capture::ArgSlots slots = {},
+                        cd_coll coll = CD_COLL_NONE, bool ret = false) {
     return test::symbol(name, layer, role, coll, slots, ret, /*py_stack=*/true);
 }
 

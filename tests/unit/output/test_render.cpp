@@ -916,8 +916,9 @@ TEST(Render, StreamedJsonTextIsTheDumpOfTheJsonValue) {
     nlohmann::ordered_json extra = {{"kernel_drops", {{"ringbuf_full", 3}}}};
     for (int level = 0; level <= 3; ++level) {
         SCOPED_TRACE("noise level " + std::to_string(level));
-        for (const auto& ps : {std::vector<snapshot::ProcessSnapshot>{one}, std::vector<snapshot::ProcessSnapshot>{one, two, none},
-                               std::vector<snapshot::ProcessSnapshot>{none}, std::vector<snapshot::ProcessSnapshot>{}}) {
+        for (const auto& ps :
+             {std::vector<snapshot::ProcessSnapshot>{one}, std::vector<snapshot::ProcessSnapshot>{one, two, none},
+              std::vector<snapshot::ProcessSnapshot>{none}, std::vector<snapshot::ProcessSnapshot>{}}) {
             auto j = to_json(ps, s.t, level);
             EXPECT_EQ(to_json_text(ps, s.t, level), j.dump(2));
             for (const auto& [k, v] : extra.items()) j[k] = v;

@@ -53,5 +53,6 @@ TEST(CounterLoss, TableWarnsThatTheBreakdownIsIncompleteButCountsAreExact) {
     Fixture f;
     std::string text = output::render_table(f.report(7), f.t, 1, false);
     EXPECT_NE(text.find("7 calls counted without communicator and datatype"), std::string::npos) << text;
-    EXPECT_EQ(output::render_table(f.report(0), f.t, 1, false).find("without communicator and datatype"), std::string::npos);
+    EXPECT_EQ(output::render_table(f.report(0), f.t, 1, false).find("without communicator and datatype"),
+              std::string::npos);
 }
