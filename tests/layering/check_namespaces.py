@@ -42,23 +42,30 @@ def own_namespaces(layer, shared):
     return ('commdbg', 'commdbg::limits') if layer == 'common' else ('commdbg::' + layer,)
 
 
+def within(ns, base):
+    return ns == base or ns.startswith(base + '::')
+
+
+def below(ns, layers, i, shared):
+    """Whether namespace `ns` is one of a layer below layers[i]."""
+    if shared:  # the daemon: all of libcommdbg is below it
+        return within(ns, 'commdbg')
+    return (i > 0 and ns == 'commdbg') or any(within(ns, 'commdbg::' + l) for l in layers[:i])
+
+
 def breaches(root, layers, shared=None):
     for i, layer in enumerate(layers):
         own = own_namespaces(layer, shared)
-        below = {'commdbg::' + l for l in layers[:i]} | ({'commdbg'} if i else set())
-        if shared:  # the daemon: all of libcommdbg is below it
-            below = {'commdbg'}
         for f in sorted((root / layer).glob('*.[ch]pp')):
             for ns, line, body in blocks(f.read_text()):
-                if ns in own or any(ns.startswith(o + '::') for o in own if o != 'commdbg'):
+                if ns in own or any(within(ns, o) for o in own if o != 'commdbg'):
                     continue
                 code = [l.split('//')[0].strip() for l in body]
                 code = [l for l in code if l]
                 where = f'{f.relative_to(root)}:{line}: namespace {ns}'
                 if not all(FORWARD.match(l) for l in code):
                     yield f'{where}: a {layer}/ file declares its names in {own[0]}, not here'
-                elif ns.startswith('commdbg') and ns not in below and not any(
-                        ns.startswith(b + '::') for b in below if b != 'commdbg' or shared):
+                elif within(ns, 'commdbg') and not below(ns, layers, i, shared):
                     yield f'{where}: forward-declares names of a layer that is not below {layer}/'
 
 

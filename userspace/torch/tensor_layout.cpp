@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tensor_layout.hpp"
 
+#include <cstdint>
 #include <optional>
 
 #include "elf_symbols.hpp"
@@ -69,10 +70,12 @@ std::optional<uint32_t> field_address(const Code& c, size_t i, bool rbx_is_this)
     return std::nullopt;
 }
 
-bool copies_this_to_rbx(const Code& c, size_t before) {
-    for (size_t i = 0; i + 2 < before && i + 2 < c.size(); ++i)
-        if (c[i] == 0x48 && c[i + 1] == 0x89 && c[i + 2] == 0xfb) return true;
-    return false;
+// Where %rbx starts holding `this`: after the function's first `mov %rdi,%rbx`
+// (never, when it has none).
+size_t this_in_rbx_from(const Code& c) {
+    for (size_t i = 0; i + 2 < c.size(); ++i)
+        if (c[i] == 0x48 && c[i + 1] == 0x89 && c[i + 2] == 0xfb) return i + 3;
+    return SIZE_MAX;
 }
 
 // sizes_custom / strides_custom's fast path: the dim count loaded and
@@ -85,8 +88,9 @@ struct DimBranch {
 };
 
 std::optional<DimBranch> dim_branch(const Code& c) {
+    const size_t rbx_from = this_in_rbx_from(c);
     for (size_t i = 0; i < c.size(); ++i) {
-        const bool rbx = copies_this_to_rbx(c, i);
+        const bool rbx = i >= rbx_from;
         auto load = this_insn(c, i, 0x8b, rbx);
         if (!load) continue;
         auto cmp = cmp_imm8(c, i + load->len);
@@ -104,9 +108,10 @@ std::optional<DimBranch> dim_branch(const Code& c) {
 // `testb $bit,disp(this)` before `at`: the has_symbolic_sizes_strides_ flag.
 std::optional<std::pair<uint32_t, uint8_t>> symbolic_flag(const Code& c, size_t at) {
     std::optional<std::pair<uint32_t, uint8_t>> last;
+    const size_t rbx_from = this_in_rbx_from(c);
     for (size_t i = 0; i + 2 < at; ++i) {
         if (c[i] != 0xf6 || ((c[i + 1] >> 3) & 7) != 0) continue;
-        auto m = this_operand(c, i + 1, copies_this_to_rbx(c, i));
+        auto m = this_operand(c, i + 1, i >= rbx_from);
         if (!m || i + 1 + m->second >= c.size()) continue;
         const uint8_t bit = c[i + 1 + m->second];
         if (bit && !(bit & (bit - 1))) last = std::pair<uint32_t, uint8_t>{m->first, bit};
@@ -116,8 +121,9 @@ std::optional<std::pair<uint32_t, uint8_t>> symbolic_flag(const Code& c, size_t 
 
 // numel_custom's fast path: the first `mov disp(this),%rax` is numel_.
 std::optional<uint32_t> numel_field(const Code& c) {
+    const size_t rbx_from = this_in_rbx_from(c);
     for (size_t i = 0; i < c.size(); ++i)
-        if (auto l = this_insn(c, i, 0x8b, copies_this_to_rbx(c, i)); l && l->reg == 0) return l->value;
+        if (auto l = this_insn(c, i, 0x8b, i >= rbx_from); l && l->reg == 0) return l->value;
     return std::nullopt;
 }
 
@@ -130,9 +136,10 @@ struct DtypeRead {
 };
 
 std::optional<DtypeRead> dtype_read(const Code& c, uint64_t vaddr) {
+    const size_t rbx_from = this_in_rbx_from(c);
     for (size_t i = 0; i + 3 < c.size(); ++i) {
         if (c[i] != 0x0f || c[i + 1] != 0xb7 || ((c[i + 2] >> 3) & 7) != 0) continue;
-        auto m = this_operand(c, i + 2, copies_this_to_rbx(c, i));
+        auto m = this_operand(c, i + 2, i >= rbx_from);
         if (!m) continue;
         std::optional<uint16_t> n;
         for (size_t j = i + 2 + m->second; j + 7 < c.size() && j < i + 64; ++j) {
