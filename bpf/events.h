@@ -45,6 +45,11 @@
  *               stack word: records read the stack only then
  *  bit  59      records of this symbol carry the calling thread's Python
  *               stack (CD_TAIL_CONTEXT), where its process has a cd_py_cfg
+ *  bits 60..63  tensor parameters of a c10d process-group method (enum
+ *               cd_tensor_param, 2 bits each: its first and second
+ *               parameter); 0: none.  Such a method returns
+ *               c10::intrusive_ptr<Work> in memory, so `this` is slot 1 and
+ *               its parameters slots 2 and 3 (see cd_torch_cfg)
  *  For tail source CD_TAIL_LABEL the out-pointer slot (bits 44..47) names
  *  the argument holding a `std::string const*` (libstdc++: data pointer at
  *  +0, length at +8): the label a record_function scope is opened with.
@@ -64,6 +69,10 @@
 #define CD_COOKIE_STACK_COUNT(c) ((__u32)(((c) >> 57) & 0x1u))
 #define CD_COOKIE_STACK_RECORD(c) ((__u32)(((c) >> 58) & 0x1u))
 #define CD_COOKIE_PY_STACK(c) ((__u32)(((c) >> 59) & 0x1u))
+#define CD_COOKIE_TENSORS(c) ((__u32)(((c) >> 60) & 0xfu))
+#define CD_TENSOR_PARAM(kinds, i) (((kinds) >> (2 * (i))) & 0x3u) /* i: 0, 1 */
+#define CD_TENSOR_THIS_SLOT 1
+#define CD_TENSOR_FIRST_SLOT 2
 
 /* A framework collective (c10d: a process group's method, probed at entry
  * only) may issue others before it returns: the calls made while it is open
@@ -121,6 +130,89 @@ enum cd_tail_kind {
 	CD_TAIL_PY_STACK = 3,  /* unused: stacks travel in CD_TAIL_CONTEXT */
 	CD_TAIL_LABEL = 4,     /* cookie: read a std::string label (see bit 59 above) */
 	CD_TAIL_CONTEXT = 5,   /* record: struct cd_context (label and/or Python frames) */
+	CD_TAIL_TENSORS = 6,   /* record: struct cd_tensors, then a CD_TAIL_CONTEXT's bytes */
+};
+
+/* ---- tensors of a framework call ---------------------------------------
+ * A c10d method's tensor parameters (cookie bits 60..63), read in the kernel
+ * at entry where the process has a cd_torch_cfg (torch_procs map, key:
+ * tgid), written by userspace from its libc10 and libtorch files' own code
+ * and symbols (userspace/torch/, docs/design/tensor-layout.md).  Nothing is
+ * read unless `this` is an object of a process-group class userspace named
+ * (its first word is that class's vtable): the parameters are then where the
+ * cookie says.  A TensorImpl is read only when its first word is
+ * c10::TensorImpl's own vtable (a subclass may keep its shape elsewhere). */
+enum cd_tensor_param {
+	CD_TPARAM_NONE = 0,
+	CD_TPARAM_TENSOR = 1,	     /* at::Tensor&: a pointer to the tensor's one TensorImpl* */
+	CD_TPARAM_VECTOR = 2,	     /* std::vector<at::Tensor>&: begin at +0, end at +8 (libstdc++) */
+	CD_TPARAM_VECTOR_VECTOR = 3, /* std::vector<std::vector<at::Tensor>>&: its first inner vector's */
+};
+
+#define CD_TENSOR_DIMS 6    /* sizes kept per tensor; cd_tensor.ndim may say more */
+#define CD_MAX_TENSORS 4    /* per record; cd_tensors.total says how many each parameter had */
+#define CD_TORCH_GROUPS 4   /* process-group classes per process */
+#define CD_TENSOR_WINDOW 256 /* bytes of a TensorImpl read at once: every field below inside */
+#define CD_TORCH_NO_OFFSET 0xffffu
+
+struct cd_torch_group {
+	__u64 vtable; /* the class's vtable address point in the process; 0: unused */
+	__u16 rank;   /* byte offsets of its int rank_ and size_; CD_TORCH_NO_OFFSET: unknown */
+	__u16 size;
+	__u32 pad;
+};
+
+struct cd_torch_cfg {
+	__u64 impl_vtable; /* c10::TensorImpl's vtable address point */
+	__u64 undefined;   /* &c10::UndefinedTensorImpl::_singleton */
+	__u16 dim;	   /* TensorImpl field offsets (torch::TensorLayout) */
+	__u16 sizes;
+	__u16 numel;
+	__u16 data_type;
+	__u16 symbolic_at;
+	__u8 symbolic_mask;
+	__u8 inline_dims;
+	__u16 span; /* bytes read from a TensorImpl: every field's end, <= CD_TENSOR_WINDOW */
+	__u16 pad;
+	struct cd_torch_group groups[CD_TORCH_GROUPS];
+};
+
+enum cd_tensor_status {
+	CD_TENSOR_OK = 1,
+	CD_TENSOR_UNDEFINED = 2, /* an undefined at::Tensor */
+	CD_TENSOR_NOT_PLAIN = 3, /* not a c10::TensorImpl itself: not read */
+	CD_TENSOR_FAULT = 4,	 /* a read failed */
+	CD_TENSOR_SYMBOLIC = 5,	 /* symbolic sizes: the stored ones are not its shape */
+};
+
+struct cd_tensor {
+	__s64 sizes[CD_TENSOR_DIMS];
+	__s64 numel;
+	__u16 dtype;  /* data_type_: a caffe2::TypeMeta index */
+	__u8 ndim;    /* its dim count (sizes holds the first CD_TENSOR_DIMS) */
+	__u8 status;  /* enum cd_tensor_status */
+	__u8 param;   /* 0: the method's first tensor parameter, 1: its second */
+	__u8 pad[3];
+};
+
+enum cd_tensors_status {
+	CD_TENSORS_OK = 1,
+	CD_TENSORS_NOT_A_GROUP = 2, /* `this` is no known process group: nothing read */
+	CD_TENSORS_FAULT = 3,	    /* `this` or a parameter could not be read */
+};
+
+#define CD_TENSORS_MORE_LISTS (1u << 0) /* a vector<vector> parameter had more than one inner list */
+
+struct cd_tensors {
+	__s32 group_rank; /* -1: unknown */
+	__s32 group_size;
+	__u8 kinds;	/* the cookie's bits 60..63 */
+	__u8 status;	/* enum cd_tensors_status */
+	__u8 ntensors;	/* entries of t[] filled */
+	__u8 flags;	/* CD_TENSORS_* */
+	__u16 total[2]; /* tensors each parameter held */
+	__u8 pad[8];
+	struct cd_tensor t[CD_MAX_TENSORS];
 };
 
 /* ---- framework context: labels and Python stacks ------------------------
@@ -378,7 +470,8 @@ struct cd_thread_exit {
 /* Largest record the kernel side emits (tails are for future kinds: the
  * unique id stays in the kernel's comms map, see lib/comms.h). */
 #define CD_MAX_RECORD                                                                                         \
-	(sizeof(struct cd_call) + sizeof(struct cd_context) + CD_MAX_PY_FRAMES * sizeof(struct cd_py_frame))
+	(sizeof(struct cd_call) + sizeof(struct cd_tensors) + sizeof(struct cd_context) +                        \
+	 CD_MAX_PY_FRAMES * sizeof(struct cd_py_frame))
 
 /* ---- maps shared with userspace ---------------------------------------- */
 
@@ -576,5 +669,9 @@ CD_STATIC_ASSERT(sizeof(struct cd_scope_key) == 16, "cd_scope_key");
 CD_STATIC_ASSERT(sizeof(struct cd_context) == 8 + CD_LABEL_MAX, "cd_context");
 CD_STATIC_ASSERT(sizeof(struct cd_py_cfg) == 16 + 4 * 17 + 4 + 8 + 16 + 16, "cd_py_cfg");
 CD_STATIC_ASSERT(sizeof(struct cd_proc_counts) == 32 + CD_COARSE_SLOTS * 56, "cd_proc_counts");
+CD_STATIC_ASSERT(sizeof(struct cd_torch_group) == 16, "cd_torch_group");
+CD_STATIC_ASSERT(sizeof(struct cd_torch_cfg) == 32 + CD_TORCH_GROUPS * 16, "cd_torch_cfg");
+CD_STATIC_ASSERT(sizeof(struct cd_tensor) == 8 * CD_TENSOR_DIMS + 16, "cd_tensor");
+CD_STATIC_ASSERT(sizeof(struct cd_tensors) == 24 + CD_MAX_TENSORS * 64, "cd_tensors");
 
 #endif /* COMMDBG_EVENTS_H */

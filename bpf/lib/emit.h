@@ -21,7 +21,7 @@ FUNC_INLINE void emit_enter(const struct entry *en, __u64 wakeup)
 		count_ringbuf_drop(en->tgid);
 		return;
 	}
-	fill_enter(e, en, 0);
+	fill_enter(e, en, 0, CD_TAIL_NONE);
 	bpf_ringbuf_submit(e, wakeup);
 }
 

@@ -36,10 +36,10 @@ FUNC_INLINE __u64 call_wakeup(struct cd_thread *st)
  * state could not be kept, or whose thread exits first).  Records carry no
  * ncclUniqueId: communicators get theirs from the comms map, kept in the
  * kernel (a copy per record would be 128 bytes nobody reads). */
-FUNC_INLINE void fill_enter(struct cd_call_enter *e, const struct entry *en, __u32 tail_len)
+FUNC_INLINE void fill_enter(struct cd_call_enter *e, const struct entry *en, __u32 tail_len, __u32 tail_kind)
 {
-	fill_header(&e->h, CD_EV_CALL_ENTER, sizeof(*e) + tail_len, tail_len ? CD_TAIL_CONTEXT : CD_TAIL_NONE,
-		    tail_len, en->tgid, en->tid, en->ts);
+	fill_header(&e->h, CD_EV_CALL_ENTER, sizeof(*e) + tail_len, tail_len ? tail_kind : CD_TAIL_NONE, tail_len,
+		    en->tgid, en->tid, en->ts);
 	e->cookie = en->cookie;
 	e->ip = en->ip;
 	e->sp = en->sp;

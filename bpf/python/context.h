@@ -13,6 +13,7 @@
 #include "python/label.h"
 #include "python/record_buf.h"
 #include "python/walk.h"
+#include "torch/tensors.h"
 
 #define CONTEXT_TAIL_MAX (sizeof(struct cd_context) + CD_MAX_PY_FRAMES * sizeof(struct cd_py_frame))
 
@@ -68,14 +69,14 @@ FUNC_INLINE __u32 context_tail(struct record_buf *b, __u32 tgid, __u64 cookie, c
 }
 
 /* The per-thread buffer a record with context is built in; 0 when the
- * record needs none. */
+ * record needs none (`tensors`: it carries a cd_tensors). */
 FUNC_INLINE struct record_buf *context_buf(__u64 cookie, __u32 tgid, __u32 tid, __u32 flags,
-					   const struct cd_py_cfg **cfg)
+					   const struct cd_py_cfg **cfg, bool tensors)
 {
 	struct record_buf *b;
 
 	*cfg = py_cfg_for(cookie, tgid, flags);
-	if (!*cfg && CD_COOKIE_TAIL(cookie) != CD_TAIL_LABEL)
+	if (!*cfg && CD_COOKIE_TAIL(cookie) != CD_TAIL_LABEL && !tensors)
 		return 0;
 	b = lookup_or_init(&record_bufs, &tid, &record_buf_zero);
 	if (!b)
@@ -107,24 +108,44 @@ FUNC_INLINE __u64 context_wakeup(__u64 wakeup, __u64 cookie, const struct cd_py_
 	return BPF_RB_FORCE_WAKEUP;
 }
 
-/* An entry record's body starts here, right-aligned before the context. */
-#define ENTER_BODY_OFF (RECORD_BODY_MAX - sizeof(struct cd_call_enter))
+/* An entry record's body starts here, right-aligned before the context, or
+ * before its tensors. */
+#define ENTER_BODY_OFF (RECORD_HEAD_MAX - sizeof(struct cd_call_enter))
+#define ENTER_TENSORS_BODY_OFF (TENSORS_OFF - sizeof(struct cd_call_enter))
+
+/* The tensors of a c10d method's record into b; their size, 0 for none. */
+FUNC_INLINE __u32 tensors_part(struct record_buf *b, const struct entry *en, const struct cd_torch_cfg *tcfg)
+{
+	__u32 len;
+
+	if (!tcfg)
+		return 0;
+	record_tensors(b)->kinds = CD_COOKIE_TENSORS(en->cookie);
+	len = fill_tensors(b, tcfg, en->args[CD_TENSOR_THIS_SLOT], en->args[CD_TENSOR_FIRST_SLOT],
+			   en->args[CD_TENSOR_FIRST_SLOT + 1]);
+	barrier_var(len);
+	return len == sizeof(struct cd_tensors) ? len : 0;
+}
 
 /* An entry record with its context; false when it has none to carry. */
 FUNC_INLINE bool emit_enter_with_context(const struct entry *en, __u64 wakeup)
 {
 	const struct cd_py_cfg *cfg;
-	struct record_buf *b = context_buf(en->cookie, en->tgid, en->tid, en->flags, &cfg);
-	__u32 tail;
+	const struct cd_torch_cfg *tcfg = torch_cfg_for(en->cookie, en->tgid);
+	struct record_buf *b = context_buf(en->cookie, en->tgid, en->tid, en->flags, &cfg, tcfg != 0);
+	__u32 tail, tensors;
+	__u8 *body;
 
 	if (!b)
 		return false;
+	tensors = tensors_part(b, en, tcfg);
 	tail = context_tail(b, en->tgid, en->cookie, en->args, cfg);
 	if (tail > CONTEXT_TAIL_MAX)
 		return false;
-	fill_enter((struct cd_call_enter *)(b->body + ENTER_BODY_OFF), en, tail);
+	body = b->head + (tensors ? ENTER_TENSORS_BODY_OFF : ENTER_BODY_OFF);
+	fill_enter((struct cd_call_enter *)body, en, tensors + tail, tensors ? CD_TAIL_TENSORS : CD_TAIL_CONTEXT);
 	wakeup = context_wakeup(wakeup, en->cookie, cfg);
-	if (bpf_ringbuf_output(&events, b->body + ENTER_BODY_OFF, sizeof(struct cd_call_enter) + tail, wakeup))
+	if (bpf_ringbuf_output(&events, body, sizeof(struct cd_call_enter) + tensors + tail, wakeup))
 		count_ringbuf_drop(en->tgid);
 	return true;
 }
@@ -135,7 +156,8 @@ FUNC_INLINE bool emit_call_with_context(const struct cd_inflight *call, __u32 ti
 					__u64 wakeup)
 {
 	const struct cd_py_cfg *cfg;
-	struct record_buf *b = context_buf(call->cookie, call->ckey.tgid, tid, call->flags, &cfg);
+	struct record_buf *b = context_buf(call->cookie, call->ckey.tgid, tid, call->flags, &cfg, false);
+	__u8 *body;
 	__u32 tail;
 
 	if (!b)
@@ -143,9 +165,10 @@ FUNC_INLINE bool emit_call_with_context(const struct cd_inflight *call, __u32 ti
 	tail = context_tail(b, call->ckey.tgid, call->cookie, call->args, cfg);
 	if (tail > CONTEXT_TAIL_MAX)
 		return false;
-	fill_call((struct cd_call *)b->body, call, tid, r, tail);
+	body = b->head + RECORD_HEAD_MAX - RECORD_BODY_MAX;
+	fill_call((struct cd_call *)body, call, tid, r, tail);
 	wakeup = context_wakeup(wakeup, call->cookie, cfg);
-	if (bpf_ringbuf_output(&events, b->body, sizeof(struct cd_call) + tail, wakeup))
+	if (bpf_ringbuf_output(&events, body, sizeof(struct cd_call) + tail, wakeup))
 		count_ringbuf_drop(call->ckey.tgid);
 	return true;
 }

@@ -14,9 +14,13 @@
 #include "lib/compiler.h"
 #include "events.h"
 
-/* Room for the largest record body (cd_call), right-aligned before the
- * context so that body and tail are contiguous whatever its kind. */
+/* Room for the largest record body (cd_call) and a record's tensors
+ * (torch/tensors.h), right-aligned before the context so that body and tail
+ * are contiguous whatever its kind: [body][context][frames], or
+ * [body][tensors][context][frames]. */
 #define RECORD_BODY_MAX sizeof(struct cd_call)
+#define RECORD_HEAD_MAX (RECORD_BODY_MAX + sizeof(struct cd_tensors))
+#define TENSORS_OFF (RECORD_HEAD_MAX - sizeof(struct cd_tensors))
 #define PY_FRAME_WINDOW CD_PY_FRAME_WINDOW /* every field but 3.10's localsplus */
 /* A frame's field is loaded at (offset & (PY_FRAME_WINDOW - 1)) past the
  * frame's start in a copy: 8 bytes past the window's end stay in bounds. */
@@ -42,12 +46,13 @@ struct walk_state {
 
 struct record_buf {
 	struct walk_state walk;
-	__u8 body[RECORD_BODY_MAX];
+	__u8 head[RECORD_HEAD_MAX];
 	struct cd_context context;
 	struct cd_py_frame frames[CD_MAX_PY_FRAMES];
 	__u8 kinds[CD_MAX_PY_FRAMES]; /* enum cd_py_code_kind per frame, during the walk */
 	__u8 stack_copy[PY_STACK_COPY + WINDOW_SLACK];
 	__u8 window[CD_PY_TS_WINDOW + WINDOW_SLACK]; /* the thread state, then a frame outside the copy */
+	__u8 impl[CD_TENSOR_WINDOW + 8 * CD_TENSOR_DIMS]; /* a TensorImpl's fields, then room for its inline sizes (torch/tensors.h) */
 };
 
 struct {

@@ -190,6 +190,16 @@ Result<bool> BpfSession::set_python(uint32_t tgid, const cd_py_cfg& cfg) {
     return true;
 }
 
+Result<bool> BpfSession::set_torch(uint32_t tgid, const cd_torch_cfg& cfg) {
+    if (bpf_map__update_elem(skel_->maps.torch_procs, &tgid, sizeof(tgid), &cfg, sizeof(cfg), BPF_ANY))
+        return Result<bool>::fail(bpf_error_message("commdbg: enabling tensor shapes for pid " + std::to_string(tgid), errno));
+    return true;
+}
+
+void BpfSession::clear_torch(uint32_t tgid) {
+    bpf_map__delete_elem(skel_->maps.torch_procs, &tgid, sizeof(tgid), 0);
+}
+
 void BpfSession::clear_python(uint32_t tgid) {
     bpf_map__delete_elem(skel_->maps.py_procs, &tgid, sizeof(tgid), 0);
     set_py_codes(tgid, nullptr);

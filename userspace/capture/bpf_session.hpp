@@ -83,6 +83,9 @@ public:
     // symbols then carry its stack); cleared when it exits.
     Result<bool> set_python(uint32_t tgid, const cd_py_cfg& cfg);
     void clear_python(uint32_t tgid);
+    // How the kernel reads tgid's tensors and process groups (torch_procs).
+    Result<bool> set_torch(uint32_t tgid, const cd_torch_cfg& cfg);
+    void clear_torch(uint32_t tgid);
     // The kinds of `tgid`'s code objects (events.h, cd_py_codes); null: none
     // (every frame's type is read).  Best effort: a full map costs reads.
     void set_py_codes(uint32_t tgid, const cd_py_codes* codes);

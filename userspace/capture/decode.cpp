@@ -36,6 +36,11 @@ size_t body_size(uint16_t kind) {
     }
 }
 
+bool context_len_ok(size_t len) {
+    return len >= sizeof(cd_context) && (len - sizeof(cd_context)) % sizeof(cd_py_frame) == 0 &&
+           (len - sizeof(cd_context)) / sizeof(cd_py_frame) <= CD_MAX_PY_FRAMES;
+}
+
 // A tail must fill exactly the bytes after the body and have the length its
 // kind implies.  Unknown tail kinds (a newer kernel side) are skipped.
 bool tail_ok(const cd_header& h, size_t body) {
@@ -46,10 +51,9 @@ bool tail_ok(const cd_header& h, size_t body) {
     case CD_TAIL_COMM_LIST:
         return h.tail_len % sizeof(uint64_t) == 0 &&
                h.tail_len <= CD_MAX_COMM_LIST * sizeof(uint64_t);
-    case CD_TAIL_CONTEXT:
-        return h.tail_len >= sizeof(cd_context) &&
-               (h.tail_len - sizeof(cd_context)) % sizeof(cd_py_frame) == 0 &&
-               (h.tail_len - sizeof(cd_context)) / sizeof(cd_py_frame) <= CD_MAX_PY_FRAMES;
+    case CD_TAIL_CONTEXT: return context_len_ok(h.tail_len);
+    case CD_TAIL_TENSORS:
+        return h.tail_len >= sizeof(cd_tensors) && context_len_ok(h.tail_len - sizeof(cd_tensors));
     default: return true;
     }
 }
@@ -76,10 +80,19 @@ void unique_id_tail(const cd_header& h, std::span<const uint8_t> bytes, size_t b
 // The label and Python stack (events.h, cd_context); false when the tail
 // contradicts itself (a frame count the length does not hold, a long label).
 bool context_tail(const cd_header& h, std::span<const uint8_t> bytes, size_t body, CallEnter& out) {
-    if (h.tail_kind != CD_TAIL_CONTEXT) return true;
+    size_t len = h.tail_len;
+    if (h.tail_kind == CD_TAIL_TENSORS) {
+        cd_tensors t;
+        std::memcpy(&t, bytes.data() + body, sizeof(t));
+        if (t.ntensors > CD_MAX_TENSORS) return false;
+        out.tensors = t;
+        body += sizeof(t), len -= sizeof(t);
+    } else if (h.tail_kind != CD_TAIL_CONTEXT) {
+        return true;
+    }
     cd_context c;
     std::memcpy(&c, bytes.data() + body, sizeof(c));
-    size_t frames = (h.tail_len - sizeof(c)) / sizeof(cd_py_frame);
+    size_t frames = (len - sizeof(c)) / sizeof(cd_py_frame);
     if (c.nframes != frames || c.label_len > CD_LABEL_MAX || c.py_status > CD_PY_FAULT) return false;
     out.label.assign(c.label, c.label_len);
     out.py_status = c.py_status;

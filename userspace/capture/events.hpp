@@ -37,6 +37,8 @@ struct CallEnter {
     uint16_t py_status = CD_PY_NONE;     // cd_py_status
     uint16_t ctx_flags = 0;              // CD_CTX_*
     std::vector<cd_py_frame> py_frames;  // the calling thread's Python stack, innermost first
+    // CD_TAIL_TENSORS (events.h, cd_tensors): a c10d method's tensors and group, as read.
+    std::optional<cd_tensors> tensors;
 };
 
 struct CallExit {

@@ -227,6 +227,9 @@ Result<ProbeSpec> parse_probe_spec(std::string_view text, const std::string& sou
             if (!j["return_probes"].is_boolean()) throw SpecError{where + ": field \"return_probes\" must be true or false"};
             s.return_probes = j["return_probes"].get<bool>();
         }
+        if (std::string t = str_field(j, "tensors", where, false); t == "c10d") s.c10d_tensors = true;
+        else if (!t.empty())
+            throw SpecError{where + ": field \"tensors\": unknown convention \"" + t + "\" (c10d)"};
         if (!j.contains("symbols") || !j["symbols"].is_array() || j["symbols"].empty())
             throw SpecError{where + ": field \"symbols\" must be a non-empty list"};
         for (size_t i = 0; i < j["symbols"].size(); ++i) {
@@ -413,6 +416,52 @@ std::string aten_display_name(std::string_view st) {
 }
 
 }  // namespace
+
+namespace {
+
+// The parameters of a demangled C++ function, split at its top-level commas.
+std::vector<std::string_view> parameters(std::string_view d) {
+    std::vector<std::string_view> out;
+    auto open = d.find('(');
+    if (open == std::string_view::npos) return out;
+    int depth = 0;
+    size_t start = open + 1;
+    for (size_t i = start; i < d.size(); ++i) {
+        char c = d[i];
+        if (c == '<' || c == '(') ++depth;
+        else if ((c == '>' || c == ')') && depth > 0) --depth;
+        else if ((c == ',' || c == ')') && depth == 0) {
+            std::string_view p = d.substr(start, i - start);
+            while (!p.empty() && p.front() == ' ') p.remove_prefix(1);
+            if (!p.empty()) out.push_back(p);
+            if (c == ')') break;
+            start = i + 1;
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+uint8_t c10d_tensor_params(std::string_view demangled) {
+    constexpr std::string_view vec = "std::vector<at::Tensor, std::allocator<at::Tensor> >";
+    auto kind = [&](std::string_view p) -> uint8_t {
+        if (!p.ends_with("&") || p.ends_with("&&")) return CD_TPARAM_NONE;
+        p.remove_suffix(1);
+        if (p.ends_with(" const")) p.remove_suffix(6);
+        if (p == "at::Tensor") return CD_TPARAM_TENSOR;
+        if (p == vec) return CD_TPARAM_VECTOR;
+        if (p.starts_with("std::vector<") && p.substr(12).starts_with(vec) &&
+            p == "std::vector<" + std::string(vec) + ", std::allocator<" + std::string(vec) + " > >")
+            return CD_TPARAM_VECTOR_VECTOR;
+        return CD_TPARAM_NONE;
+    };
+    auto ps = parameters(demangled);
+    uint8_t first = ps.size() > 0 ? kind(ps[0]) : CD_TPARAM_NONE;
+    if (first == CD_TPARAM_NONE) return 0;
+    uint8_t second = ps.size() > 1 ? kind(ps[1]) : CD_TPARAM_NONE;
+    return static_cast<uint8_t>(first | (second << 2));
+}
 
 std::string derive_name(const SymbolRule& rule, const std::string& symbol, const std::string& demangled) {
     if (!rule.info.name.empty()) return rule.info.name;

@@ -39,6 +39,9 @@ struct ProbeSpec {
     std::vector<std::string> library;  // basename globs
     std::vector<std::string> exclude;  // basename globs never probed
     bool return_probes = false;        // only for APIs that cannot throw
+    // "tensors": "c10d": the symbols are c10d process-group methods whose
+    // at::Tensor parameters the kernel reads (c10d_tensor_params).
+    bool c10d_tensors = false;
     std::vector<SymbolRule> symbols;
 
     bool matches_library(std::string_view path) const;
@@ -56,6 +59,12 @@ std::vector<ProbeSpec> select_specs(const std::vector<std::string>& names,
                                     std::vector<std::string>& errors);
 
 bool glob_match(std::string_view pattern, std::string_view text);
+
+// The cookie's tensor-parameter kinds (events.h, bits 60..63) of a c10d
+// process-group method, from its demangled signature: its first two
+// parameters, each an at::Tensor&, a std::vector<at::Tensor>& or a
+// std::vector<std::vector<at::Tensor>>&.  0 when the first is none of them.
+uint8_t c10d_tensor_params(std::string_view demangled);
 
 // Display name of `symbol` (mangled) for `rule`.
 std::string derive_name(const SymbolRule& rule, const std::string& symbol,

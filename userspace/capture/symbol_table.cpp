@@ -28,6 +28,7 @@ uint64_t make_cookie(uint32_t sym_id, const SymbolInfo& s) {
     c |= static_cast<uint64_t>(counted ? 1 : 0) << 57;
     c |= static_cast<uint64_t>(recorded ? 1 : 0) << 58;
     c |= static_cast<uint64_t>(s.py_stack ? 1 : 0) << 59;
+    c |= static_cast<uint64_t>(s.tensor_params & 0xfu) << 60;
     return c;
 }
 
@@ -35,6 +36,8 @@ Result<uint32_t> SymbolTable::try_intern(const SymbolInfo& s) {
     std::string key = s.layer;
     key.push_back('\0');
     key += s.name;
+    // One name, two signatures (overloads, another torch build): one id each.
+    if (s.tensor_params) key += '\0' + std::to_string(s.tensor_params);
     if (auto it = index_.find(key); it != index_.end()) return it->second;
     if (syms_.size() >= max_)
         return Result<uint32_t>::fail("symbol table full: more than " + std::to_string(max_) +

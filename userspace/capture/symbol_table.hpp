@@ -37,6 +37,7 @@ struct SymbolInfo {
     cd_tail_kind tail = CD_TAIL_NONE;  // tail captured at entry
     bool return_probe = false;         // only for symbols that cannot throw
     bool py_stack = false;             // records carry the Python stack (cookie bit 59)
+    uint8_t tensor_params = 0;         // c10d methods: kinds of its tensor parameters (cookie bits 60..63)
 };
 
 uint64_t make_cookie(uint32_t sym_id, const SymbolInfo& s);

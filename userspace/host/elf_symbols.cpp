@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "elf_symbols.hpp"
+#include "procfs.hpp"
 
 #include <fcntl.h>
 #include <gelf.h>
@@ -281,6 +282,52 @@ Result<ElfData> read_elf_data(const std::string& path, const std::set<std::strin
     });
     if (!have_table) return R::fail(have_table.error());
     return out;  // no symbol table: no symbols, as for a stripped executable
+}
+
+std::optional<uint64_t> load_bias(const std::vector<MapEntry>& maps, const std::string& path, const ElfData& elf) {
+    const ElfSegment& first = elf.loads.front();
+    uint64_t off = first.offset & ~0xfffull, va = first.vaddr & ~0xfffull;
+    for (const MapEntry& e : maps) {
+        if (e.path == path && e.offset == off) return elf.exec ? 0 : e.start - va;
+    }
+    return std::nullopt;
+}
+
+Result<std::map<uint64_t, ElfReloc>> read_relocations(const std::string& path, const std::set<uint64_t>& at) {
+    using R = Result<std::map<uint64_t, ElfReloc>>;
+    ElfHandle h;
+    auto file = open_elf(path, h);
+    if (!file) return R::fail(file.error());
+    std::map<uint64_t, ElfReloc> out;
+    Elf_Scn* scn = nullptr;
+    while ((scn = elf_nextscn(h.elf_, scn)) != nullptr) {
+        GElf_Shdr shdr;
+        if (gelf_getshdr(scn, &shdr) == nullptr || shdr.sh_type != SHT_RELA || shdr.sh_entsize == 0) continue;
+        Elf_Data* data = elf_getdata(scn, nullptr);
+        Elf_Scn* symscn = elf_getscn(h.elf_, shdr.sh_link);
+        GElf_Shdr symhdr;
+        if (data == nullptr || symscn == nullptr || gelf_getshdr(symscn, &symhdr) == nullptr)
+            return R::fail(path + ": a relocation section cannot be read: " + libelf_error());
+        Elf_Data* syms = elf_getdata(symscn, nullptr);
+        const size_t n = shdr.sh_size / shdr.sh_entsize;
+        for (size_t i = 0; i < n; ++i) {
+            GElf_Rela r;
+            if (gelf_getrela(data, static_cast<int>(i), &r) == nullptr) break;
+            if (!at.count(r.r_offset)) continue;
+            ElfReloc rel;
+            rel.addend = r.r_addend;
+            rel.type = static_cast<uint32_t>(GELF_R_TYPE(r.r_info));
+            GElf_Sym sym;
+            if (GELF_R_SYM(r.r_info) != 0 && syms != nullptr &&
+                gelf_getsym(syms, static_cast<int>(GELF_R_SYM(r.r_info)), &sym) != nullptr) {
+                const char* name = elf_strptr(h.elf_, symhdr.sh_link, sym.st_name);
+                std::string_view nm = name ? name : "";
+                rel.symbol = std::string(nm.substr(0, nm.find('@')));
+            }
+            out[r.r_offset] = std::move(rel);
+        }
+    }
+    return out;
 }
 
 Result<std::vector<uint8_t>> read_function_code(const std::string& path, const ElfSymbol& sym, size_t max) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -67,5 +68,22 @@ struct ElfData {
 // (without @VERSION).  Fails as ElfSymbols::open does, but a file with no
 // symbol table (a stripped executable) is one without those symbols.
 Result<ElfData> read_elf_data(const std::string& path, const std::set<std::string, std::less<>>& names);
+
+struct MapEntry;
+// The load bias of `path` in a process whose maps are `maps`, from the
+// mapping of the file's first PT_LOAD (0 for an ET_EXEC); nullopt when the
+// file is not mapped there.
+std::optional<uint64_t> load_bias(const std::vector<MapEntry>& maps, const std::string& path, const ElfData& elf);
+
+// What the dynamic loader writes at a link-time address: the symbol a
+// relocation there names ("" for a relative one) and its addend.
+struct ElfReloc {
+    std::string symbol;  // without @VERSION
+    int64_t addend = 0;
+    uint32_t type = 0;   // R_X86_64_*
+};
+// The relocations (SHT_RELA sections) at the addresses asked for; those
+// with none are absent.
+Result<std::map<uint64_t, ElfReloc>> read_relocations(const std::string& path, const std::set<uint64_t>& at);
 
 }  // namespace commdbg::host

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "call_fields.hpp"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "nccl.hpp"
@@ -84,9 +85,60 @@ void lifecycle_fields(const model::Record& r, const snapshot::ProcessSnapshot& p
     }
 }
 
+using TensorStatus = model::ProcessTree::TensorStatus;
+
+bool has_numel(TensorStatus s) { return s == TensorStatus::Ok || s == TensorStatus::TooManyDims; }
+
+// One side's tensors for the table: "[4, 8]", "2x[4, 8]", "[4, 8],[2]+3".
+std::string side_text(const model::ProcessTree& t, const TensorSide& side) {
+    std::vector<std::string> shapes;
+    for (uint32_t i : side.rows) shapes.push_back(shape_text(t, t.tensor(i)));
+    if (shapes.empty()) return side.total ? "?x" + std::to_string(side.total) : "[]";
+    bool same = std::all_of(shapes.begin(), shapes.end(), [&](const std::string& x) { return x == shapes[0]; });
+    if (same && side.total == shapes.size() && shapes.size() > 1) return std::to_string(shapes.size()) + "x" + shapes[0];
+    std::string out;
+    for (const auto& x : shapes) out += (out.empty() ? "" : ",") + x;
+    if (side.total > shapes.size()) out += "+" + std::to_string(side.total - shapes.size());
+    return out;
+}
+
+// Shapes, dtype, bytes and group of a c10d collective (kHasTensors).
+void tensor_fields(const model::Record& r, const model::ProcessTree& t, bool have_group_size, Fields& f) {
+    const auto& set = t.tensor_set(r);
+    if (set.group_size >= 0 && !have_group_size) f.json("group_size", FieldType::Int, set.group_size);
+    if (set.group_rank >= 0) f.json("group_rank", FieldType::Int, set.group_rank);
+    TensorSides sides = tensor_sides(r, t);
+    const TensorSide& first = sides.in.present ? sides.in : sides.out;
+    if (!first.rows.empty() && has_numel(t.tensor(first.rows[0]).status))
+        f.both("dtype", FieldType::Text, 0, 0, std::string(t.text(t.tensor(first.rows[0]).dtype)), TableShow::Bare,
+               kPosSecond);
+    // Bytes sent: every input's, when every input was read.
+    if (sides.in.present && !sides.in.rows.empty() && sides.in.rows.size() == sides.in.total &&
+        std::all_of(sides.in.rows.begin(), sides.in.rows.end(), [&](uint32_t i) { return has_numel(t.tensor(i).status); })) {
+        uint64_t bytes = 0;
+        for (uint32_t i : sides.in.rows) bytes += t.tensor(i).bytes;
+        f.json("bytes", FieldType::UInt, 0, bytes);
+    }
+    // The table: shapes from noise level 1, as CommDebugMode shows them.
+    auto table_text = [&](std::string_view key, std::string text) {
+        f.out.push_back({{}, FieldType::Text, 0, 0, std::move(text), TableShow::KeyValue, key, kPosFirst, 1});
+    };
+    if (set.status != CD_TENSORS_OK) {
+        table_text("shapes", set.status == CD_TENSORS_NOT_A_GROUP ? "unknown-group" : "unreadable");
+    } else if (sides.in.present && sides.out.present && sides.in.rows == sides.out.rows) {
+        table_text("shape", side_text(t, sides.in));
+    } else {
+        if (sides.in.present) table_text("in", side_text(t, sides.in));
+        if (sides.out.present) table_text("out", side_text(t, sides.out));
+    }
+}
+
 void collective_fields(const model::Record& r, const snapshot::ProcessSnapshot& p, Fields& f) {
-    if (r.coll != CD_COLL_NONE)
-        f.json("collective", FieldType::Text, 0, 0, std::string(capture::coll_name(static_cast<cd_coll>(r.coll))));
+    if (r.coll != CD_COLL_NONE) {
+        std::string kind(capture::coll_name(static_cast<cd_coll>(r.coll)));
+        f.json("collective", FieldType::Text, 0, 0, kind);
+        f.json("collective_type", FieldType::Text, 0, 0, kind);  // CommDebugMode's key
+    }
     // The communicator a call runs on.
     std::optional<uint64_t> ptr;
     if (r.has(model::kHasNewComm)) ptr = r.new_comm;
@@ -114,6 +166,7 @@ void collective_fields(const model::Record& r, const snapshot::ProcessSnapshot& 
         f.int_both(r.coll == CD_COLL_SEND || r.coll == CD_COLL_RECV ? "peer" : "root", r.peer, kPosPeer);
     if (r.has(model::kHasComm)) f.table("comm", FieldType::Hex, r.comm, kPosComm);
     if (r.has(model::kHasNewComm)) f.table("new_comm", FieldType::Hex, r.new_comm, kPosNewComm);
+    if (r.has(model::kHasTensors) && p.tree) tensor_fields(r, *p.tree, nranks >= 0, f);
     // Addresses are noise for reading the flow: the table shows them from level 2.
     if (r.has(model::kHasStream)) f.hex_both("stream", r.stream, kPosStream, 2);
     if (r.has(model::kHasSendBuf)) f.hex_both("sendbuff", r.sendbuf, kPosSendBuf, 2);
@@ -147,6 +200,49 @@ std::vector<CallField> call_fields(const model::Record& r, const snapshot::Proce
                coll ? "enqueue" : "call");
     }
     return std::move(f.out);
+}
+
+TensorSides tensor_sides(const model::Record& r, const model::ProcessTree& t) {
+    TensorSides out;
+    if (!r.has(model::kHasTensors)) return out;
+    const auto& set = t.tensor_set(r);
+    TensorSide params[2];
+    for (int i = 0; i < 2; ++i) {
+        params[i].present = CD_TENSOR_PARAM(set.kinds, i) != CD_TPARAM_NONE;
+        params[i].total = set.total[i];
+    }
+    for (uint8_t i = 0; i < set.n; ++i) params[t.tensor(set.first + i).param & 1].rows.push_back(set.first + i);
+    if (params[1].present) {
+        out.out = params[0], out.in = params[1];
+    } else if (r.coll == CD_COLL_RECV) {
+        out.out = params[0];
+    } else if (r.coll == CD_COLL_SEND) {
+        out.in = params[0];
+    } else {
+        out.in = out.out = params[0];
+    }
+    return out;
+}
+
+const char* to_string(model::ProcessTree::TensorStatus s) {
+    switch (s) {
+    case TensorStatus::Ok: return "ok";
+    case TensorStatus::Undefined: return "undefined";
+    case TensorStatus::NotPlain: return "not a plain TensorImpl";
+    case TensorStatus::Unreadable: return "unreadable";
+    case TensorStatus::Symbolic: return "symbolic";
+    case TensorStatus::TooManyDims: return "more dims than kept";
+    case TensorStatus::Inconsistent: return "inconsistent";
+    case TensorStatus::NoLayout: return "layout unknown";
+    }
+    return "?";
+}
+
+std::string shape_text(const model::ProcessTree& t, const model::ProcessTree::TensorInfo& row) {
+    if (row.status != TensorStatus::Ok) return std::string("<") + to_string(row.status) + ">";
+    std::string out = "[";
+    for (int64_t d : t.tensor_dims(row)) out += (out.size() > 1 ? ", " : "") + std::to_string(d);
+    return out + "]";
 }
 
 std::string field_text(const CallField& f) {

@@ -60,6 +60,25 @@ struct CallField {
 std::vector<CallField> call_fields(const model::Record& r, const snapshot::ProcessSnapshot& p,
                                    const capture::SymbolTable& syms);
 
+// The tensors a c10d collective was given, by side: a method's two tensor
+// parameters are its outputs then its inputs (c10d's convention); one
+// parameter is both (in place), but a send's only input and a recv's only
+// output.  Indices into ProcessTree::tensor(); `total` counts every tensor
+// the parameter held, read or not.
+struct TensorSide {
+    bool present = false;
+    std::vector<uint32_t> rows;
+    uint32_t total = 0;
+};
+struct TensorSides {
+    TensorSide in, out;
+};
+TensorSides tensor_sides(const model::Record& r, const model::ProcessTree& t);
+
+// "[4, 8]" for a tensor whose shape was read; its status otherwise ("undefined").
+std::string shape_text(const model::ProcessTree& t, const model::ProcessTree::TensorInfo& row);
+const char* to_string(model::ProcessTree::TensorStatus s);
+
 // A field's value as JSON / table text.
 std::string field_text(const CallField& f);
 

@@ -6,6 +6,8 @@
 // trace_context.cpp.
 #include "model.hpp"
 
+#include <limits>
+
 #include <algorithm>
 
 #include "nccl.hpp"
@@ -89,6 +91,10 @@ size_t ProcessTree::memory_bytes() const {
     n += stack_index_.bucket_count() * sizeof(void*) + stack_index_.size() * (2 * sizeof(uint64_t) + kNode) +
          stacks_.capacity() * sizeof(PyStack) + stack_frames_.capacity() * sizeof(uint32_t);
     n += module_index_.size() * (4 * sizeof(uint32_t) + 3 * sizeof(void*)) + modules_.capacity() * sizeof(ModuleInfo);
+    n += tensor_index_.bucket_count() * sizeof(void*);
+    for (const auto& [key, id] : tensor_index_) n += sizeof(key) + key.capacity() + sizeof(id) + kNode;
+    n += tensor_sets_.capacity() * sizeof(TensorSet) + tensor_rows_.capacity() * sizeof(TensorInfo) +
+         tensor_dims_.capacity() * sizeof(int64_t);
     return n;
 }
 
@@ -178,6 +184,10 @@ void ProcessTree::reset_window() {
     frame_rows_.clear();
     stack_index_.clear();
     stacks_.clear();
+    tensor_index_.clear();
+    tensor_sets_.clear();
+    tensor_rows_.clear();
+    tensor_dims_.clear();
     stack_frames_.clear();
     module_index_.clear();
     modules_.clear();
@@ -241,8 +251,68 @@ uint32_t ProcessTree::intern_module(std::string_view fqn, std::string_view cls) 
     return it->second;
 }
 
+// One tensor as the kernel read it, checked: a shape whose product is not
+// its numel, or a dtype the file does not have, is shown as nothing.
+uint32_t ProcessTree::intern_tensors(const cd_tensors& t, const torch::TensorLayout* layout) {
+    TensorSet set;
+    set.n = std::min<uint8_t>(t.ntensors, CD_MAX_TENSORS);
+    set.kinds = t.kinds, set.status = t.status, set.flags = t.flags;
+    set.total[0] = t.total[0], set.total[1] = t.total[1];
+    set.group_rank = t.group_rank, set.group_size = t.group_size;
+    std::vector<TensorInfo> rows(set.n);
+    std::vector<std::vector<int64_t>> dims(set.n);
+    std::string key(reinterpret_cast<const char*>(&set), sizeof(set));
+    for (uint8_t i = 0; i < set.n; ++i) {
+        const cd_tensor& k = t.t[i];
+        TensorInfo& row = rows[i];
+        row.param = k.param;
+        switch (k.status) {
+        case CD_TENSOR_OK: row.status = TensorStatus::Ok; break;
+        case CD_TENSOR_UNDEFINED: row.status = TensorStatus::Undefined; break;
+        case CD_TENSOR_NOT_PLAIN: row.status = TensorStatus::NotPlain; break;
+        case CD_TENSOR_SYMBOLIC: row.status = TensorStatus::Symbolic; break;
+        default: row.status = TensorStatus::Unreadable; break;
+        }
+        if (row.status == TensorStatus::Ok && !layout) row.status = TensorStatus::NoLayout;
+        if (row.status == TensorStatus::Ok && k.ndim > CD_TENSOR_DIMS) row.status = TensorStatus::TooManyDims;
+        if (row.status == TensorStatus::Ok) {
+            int64_t product = 1;
+            bool plausible = k.numel >= 0;
+            for (uint8_t d = 0; d < k.ndim && plausible; ++d) {
+                int64_t sz = k.sizes[d];
+                if (sz < 0 || (sz && product > std::numeric_limits<int64_t>::max() / sz)) plausible = false;
+                else product *= sz;
+            }
+            if (!plausible || product != k.numel) row.status = TensorStatus::Inconsistent;
+            else dims[i].assign(k.sizes, k.sizes + k.ndim);
+        }
+        if ((row.status == TensorStatus::Ok || row.status == TensorStatus::TooManyDims) &&
+            k.dtype >= layout->itemsizes.size())
+            row.status = TensorStatus::Inconsistent, dims[i].clear();
+        if (row.status == TensorStatus::Ok || row.status == TensorStatus::TooManyDims) {
+            row.numel = k.numel;
+            row.dtype = intern_text(torch::dtype_name(*layout, k.dtype));
+            row.bytes = uint64_t(k.numel) * layout->itemsizes[k.dtype];
+        }
+        row.ndim = static_cast<uint8_t>(dims[i].size());
+        key.append(reinterpret_cast<const char*>(&row), sizeof(row));
+        key.append(reinterpret_cast<const char*>(dims[i].data()), dims[i].size() * sizeof(int64_t));
+    }
+    if (auto it = tensor_index_.find(key); it != tensor_index_.end()) return it->second;
+    set.first = static_cast<uint32_t>(tensor_rows_.size());
+    for (uint8_t i = 0; i < set.n; ++i) {
+        rows[i].first_dim = static_cast<uint32_t>(tensor_dims_.size());
+        tensor_dims_.insert(tensor_dims_.end(), dims[i].begin(), dims[i].end());
+        tensor_rows_.push_back(rows[i]);
+    }
+    auto id = static_cast<uint32_t>(tensor_sets_.size());
+    tensor_sets_.push_back(set);
+    tensor_index_.emplace(std::move(key), id);
+    return id;
+}
+
 std::string_view ProcessTree::context_name(const Record& r) const {
-    if (r.ctx == kNoCtx) return {};
+    if (!has_context(r)) return {};
     if (r.kind == RecordKind::Scope) return text(r.ctx);
     if (r.kind == RecordKind::Module) return text(modules_[r.ctx].fqn);
     return {};

@@ -20,6 +20,7 @@
 #include "limits.hpp"
 #include "py_context.hpp"
 #include "symbol_table.hpp"
+#include "tensor_layout.hpp"
 
 namespace commdbg::model {
 
@@ -58,6 +59,7 @@ enum RecordFlag : uint16_t {
     kEndAtExit = 1u << 12,   // with kEndInferred: still open when the process exited, so
                              // end_ns is the exit -- a bound, not when the call returned
     kBackward = 1u << 13,    // a module record: it ran on behalf of gradients (autograd)
+    kHasTensors = 1u << 14,  // a collective: ctx is its tensor set (ProcessTree::tensor_set)
 };
 
 // One retained call.  Compact on purpose (the budget is 200k per process):
@@ -80,7 +82,8 @@ struct Record {
     uint32_t first_child = kNoRecord;
     uint32_t next_sibling = kNoRecord;
     uint32_t stack = kNoStack;  // ProcessTree::py_stack(): the caller's Python stack
-    uint32_t ctx = kNoCtx;      // Scope: its label (text id); Module from frames: module_info id
+    uint32_t ctx = kNoCtx;      // Scope: its label (text id); Module from frames: module_info id;
+                                // Collective with kHasTensors: its tensor set id
     uint32_t dtype = 0;     // kHasDtype: raw ncclDataType_t
     uint32_t redop = 0;     // kHasRedop: raw ncclRedOp_t
     int32_t peer = 0;       // kHasPeer: root or peer rank (init: rank, split: color)
@@ -171,7 +174,47 @@ public:
     // A scope's label or a module record's dotted path ("<root>" for the
     // root); "" for other records.
     std::string_view context_name(const Record& r) const;
+    // A scope or module record that names its context (ctx is theirs).
+    static bool has_context(const Record& r) {
+        return r.ctx != kNoCtx && (r.kind == RecordKind::Scope || r.kind == RecordKind::Module);
+    }
     std::string_view module_class(const Record& r) const;  // "" unless a module record from frames
+
+    // ---- tensors a c10d call was given, interned per process ----
+    enum class TensorStatus : uint8_t {
+        Ok,            // shape, dtype, numel and bytes as read
+        Undefined,     // an undefined at::Tensor
+        NotPlain,      // not a c10::TensorImpl itself: not read
+        Unreadable,    // a read failed
+        Symbolic,      // symbolic sizes: no shape
+        TooManyDims,   // more dims than the kernel keeps: numel and dtype only
+        Inconsistent,  // numel is not the product of the sizes, or no such dtype: nothing shown
+        NoLayout,      // the process's layout is not known here: nothing shown
+    };
+    struct TensorInfo {
+        uint32_t first_dim = 0;  // into the dims list (tensor_dims)
+        uint8_t ndim = 0;
+        TensorStatus status = TensorStatus::Unreadable;
+        uint8_t param = 0;       // 0: the method's first tensor parameter, 1: its second
+        uint32_t dtype = 0;      // text id of its name ("float32")
+        int64_t numel = 0;
+        uint64_t bytes = 0;
+    };
+    struct TensorSet {
+        uint32_t first = 0;  // into the tensor list (tensor)
+        uint8_t n = 0;
+        uint8_t kinds = 0;   // events.h, cookie bits 60..63: the method's tensor parameters
+        uint8_t status = 0;  // cd_tensors_status
+        uint8_t flags = 0;   // CD_TENSORS_*
+        uint16_t total[2] = {0, 0};  // tensors each parameter held
+        int32_t group_rank = -1, group_size = -1;
+    };
+    const TensorSet& tensor_set(const Record& r) const { return tensor_sets_[r.ctx]; }
+    const TensorInfo& tensor(uint32_t i) const { return tensor_rows_[i]; }
+    std::span<const int64_t> tensor_dims(const TensorInfo& t) const {
+        return {tensor_dims_.data() + t.first_dim, t.ndim};
+    }
+    size_t tensor_set_count() const { return tensor_sets_.size(); }
 
     // Collectives under each module: every collective-role record counted
     // under every module record enclosing it (transitively), the outermost
@@ -234,6 +277,7 @@ private:
     uint32_t intern_frame(const python::PyFrameInfo& f);
     uint32_t intern_stack(std::span<const python::PyFrameInfo* const> frames, uint16_t status, uint16_t flags);
     uint32_t intern_module(std::string_view fqn, std::string_view cls);
+    uint32_t intern_tensors(const cd_tensors& t, const torch::TensorLayout* layout);
     bool nested_in_collective(const Record& r) const;
     void close_all(uint64_t ts);
     void reset_window();
@@ -264,6 +308,10 @@ private:
     std::vector<uint32_t> stack_frames_;
     std::map<std::pair<uint32_t, uint32_t>, uint32_t> module_index_;
     std::vector<ModuleInfo> modules_;
+    std::unordered_map<std::string, uint32_t> tensor_index_;  // a set's contents -> its id
+    std::vector<TensorSet> tensor_sets_;
+    std::vector<TensorInfo> tensor_rows_;
+    std::vector<int64_t> tensor_dims_;
     uint64_t last_root_ = 0;  // the outermost module of the last forward stack: FQNs start there
 };
 
@@ -280,6 +328,9 @@ public:
     // then (the object dies at the scope's end and its address is reused by
     // the next one).  Unset: labels from Python objects are trusted.
     void set_scope_check(std::function<bool(uint32_t, uint64_t)> open) { scope_open_ = std::move(open); }
+    // The TensorImpl layout a process's tensors were read with (dtype names,
+    // element sizes); null: its tensors show no dtype and no bytes.
+    void set_tensor_layouts(std::function<const torch::TensorLayout*(uint32_t)> f) { layouts_ = std::move(f); }
 
     void on_event(const capture::Event& ev);
     // Window reset: records, counts and drops are cleared and exited processes
@@ -328,6 +379,7 @@ private:
     ModelLimits limits_;
     python::PyContextResolver* resolver_ = nullptr;
     std::function<bool(uint32_t, uint64_t)> scope_open_;
+    std::function<const torch::TensorLayout*(uint32_t)> layouts_;
     // Scratch of on_enter, kept for its capacity.
     std::vector<const python::PyFrameInfo*> frames_;  // the record's frames, resolved, innermost first
     std::vector<WantModule> want_;

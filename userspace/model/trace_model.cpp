@@ -199,6 +199,10 @@ uint32_t TraceModel::add_call(ProcessTree& p, ProcessTree::ThreadState& th, cons
     if (slot_value(e, s.recvbuf, v)) r.recvbuf = v, r.flags |= kHasRecvBuf;
     if (info.return_probe) r.flags |= kReturnProbed;
     if (e.py_status != CD_PY_NONE) r.stack = p.intern_stack(frames_, e.py_status, e.ctx_flags);
+    if (e.tensors && r.kind == RecordKind::Collective) {
+        r.ctx = p.intern_tensors(*e.tensors, layouts_ ? layouts_(e.tgid) : nullptr);
+        r.flags |= kHasTensors;
+    }
     return p.append(r, th);
 }
 

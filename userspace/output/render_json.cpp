@@ -194,6 +194,49 @@ private:
 
 namespace render_parts {
 
+// A c10d collective's tensors: input_shape / output_shape (the first
+// tensor's, CommDebugMode's keys) and inputs / outputs, one entry per tensor
+// read, with *_total where the parameter held more.
+template <typename Json>
+void tensors_json(const model::Record& r, const model::ProcessTree& t, Json& o) {
+    using Status = model::ProcessTree::TensorStatus;
+    const auto& set = t.tensor_set(r);
+    if (set.status != CD_TENSORS_OK) {
+        o["tensors_status"] = set.status == CD_TENSORS_NOT_A_GROUP ? "not a known process group: not read" : "unreadable";
+        return;
+    }
+    auto side_json = [&](const meaning::TensorSide& side, const char* shape_key, const char* list_key,
+                         const char* total_key) {
+        if (!side.present) return;
+        Json list = Json::array();
+        for (uint32_t i : side.rows) {
+            const auto& row = t.tensor(i);
+            Json e = Json::object();
+            if (row.status == Status::Ok) {
+                Json shape = Json::array();
+                for (int64_t d : t.tensor_dims(row)) shape.push_back(d);
+                e["shape"] = std::move(shape);
+            } else {
+                e["shape"] = nullptr;
+            }
+            if (row.status == Status::Ok || row.status == Status::TooManyDims) {
+                e["dtype"] = std::string(t.text(row.dtype));
+                e["numel"] = row.numel;
+                e["bytes"] = row.bytes;
+            }
+            e["is_dtensor"] = false;  // c10d moves local tensors
+            if (row.status != Status::Ok) e["status"] = meaning::to_string(row.status);
+            list.push_back(std::move(e));
+        }
+        o[shape_key] = list.empty() ? Json(nullptr) : Json(list[0]["shape"]);
+        o[list_key] = std::move(list);
+        if (side.total > side.rows.size()) o[total_key] = side.total;
+    };
+    const auto sides = meaning::tensor_sides(r, t);
+    side_json(sides.in, "input_shape", "inputs", "inputs_total");
+    side_json(sides.out, "output_shape", "outputs", "outputs_total");
+}
+
 template <typename Json>
 void collective_json(const model::Record& r, const snapshot::ProcessSnapshot& p, const capture::SymbolTable& syms,
                      Json& o) {
@@ -207,6 +250,7 @@ void collective_json(const model::Record& r, const snapshot::ProcessSnapshot& p,
         default: o[key] = field_text(f); break;
         }
     }
+    if (r.has(model::kHasTensors) && p.tree) tensors_json(r, *p.tree, o);
 }
 
 template void collective_json(const model::Record&, const snapshot::ProcessSnapshot&, const capture::SymbolTable&,

@@ -49,7 +49,7 @@ namespace render_parts {
 
 std::string_view record_name(const model::Record& r, const snapshot::ProcessSnapshot& p,
                              const capture::SymbolTable& syms) {
-    if (r.ctx != model::kNoCtx && p.tree) return p.tree->context_name(r);
+    if (model::ProcessTree::has_context(r) && p.tree) return p.tree->context_name(r);
     return record_name(r, syms);
 }
 

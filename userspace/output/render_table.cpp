@@ -176,7 +176,7 @@ private:
     }
 
     std::string context_detail(const model::Record& r) const {
-        if (r.ctx == model::kNoCtx) return {};
+        if (!model::ProcessTree::has_context(r)) return {};
         std::string name(p_.tree->context_name(r));
         if (r.kind == model::RecordKind::Scope) return "scope " + name;
         std::string cls(p_.tree->module_class(r));

@@ -80,17 +80,6 @@ std::string basename_of(const std::string& p) {
     return s == std::string::npos ? p : p.substr(s + 1);
 }
 
-// The load bias of `path` from the mapping of its first PT_LOAD.
-std::optional<uint64_t> load_bias(const std::vector<host::MapEntry>& maps, const std::string& path,
-                                  const host::ElfData& elf) {
-    const host::ElfSegment& first = elf.loads.front();
-    uint64_t off = first.offset & ~0xfffull, va = first.vaddr & ~0xfffull;
-    for (const host::MapEntry& e : maps) {
-        if (e.path == path && e.offset == off) return elf.exec ? 0 : e.start - va;
-    }
-    return std::nullopt;
-}
-
 // The files that may hold the interpreter: libpython3.X.so* first (the
 // executable is then a launcher), then the executable.
 std::vector<host::MappedFile> candidate_files(int pid, const std::vector<host::MapEntry>& maps,
@@ -123,7 +112,7 @@ Result<std::optional<Found>> find_interpreter(int pid, const std::vector<host::M
             continue;
         }
         if (elf->symbols.count("_PyRuntime") == 0) continue;
-        auto bias = load_bias(maps, f.path, *elf);
+        auto bias = host::load_bias(maps, f.path, *elf);
         if (!bias) {
             err = f.path + ": cannot find the mapping of its first segment in /proc/" + std::to_string(pid) + "/maps";
             continue;

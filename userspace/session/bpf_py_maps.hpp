@@ -6,6 +6,7 @@
 
 #include "bpf_session.hpp"
 #include "python_support.hpp"
+#include "torch_support.hpp"
 
 namespace commdbg::session {
 
@@ -15,6 +16,16 @@ public:
     Result<bool> write_config(uint32_t pid, const cd_py_cfg& cfg) override { return bpf_.set_python(pid, cfg); }
     void write_code_kinds(uint32_t pid, const cd_py_codes* codes) override { bpf_.set_py_codes(pid, codes); }
     void clear(uint32_t pid) override { bpf_.clear_python(pid); }
+
+private:
+    capture::BpfSession& bpf_;
+};
+
+class BpfTorchMaps final : public torch::TorchMaps {
+public:
+    explicit BpfTorchMaps(capture::BpfSession& bpf) : bpf_(bpf) {}
+    Result<bool> write_config(uint32_t pid, const cd_torch_cfg& cfg) override { return bpf_.set_torch(pid, cfg); }
+    void clear(uint32_t pid) override { bpf_.clear_torch(pid); }
 
 private:
     capture::BpfSession& bpf_;

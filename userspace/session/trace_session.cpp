@@ -64,13 +64,16 @@ TraceSession::TraceSession(std::unique_ptr<capture::ResumeGuard> guard, std::uni
     : guard_(std::move(guard)),
       bpf_(std::move(bpf)),
       py_maps_(*bpf_),
+      torch_maps_(*bpf_),
       attacher_(*bpf_, symbols_, std::move(specs)),
       model_(symbols_, opts.limits),
       opts_(opts),
       python_(py_maps_, python::PySupportOptions{.stacks = opts.py_stack != python::PyStackMode::Off && opts.records,
-                                         .depth = opts.py_depth}) {
+                                         .depth = opts.py_depth}),
+      torch_(torch_maps_, opts.records) {
     bpf_->set_event_handler([this](std::span<const uint8_t> b) { on_record(b); });
     if (python_.stacks()) model_.set_resolver(&python_.resolver());
+    model_.set_tensor_layouts([this](uint32_t pid) { return torch_.layout(pid); });
     model_.set_scope_check([this](uint32_t tgid, uint64_t self) { return bpf_->scope_open(tgid, self); });
 }
 
@@ -147,6 +150,7 @@ void TraceSession::withhold(TracedProcess& p) {
     p.withheld = true;
     bpf_->untrace_process(p.pid);
     python_.withhold(p.pid);
+    torch_.clear(p.pid);
     p.notes.push_back("pid " + std::to_string(p.pid) + " is no longer traced: uid " + std::to_string(opts_.owner_uid) +
                       " may not read it since it became a set-user-ID or set-group-ID program, another user's or "
                       "not dumpable (the kernel's ptrace rule); its records end here — trace it as root");
@@ -209,6 +213,7 @@ Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
 
 void TraceSession::setup_python(TracedProcess& p) {
     if (auto note = python_.setup(p.pid)) p.notes.push_back(std::move(*note));
+    if (auto note = torch_.setup(p.pid)) p.notes.push_back(std::move(*note));
 }
 
 void TraceSession::scan(uint32_t pid) {
@@ -299,6 +304,7 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
             python_.exited(x->tgid);
         }
         python_.clear(x->tgid);
+        torch_.clear(x->tgid);
     } else if (auto* t = std::get_if<capture::ThreadExit>(&ev)) {
         name_exited_thread(*t);
     } else if (const capture::CallEnter* e = entry_of(ev)) {
@@ -345,6 +351,7 @@ void TraceSession::reset_window() {
         }
         bpf_->forget_process(it->first);
         python_.forget(it->first);
+        torch_.forget(it->first);
         it = procs_.erase(it);
     }
 }

@@ -124,11 +124,13 @@ private:
     std::unique_ptr<capture::ResumeGuard> guard_;  // forked before the BPF object exists
     std::unique_ptr<capture::BpfSession> bpf_;
     BpfPyMaps py_maps_;  // what python_ writes to bpf_
+    BpfTorchMaps torch_maps_;  // what torch_ writes to bpf_
     capture::SymbolTable symbols_;
     capture::ProbeAttacher attacher_;
     model::TraceModel model_;
     SessionOptions opts_;
     python::PythonSupport python_;  // Python stacks: discovery, the kernel's walker, frame names
+    torch::TorchSupport torch_;     // tensor shapes: the kernel's reader of each process's tensors
     std::map<uint32_t, TracedProcess> procs_;
     std::vector<std::string> messages_;
     uint64_t decode_errors_ = 0;

@@ -80,8 +80,9 @@ struct Scenario {
     model::TraceModel model;
 
     capture::CallEnter enter(uint32_t s, uint64_t ts, uint64_t sp, uint32_t tid = kPid,
-                    std::array<uint64_t, CD_NUM_ARGS> args = {}) {
+                    std::array<uint64_t, CD_NUM_ARGS> args = {}, std::optional<cd_tensors> tensors = {}) {
         capture::CallEnter e;
+        e.tensors = tensors;
         e.tgid = kPid;
         e.tid = tid;
         e.ts_ns = ts;
@@ -103,7 +104,16 @@ struct Scenario {
         model.on_event(x);
     }
 
+    // A libc10 whose element sizes are torch's first eight ScalarTypes'.
+    torch::TensorLayout layout = [] {
+        torch::TensorLayout l;
+        l.itemsizes = {1, 1, 2, 4, 8, 2, 4, 8};
+        l.named = torch::named_scalar_types(l.itemsizes);
+        return l;
+    }();
+
     explicit Scenario(model::ModelLimits limits = {}) : model(t, limits) {
+        model.set_tensor_layouts([this](uint32_t) { return &layout; });
         for (int i = 0; i < CD_UNIQUE_ID_BYTES; ++i) uid[i] = static_cast<uint8_t>(i * 37);
         const uint64_t base = 1'000'000'000;
         auto e = enter(init, base + 1000, 0x7000, kPid, {0x7ffd1000, 2, 0, 0, 0, 0, 0, 0});
@@ -112,7 +122,14 @@ struct Scenario {
         enter(linear, base + 101000, 0x6f00);
         enter(tr, base + 102000, 0x6e00);
         enter(addmm, base + 103000, 0x6e00);
-        enter(c10d, base + 110000, 0x6f00);
+        // The c10d call's tensor as the kernel reads it: one float32 [256, 4]
+        // (1024 elements, what the NCCL call inside it moves), group rank 0 of 2.
+        cd_tensors tn{};
+        tn.group_rank = 0, tn.group_size = 2, tn.kinds = CD_TPARAM_VECTOR, tn.status = CD_TENSORS_OK;
+        tn.ntensors = 1, tn.total[0] = 1;
+        tn.t[0].sizes[0] = 256, tn.t[0].sizes[1] = 4, tn.t[0].numel = 1024, tn.t[0].ndim = 2;
+        tn.t[0].dtype = 6, tn.t[0].status = CD_TENSOR_OK;  // ScalarType Float
+        enter(c10d, base + 110000, 0x6f00, kPid, {}, tn);
         e = enter(allreduce, base + 111000, 0x6e00, kPid,
                   {kSend, kRecv, 1024, 7, 0, kComm, kStream, 0});
         exit(e, base + 114100);

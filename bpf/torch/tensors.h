@@ -1,0 +1,193 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The tensors a c10d process-group method was given, and its group's rank
+ * and size, read at entry (events.h, cd_tensors).  Every offset comes from
+ * userspace (cd_torch_cfg; userspace/torch/), derived from the process's own
+ * libc10 and libtorch files; nothing is read of an object whose vtable is
+ * not the one userspace named.  Sent in front of the record's context.
+ */
+#ifndef COMMDBG_TORCH_TENSORS_H
+#define COMMDBG_TORCH_TENSORS_H
+
+#include "lib/entry.h"
+#include "python/record_buf.h"
+
+/* tgid -> how to read its tensors and process groups, set by userspace for
+ * traced processes that map libc10 and a probed libtorch. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct cd_torch_cfg);
+} torch_procs SEC(".maps");
+
+/* Looked up only for a record of a method with tensor parameters. */
+FUNC_INLINE const struct cd_torch_cfg *torch_cfg_for(__u64 cookie, __u32 tgid)
+{
+	return CD_COOKIE_TENSORS(cookie) ? bpf_map_lookup_elem(&torch_procs, &tgid) : 0;
+}
+
+FUNC_INLINE struct cd_tensors *record_tensors(struct record_buf *b)
+{
+	return (struct cd_tensors *)(b->head + TENSORS_OFF);
+}
+
+/* Fields of the TensorImpl copied to b->impl (span bytes of it). */
+#define IMPL_AT(b, off) ((b)->impl + ((off) & (CD_TENSOR_WINDOW - 1)))
+
+/* The TensorImpl at `impl` into t[idx].  Global: verified once, not once
+ * per tensor of each caller's paths. */
+FUNC_GLOBAL int read_tensor(struct record_buf *b, const struct cd_torch_cfg *cfg, __u64 impl, __u32 idx)
+{
+	struct cd_tensor *t;
+	__u64 dims, at;
+	__u32 span, n;
+
+	if (!b || !cfg)
+		return 0;
+	t = &record_tensors(b)->t[idx & (CD_MAX_TENSORS - 1)];
+	__builtin_memset(t->sizes, 0, sizeof(t->sizes));
+	t->numel = 0;
+	t->dtype = 0;
+	t->ndim = 0;
+	t->status = CD_TENSOR_FAULT;
+	if (impl == cfg->undefined) {
+		t->status = CD_TENSOR_UNDEFINED;
+		return 0;
+	}
+	span = cfg->span;
+	if (span < 8 || span > CD_TENSOR_WINDOW)
+		return 0;
+	if (bpf_probe_read_user(b->impl, span, (void *)impl))
+		return 0;
+	if (*(__u64 *)b->impl != cfg->impl_vtable) {
+		t->status = CD_TENSOR_NOT_PLAIN;
+		return 0;
+	}
+	if (*IMPL_AT(b, cfg->symbolic_at) & cfg->symbolic_mask) {
+		t->status = CD_TENSOR_SYMBOLIC;
+		return 0;
+	}
+	dims = *(__u64 *)IMPL_AT(b, cfg->dim);
+	t->ndim = dims > 255 ? 255 : (__u8)dims;
+	n = dims > CD_TENSOR_DIMS ? CD_TENSOR_DIMS : (__u32)dims;
+	if (dims <= cfg->inline_dims) {
+		/* inline: already in the window (span covers them) */
+		__builtin_memcpy(t->sizes, IMPL_AT(b, cfg->sizes), sizeof(t->sizes));
+	} else {
+		at = *(__u64 *)IMPL_AT(b, cfg->sizes);
+		if (n == 0 || n > CD_TENSOR_DIMS || bpf_probe_read_user(t->sizes, n * sizeof(__s64), (void *)at))
+			return 0;
+	}
+	t->numel = *(__s64 *)IMPL_AT(b, cfg->numel);
+	t->dtype = *(__u16 *)IMPL_AT(b, cfg->data_type);
+	t->status = CD_TENSOR_OK;
+	return 0;
+}
+
+/* The TensorImpl pointers one parameter holds, up to `room` of them into
+ * ptrs; the count it holds into *total.  False: unreadable. */
+FUNC_INLINE bool param_impls(__u32 kind, __u64 p, __u64 *ptrs, __u32 room, __u16 *total, __u8 *flags)
+{
+	__u64 v[2] = {};
+	__u64 n;
+
+	*total = 0;
+	if (!p)
+		return false;
+	if (kind == CD_TPARAM_TENSOR) {
+		*total = 1;
+		return bpf_probe_read_user(ptrs, sizeof(__u64), (void *)p) == 0;
+	}
+	if (bpf_probe_read_user(v, sizeof(v), (void *)p))
+		return false;
+	if (kind == CD_TPARAM_VECTOR_VECTOR) {
+		/* a std::vector<at::Tensor> is 3 words */
+		if (v[1] < v[0] || (v[1] - v[0]) % 24)
+			return false;
+		if (v[1] == v[0])
+			return true;
+		if (v[1] - v[0] > 24)
+			*flags |= CD_TENSORS_MORE_LISTS;
+		if (bpf_probe_read_user(v, sizeof(v), (void *)v[0]))
+			return false;
+	}
+	if (v[1] < v[0] || (v[1] - v[0]) % 8)
+		return false;
+	n = (v[1] - v[0]) / 8;
+	*total = n > 0xffff ? 0xffff : (__u16)n;
+	if (n > room)
+		n = room;
+	if (n == 0 || n > CD_MAX_TENSORS)
+		return true;
+	return bpf_probe_read_user(ptrs, n * sizeof(__u64), (void *)v[0]) == 0;
+}
+
+/* The record's tensors and group into b (record_tensors), for a method
+ * whose parameters are `p0`, `p1` (slots 2, 3) on object `self` (slot 1);
+ * the kinds are the cookie's.  Returns the block's size. */
+FUNC_GLOBAL __u32 fill_tensors(struct record_buf *b, const struct cd_torch_cfg *cfg, __u64 self, __u64 p0,
+			       __u64 p1)
+{
+	struct cd_tensors *tn;
+	__u64 ptrs[CD_MAX_TENSORS];
+	__u64 vt = 0;
+	__s32 v = 0;
+	__u32 g, i, kind, room, filled = 0;
+	int grp = -1;
+
+	if (!b || !cfg)
+		return 0;
+	tn = record_tensors(b);
+	tn->group_rank = -1;
+	tn->group_size = -1;
+	tn->ntensors = 0;
+	tn->flags = 0;
+	tn->total[0] = 0;
+	tn->total[1] = 0;
+	tn->status = CD_TENSORS_FAULT;
+	if (bpf_probe_read_user(&vt, sizeof(vt), (void *)self))
+		return sizeof(*tn);
+	for (g = 0; g < CD_TORCH_GROUPS; g++)
+		if (cfg->groups[g].vtable && cfg->groups[g].vtable == vt)
+			grp = g;
+	if (grp < 0) {
+		tn->status = CD_TENSORS_NOT_A_GROUP;
+		return sizeof(*tn);
+	}
+	g = grp & (CD_TORCH_GROUPS - 1);
+	if (cfg->groups[g].rank != CD_TORCH_NO_OFFSET &&
+	    bpf_probe_read_user(&v, sizeof(v), (void *)(self + cfg->groups[g].rank)) == 0)
+		tn->group_rank = v;
+	if (cfg->groups[g].size != CD_TORCH_NO_OFFSET &&
+	    bpf_probe_read_user(&v, sizeof(v), (void *)(self + cfg->groups[g].size)) == 0)
+		tn->group_size = v;
+	for (i = 0; i < 2; i++) {
+		__u16 total = 0;
+		__u32 j, n;
+
+		kind = CD_TENSOR_PARAM(tn->kinds, i);
+		if (kind == CD_TPARAM_NONE)
+			continue;
+		/* the first parameter leaves room for the second's first tensors */
+		room = CD_MAX_TENSORS - filled;
+		if (i == 0 && CD_TENSOR_PARAM(tn->kinds, 1) != CD_TPARAM_NONE)
+			room = CD_MAX_TENSORS / 2;
+		if (!param_impls(kind, i ? p1 : p0, ptrs, room, &total, &tn->flags))
+			return sizeof(*tn);
+		tn->total[i & 1] = total;
+		n = total < room ? total : room;
+		for (j = 0; j < CD_MAX_TENSORS; j++) {
+			if (j >= n || filled >= CD_MAX_TENSORS)
+				break;
+			read_tensor(b, cfg, ptrs[j], filled);
+			tn->t[filled & (CD_MAX_TENSORS - 1)].param = i;
+			filled++;
+		}
+	}
+	tn->ntensors = filled;
+	tn->status = CD_TENSORS_OK;
+	return sizeof(*tn);
+}
+
+#endif /* COMMDBG_TORCH_TENSORS_H */

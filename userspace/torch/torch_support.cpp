@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "torch_support.hpp"
+
+#include <algorithm>
+
+#include "elf_symbols.hpp"
+#include "procfs.hpp"
+
+namespace commdbg::torch {
+namespace {
+
+constexpr std::string_view kImplVtable = "_ZTVN3c1010TensorImplE";
+constexpr std::string_view kUndefined = "_ZN3c1019UndefinedTensorImpl10_singletonE";
+constexpr uint64_t kVtableAddressPoint = 16;  // the Itanium ABI: after offset-to-top and typeinfo
+
+std::string_view basename_of(std::string_view p) {
+    auto s = p.rfind('/');
+    return s == std::string_view::npos ? p : p.substr(s + 1);
+}
+bool is_c10(std::string_view p) { return basename_of(p).starts_with("libc10.so"); }
+bool is_libtorch(std::string_view p) {
+    auto b = basename_of(p);
+    return b.starts_with("libtorch_cpu.so") || b.starts_with("libtorch_cuda.so");
+}
+
+TorchFile derive_file(const std::string& path, bool c10) {
+    TorchFile f;
+    auto data = host::read_elf_data(path, {std::string(kImplVtable), std::string(kUndefined)});
+    if (!data) {
+        f.error = data.error();
+        return f;
+    }
+    f.loads = data->loads, f.exec = data->exec;
+    if (!c10) {
+        auto g = derive_group_classes(path);
+        if (!g) f.error = g.error();
+        else f.groups = std::move(*g);
+        return f;
+    }
+    auto vt = data->symbols.find(kImplVtable), un = data->symbols.find(kUndefined);
+    if (vt == data->symbols.end() || un == data->symbols.end()) {
+        f.error = path + ": no " + std::string(vt == data->symbols.end() ? kImplVtable : kUndefined) +
+                  " symbol: a TensorImpl cannot be told from another object";
+        return f;
+    }
+    f.impl_vtable = vt->second + kVtableAddressPoint, f.undefined = un->second;
+    auto l = derive_tensor_layout(path);
+    if (!l) f.error = l.error();
+    else f.layout = std::move(*l);
+    return f;
+}
+
+}  // namespace
+
+Result<cd_torch_cfg> torch_config(const TorchFile& c10, uint64_t c10_bias,
+                                  const std::vector<std::pair<const TorchFile*, uint64_t>>& libtorch) {
+    using R = Result<cd_torch_cfg>;
+    if (!c10.error.empty()) return R::fail(c10.error);
+    if (!c10.layout) return R::fail("libc10 has no TensorImpl layout");
+    const TensorLayout& l = *c10.layout;
+    cd_torch_cfg cfg{};
+    cfg.impl_vtable = c10.impl_vtable + c10_bias;
+    cfg.undefined = c10.undefined + c10_bias;
+    const uint32_t sizes_end = l.sizes + 8 * std::min<uint32_t>(l.inline_dims, CD_TENSOR_DIMS);
+    const uint32_t span = std::max({l.dim + 8, sizes_end, l.numel + 8, l.data_type + 2, l.symbolic_at + 1u});
+    // The kernel masks offsets with the window: each must lie inside it.
+    if (span > CD_TENSOR_WINDOW || l.inline_dims > 255)
+        return R::fail("TensorImpl's fields lie beyond the kernel's window of " + std::to_string(CD_TENSOR_WINDOW) +
+                       " bytes");
+    cfg.dim = static_cast<uint16_t>(l.dim), cfg.sizes = static_cast<uint16_t>(l.sizes);
+    cfg.numel = static_cast<uint16_t>(l.numel), cfg.data_type = static_cast<uint16_t>(l.data_type);
+    cfg.symbolic_at = static_cast<uint16_t>(l.symbolic_at), cfg.symbolic_mask = l.symbolic_mask;
+    cfg.inline_dims = static_cast<uint8_t>(l.inline_dims);
+    // The kernel copies CD_TENSOR_DIMS inline sizes from the window: read that far.
+    cfg.span = static_cast<uint16_t>(std::max<uint32_t>(span, l.sizes + 8 * CD_TENSOR_DIMS));
+    if (cfg.span > CD_TENSOR_WINDOW) return R::fail("TensorImpl's inline sizes lie beyond the kernel's window");
+    size_t n = 0;
+    for (const auto& [file, bias] : libtorch) {
+        if (!file->error.empty()) continue;
+        for (const GroupClass& g : file->groups) {
+            if (n == CD_TORCH_GROUPS) break;
+            cd_torch_group& out = cfg.groups[n++];
+            out.vtable = g.vtable + bias;
+            out.rank = g.rank ? static_cast<uint16_t>(*g.rank) : CD_TORCH_NO_OFFSET;
+            out.size = g.size ? static_cast<uint16_t>(*g.size) : CD_TORCH_NO_OFFSET;
+        }
+    }
+    if (n == 0) return R::fail("no libtorch file with a process-group class is mapped");
+    return cfg;
+}
+
+std::shared_ptr<const TorchFile> TorchSupport::file(const std::string& open_path, uint64_t dev, uint64_t inode,
+                                                    bool c10) {
+    auto key = std::make_pair(dev, inode);
+    if (auto it = files_.find(key); it != files_.end()) return it->second;
+    if (files_.size() >= kMaxFiles) files_.erase(files_.begin());  // processes keep theirs alive
+    auto f = std::make_shared<const TorchFile>(derive_file(open_path, c10));
+    files_[key] = f;
+    return f;
+}
+
+std::optional<std::string> TorchSupport::setup(uint32_t pid, const std::string& proc_root) {
+    if (!enabled_) return std::nullopt;
+    Process& p = procs_[pid];
+    if (p.ready || p.noted) return std::nullopt;
+    auto maps = host::read_maps(static_cast<int>(pid), proc_root);
+    if (!maps) return std::nullopt;  // gone: its exit follows
+    auto files = host::mapped_files(*maps, static_cast<int>(pid), [](std::string_view path) {
+        return is_c10(path) || is_libtorch(path);
+    }, proc_root);
+    const host::MappedFile* c10 = nullptr;
+    std::vector<const host::MappedFile*> torch;
+    for (const auto& f : files) {
+        if (!is_c10(f.path)) torch.push_back(&f);
+        else if (!c10) c10 = &f;
+    }
+    if (!c10 || torch.empty()) return std::nullopt;  // not loaded yet: tried again at the next loader change
+    auto note = [&](const std::string& why) {
+        p.noted = true;
+        return std::optional<std::string>("pid " + std::to_string(pid) + ": tensor shapes are not read: " + why);
+    };
+    auto c = file(c10->open_path, c10->dev, c10->inode, true);
+    if (!c->error.empty()) return note(c->error);
+    auto bias_of = [&](const host::MappedFile& m, const TorchFile& f) {
+        host::ElfData d;
+        d.loads = f.loads, d.exec = f.exec;
+        return host::load_bias(*maps, m.path, d);
+    };
+    auto cb = bias_of(*c10, *c);
+    if (!cb) return std::nullopt;
+    std::vector<std::shared_ptr<const TorchFile>> keep;
+    std::vector<std::pair<const TorchFile*, uint64_t>> libs;
+    for (const auto* m : torch) {
+        auto t = file(m->open_path, m->dev, m->inode, false);
+        auto b = bias_of(*m, *t);
+        if (!t->error.empty() || !b) continue;
+        keep.push_back(t);
+        libs.emplace_back(t.get(), *b);
+    }
+    auto cfg = torch_config(*c, *cb, libs);
+    if (!cfg) return note(cfg.error());
+    auto w = maps_.write_config(pid, *cfg);
+    if (!w) return note(w.error());
+    p.c10 = c;
+    p.ready = true;
+    return std::nullopt;
+}
+
+const TensorLayout* TorchSupport::layout(uint32_t pid) const {
+    auto it = procs_.find(pid);
+    if (it == procs_.end() || !it->second.ready || !it->second.c10 || !it->second.c10->layout) return nullptr;
+    return &*it->second.c10->layout;
+}
+
+}  // namespace commdbg::torch

@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tensors for one session's processes, in one place: when a process maps
+// libc10 and a libtorch that holds the probed process-group classes, the
+// kernel is told how to read its tensors and groups (events.h,
+// cd_torch_cfg), from those files' own code and symbols, derived once per
+// file.  A file whose layout cannot be derived gives the process a note and
+// no shapes, never wrong ones.  The kernel's map is reached only through
+// TorchMaps, so all of it runs without BPF.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "elf_symbols.hpp"
+#include "events.h"
+#include "process_group.hpp"
+#include "result.hpp"
+#include "tensor_layout.hpp"
+
+namespace commdbg::torch {
+
+class TorchMaps {
+public:
+    virtual ~TorchMaps() = default;
+    virtual Result<bool> write_config(uint32_t pid, const cd_torch_cfg& cfg) = 0;
+    virtual void clear(uint32_t pid) = 0;
+};
+
+// What one libc10 or libtorch file says, derived once.
+struct TorchFile {
+    std::string error;  // non-empty: nothing usable (the reason)
+    std::vector<host::ElfSegment> loads;
+    bool exec = false;
+    // libc10
+    std::optional<TensorLayout> layout;
+    uint64_t impl_vtable = 0, undefined = 0;  // link-time addresses
+    // libtorch
+    std::vector<GroupClass> groups;
+};
+
+// Builds the kernel's config from a process's files and their load biases;
+// the error when they cannot give one.
+Result<cd_torch_cfg> torch_config(const TorchFile& c10, uint64_t c10_bias,
+                                  const std::vector<std::pair<const TorchFile*, uint64_t>>& libtorch);
+
+class TorchSupport {
+public:
+    static constexpr size_t kMaxFiles = 16;  // derived files kept (a file is 100+ MB to read again)
+
+    explicit TorchSupport(TorchMaps& maps, bool enabled = true) : maps_(maps), enabled_(enabled) {}
+    TorchSupport(const TorchSupport&) = delete;
+    TorchSupport& operator=(const TorchSupport&) = delete;
+
+    // Tried at attach and at each loader change until the kernel reads the
+    // process's tensors; a note (once) when its files cannot be used.
+    std::optional<std::string> setup(uint32_t pid, const std::string& proc_root = "/proc");
+    // The layout pid's records were read with; null: none.
+    const TensorLayout* layout(uint32_t pid) const;
+    void clear(uint32_t pid) { maps_.clear(pid); }
+    void forget(uint32_t pid) { procs_.erase(pid); }
+
+private:
+    struct Process {
+        std::shared_ptr<const TorchFile> c10;
+        bool ready = false;
+        bool noted = false;
+    };
+    std::shared_ptr<const TorchFile> file(const std::string& open_path, uint64_t dev, uint64_t inode, bool c10);
+
+    TorchMaps& maps_;
+    bool enabled_;
+    std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<const TorchFile>> files_;
+    std::map<uint32_t, Process> procs_;
+};
+
+}  // namespace commdbg::torch
