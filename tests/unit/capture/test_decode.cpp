@@ -358,3 +358,53 @@ TEST(Decode, AContextTailThatContradictsItselfIsBadTail) {
     std::memcpy(ragged.data(), &h, sizeof(h));
     EXPECT_EQ(decode(ragged).error, DecodeError::BadTail);
 }
+
+namespace {
+
+// An entry record with a tensors tail (events.h, CD_TAIL_TENSORS): the
+// tensors, then a context with `frames` frames.
+std::vector<uint8_t> tensors_record(const cd_tensors& t, size_t frames) {
+    const size_t tail = sizeof(cd_tensors) + sizeof(cd_context) + frames * sizeof(cd_py_frame);
+    cd_call_enter rec = enter_rec();
+    rec.h = header(CD_EV_CALL_ENTER, sizeof(rec) + tail, CD_TAIL_TENSORS, static_cast<uint16_t>(tail));
+    auto b = bytes_of(rec, tail);
+    std::memcpy(b.data() + sizeof(rec), &t, sizeof(t));
+    cd_context c{};
+    c.nframes = static_cast<uint16_t>(frames);
+    c.py_status = frames ? CD_PY_OK : CD_PY_NONE;
+    std::memcpy(b.data() + sizeof(rec) + sizeof(t), &c, sizeof(c));
+    return b;
+}
+
+}  // namespace
+
+TEST(Decode, TensorsTailCarriesTheTensorsAndThenTheContext) {
+    cd_tensors t{};
+    t.group_rank = 1, t.group_size = 4, t.kinds = CD_TPARAM_VECTOR, t.status = CD_TENSORS_OK, t.ntensors = 1;
+    t.total[0] = 1;
+    t.t[0].sizes[0] = 3, t.t[0].sizes[1] = 5, t.t[0].numel = 15, t.t[0].ndim = 2, t.t[0].status = CD_TENSOR_OK;
+    auto r = decode(tensors_record(t, 2));
+    ASSERT_TRUE(r.event) << to_string(r.error);
+    const auto& e = std::get<CallEnter>(*r.event);
+    ASSERT_TRUE(e.tensors);
+    EXPECT_EQ(e.tensors->group_size, 4);
+    EXPECT_EQ(e.tensors->t[0].sizes[1], 5);
+    EXPECT_EQ(e.py_frames.size(), 2u);  // the context after the tensors
+    EXPECT_EQ(e.py_status, CD_PY_OK);
+}
+
+TEST(Decode, TensorsTailClaimingMoreTensorsThanItHoldsIsRejected) {
+    cd_tensors t{};
+    t.ntensors = CD_MAX_TENSORS + 1;
+    auto r = decode(tensors_record(t, 0));
+    EXPECT_FALSE(r.event);
+    EXPECT_EQ(r.error, DecodeError::BadTail);
+    // And one too short for its tensors.
+    auto b = tensors_record(cd_tensors{}, 0);
+    cd_header h;
+    std::memcpy(&h, b.data(), sizeof(h));
+    h.tail_len = sizeof(cd_tensors) - 8, h.size = static_cast<uint16_t>(sizeof(cd_call_enter) + h.tail_len);
+    std::memcpy(b.data(), &h, sizeof(h));
+    b.resize(h.size);
+    EXPECT_EQ(decode(b).error, DecodeError::BadTail);
+}

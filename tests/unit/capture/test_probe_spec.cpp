@@ -488,3 +488,29 @@ TEST(TorchSpecs, C10dPlanOnRealLibtorch) {
 
 }  // namespace
 }  // namespace commdbg::capture
+
+// The cookie's tensor parameters (events.h, bits 60..63) from a c10d
+// method's signature, as libstdc++'s demangler spells it.
+TEST(ProbeSpec, C10dTensorParamsFollowTheSignature) {
+    using commdbg::capture::c10d_tensor_params;
+    const std::string v = "std::vector<at::Tensor, std::allocator<at::Tensor> >";
+    const std::string vv = "std::vector<" + v + ", std::allocator<" + v + " > >";
+    EXPECT_EQ(c10d_tensor_params("c10d::ProcessGroupGloo::allreduce(" + v + "&, c10d::AllreduceOptions const&)"),
+              CD_TPARAM_VECTOR);
+    EXPECT_EQ(c10d_tensor_params("c10d::ProcessGroupGloo::allgather(" + vv + "&, " + v +
+                                 "&, c10d::AllgatherOptions const&)"),
+              CD_TPARAM_VECTOR_VECTOR | CD_TPARAM_VECTOR << 2);
+    EXPECT_EQ(c10d_tensor_params("c10d::ProcessGroupGloo::_allgather_base(at::Tensor&, at::Tensor&, "
+                                 "c10d::AllgatherOptions const&)"),
+              CD_TPARAM_TENSOR | CD_TPARAM_TENSOR << 2);
+    EXPECT_EQ(c10d_tensor_params("c10d::ProcessGroupGloo::scatter(" + v + "&, " + vv + "&, c10d::ScatterOptions const&)"),
+              CD_TPARAM_VECTOR | CD_TPARAM_VECTOR_VECTOR << 2);
+    EXPECT_EQ(c10d_tensor_params("c10d::ProcessGroupGloo::send(" + v + "&, int, int)"), CD_TPARAM_VECTOR);
+    // No tensor first: nothing is read, whatever follows.
+    EXPECT_EQ(c10d_tensor_params("c10d::ProcessGroupGloo::barrier(c10d::BarrierOptions const&)"), 0);
+    EXPECT_EQ(c10d_tensor_params("c10d::ProcessGroupGloo::f(int, at::Tensor&)"), 0);
+    // By value or rvalue: not the layout the kernel reads.
+    EXPECT_EQ(c10d_tensor_params("c10d::X::f(at::Tensor, at::Tensor&)"), 0);
+    EXPECT_EQ(c10d_tensor_params("c10d::X::f(at::Tensor&&)"), 0);
+    EXPECT_EQ(c10d_tensor_params("ncclAllReduce"), 0);
+}

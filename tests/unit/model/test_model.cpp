@@ -478,3 +478,53 @@ TEST(Model, WindowResetEmptiesTheModelKeepsLimitsAndOpenNesting) {
     EXPECT_EQ(p->dropped(DropCause::Budget), 1u);
     EXPECT_EQ(m.limits().max_records, 2u);
 }
+
+// A tensor whose numel is not the product of its sizes shows no shape, and
+// without the process's layout no tensor shows a dtype: never a wrong value.
+TEST(ModelTensors, ShapesAreShownOnlyWhenTheirFieldsAgreeAndTheLayoutIsKnown) {
+    capture::SymbolTable t;
+    uint32_t c10d = t.intern(test::symbol("c10d::ProcessGroupGloo::allreduce", "c10d", CD_ROLE_COLLECTIVE,
+                                          CD_COLL_ALL_REDUCE));
+    torch::TensorLayout layout;
+    layout.itemsizes = {1, 1, 2, 4, 8, 2, 4, 8};
+    layout.named = torch::named_scalar_types(layout.itemsizes);
+    bool known = true;
+    TraceModel m(t);
+    m.set_tensor_layouts([&](uint32_t) { return known ? &layout : nullptr; });
+    cd_tensors tn{};
+    tn.kinds = CD_TPARAM_VECTOR, tn.status = CD_TENSORS_OK, tn.ntensors = 2, tn.total[0] = 2;
+    tn.group_rank = 0, tn.group_size = 2;
+    tn.t[0].sizes[0] = 3, tn.t[0].sizes[1] = 5, tn.t[0].numel = 15, tn.t[0].ndim = 2, tn.t[0].dtype = 6;
+    tn.t[0].status = CD_TENSOR_OK;
+    tn.t[1] = tn.t[0];
+    tn.t[1].numel = 16;  // disagrees with 3 x 5
+    auto enter = [&](uint64_t ts) {
+        capture::CallEnter e;
+        e.tgid = 7, e.tid = 7, e.ts_ns = ts, e.sp = 0x7000 - ts;
+        e.cookie = capture::make_cookie(c10d, *t.find(c10d));
+        e.tensors = tn;
+        m.on_event(e);
+    };
+    enter(1);
+    known = false;
+    enter(2);
+    const ProcessTree* p = m.process(7);
+    ASSERT_NE(p, nullptr);
+    ASSERT_EQ(p->records().size(), 2u);
+    using S = ProcessTree::TensorStatus;
+    const auto& first = p->tensor_set(p->records()[0]);
+    ASSERT_EQ(first.n, 2);
+    const auto& ok = p->tensor(first.first), &bad = p->tensor(first.first + 1);
+    EXPECT_EQ(ok.status, S::Ok);
+    EXPECT_EQ(std::vector<int64_t>(p->tensor_dims(ok).begin(), p->tensor_dims(ok).end()),
+              (std::vector<int64_t>{3, 5}));
+    EXPECT_EQ(p->text(ok.dtype), "float32");
+    EXPECT_EQ(ok.bytes, 60u);
+    EXPECT_EQ(bad.status, S::Inconsistent);
+    EXPECT_TRUE(p->tensor_dims(bad).empty());
+    EXPECT_EQ(bad.bytes, 0u);
+    const auto& second = p->tensor_set(p->records()[1]);
+    EXPECT_EQ(p->tensor(second.first).status, S::NoLayout);
+    EXPECT_TRUE(p->tensor_dims(p->tensor(second.first)).empty());
+    EXPECT_EQ(second.group_size, 2);  // the group does not need the layout
+}
