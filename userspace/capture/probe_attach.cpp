@@ -27,13 +27,8 @@ namespace commdbg::capture {
 
 namespace {
 
-std::string basename_of(std::string_view p) {
-    auto s = p.rfind('/');
-    return std::string(s == std::string_view::npos ? p : p.substr(s + 1));
-}
-
 bool is_loader_path(std::string_view path) {
-    std::string b = basename_of(path);
+    std::string_view b = host::basename_of(path);
     return b.starts_with("ld-linux") || b.starts_with("ld64.so") || b.starts_with("ld-musl");
 }
 

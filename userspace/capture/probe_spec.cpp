@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "probe_spec.hpp"
+#include "procfs.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -196,8 +197,7 @@ bool glob_match(std::string_view p, std::string_view t) {
 }
 
 bool ProbeSpec::matches_library(std::string_view path) const {
-    auto slash = path.rfind('/');
-    std::string_view base = slash == std::string_view::npos ? path : path.substr(slash + 1);
+    std::string_view base = host::basename_of(path);
     for (const auto& ex : exclude)
         if (glob_match(ex, base)) return false;
     for (const auto& pat : library)

@@ -95,12 +95,13 @@ bool parse_maps_line(std::string_view line, MapEntry& e) {
     return true;
 }
 
+
+}  // namespace
+
 std::string_view basename_of(std::string_view path) {
     size_t slash = path.rfind('/');
     return slash == std::string_view::npos ? path : path.substr(slash + 1);
 }
-
-}  // namespace
 
 Result<std::vector<MapEntry>> read_maps(int pid, const std::string& proc_root) {
     using R = Result<std::vector<MapEntry>>;

@@ -47,6 +47,9 @@ std::vector<MappedFile> mapped_files(const std::vector<MapEntry>& maps, int pid,
                                      const std::function<bool(std::string_view path)>& filter,
                                      const std::string& proc_root = "/proc");
 
+// The file name of a path: what follows its last '/'.
+std::string_view basename_of(std::string_view path);
+
 // True for the NCCL core library (libnccl.so, libnccl.so.2.21.5, ...), false for
 // its net/tuner/profiler plugins, which export no ncclX API.
 bool is_libnccl_path(std::string_view path);

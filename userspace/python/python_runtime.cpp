@@ -75,11 +75,6 @@ PyDiscovery read_failure(int pid, const std::string& proc_root, std::string why)
     return fail(Status::error, std::move(why));
 }
 
-std::string basename_of(const std::string& p) {
-    auto s = p.rfind('/');
-    return s == std::string::npos ? p : p.substr(s + 1);
-}
-
 // The files that may hold the interpreter: libpython3.X.so* first (the
 // executable is then a launcher), then the executable.
 std::vector<host::MappedFile> candidate_files(int pid, const std::vector<host::MapEntry>& maps,
@@ -89,10 +84,10 @@ std::vector<host::MappedFile> candidate_files(int pid, const std::vector<host::M
     ssize_t n = readlink(exe_link.c_str(), exe, sizeof exe - 1);
     std::string exe_path = n > 0 ? std::string(exe, static_cast<size_t>(n)) : "";
     auto files = mapped_files(maps, pid, [&](std::string_view p) {
-        return basename_of(std::string(p)).rfind("libpython", 0) == 0 || p == exe_path;
+        return host::basename_of(p).starts_with("libpython") || p == exe_path;
     }, proc_root);
     std::stable_partition(files.begin(), files.end(), [](const host::MappedFile& f) {
-        return basename_of(f.path).rfind("libpython", 0) == 0;
+        return host::basename_of(f.path).starts_with("libpython");
     });
     return files;
 }
@@ -125,7 +120,7 @@ Result<std::optional<Found>> find_interpreter(int pid, const std::vector<host::M
 
 // "3.11" from python3.11 / libpython3.11.so.1.0; `t` set for a free-threaded name.
 std::optional<std::pair<int, int>> version_from_name(const std::string& path, bool& t) {
-    std::string b = basename_of(path);
+    std::string b(host::basename_of(path));
     auto at = b.find("python3.");
     if (at == std::string::npos) return std::nullopt;
     size_t i = at + 8, j = i;
@@ -227,8 +222,8 @@ Result<std::optional<TlsSlots>> tls_slots_of(const host::MappedFile& f) {
 // glibc's key slots, from the libc mapped in the target.
 void find_tls_slots(int pid, const std::vector<host::MapEntry>& maps, const std::string& proc_root, PyDiscovery& d) {
     auto libs = mapped_files(maps, pid, [](std::string_view p) {
-        std::string b = basename_of(std::string(p));
-        return b.rfind("libc.so", 0) == 0 || b.rfind("libc-", 0) == 0 || b.rfind("libpthread", 0) == 0;
+        std::string_view b = host::basename_of(p);
+        return b.starts_with("libc.so") || b.starts_with("libc-") || b.starts_with("libpthread");
     }, proc_root);
     std::string why = "no libc mapped";
     for (const host::MappedFile& f : libs) {
@@ -262,7 +257,7 @@ PyDiscovery layout_of(int pid, const Found& found, const std::vector<host::MapEn
     host::ProcessMemory mem(pid);
     PyDiscovery d;
     d.info.file = found.file.path, d.info.open_path = found.file.open_path, d.info.load_bias = found.bias;
-    d.info.shared_library = basename_of(found.file.path).rfind("libpython", 0) == 0;
+    d.info.shared_library = host::basename_of(found.file.path).starts_with("libpython");
     if (!take_symbols(found, d))
         return fail(Status::unsupported, found.file.path + " lacks PyCode_Type or _Py_NoneStruct in its symbols");
     PyLayout& l = d.layout;

@@ -13,13 +13,9 @@ constexpr std::string_view kImplVtable = "_ZTVN3c1010TensorImplE";
 constexpr std::string_view kUndefined = "_ZN3c1019UndefinedTensorImpl10_singletonE";
 constexpr uint64_t kVtableAddressPoint = 16;  // the Itanium ABI: after offset-to-top and typeinfo
 
-std::string_view basename_of(std::string_view p) {
-    auto s = p.rfind('/');
-    return s == std::string_view::npos ? p : p.substr(s + 1);
-}
-bool is_c10(std::string_view p) { return basename_of(p).starts_with("libc10.so"); }
+bool is_c10(std::string_view p) { return host::basename_of(p).starts_with("libc10.so"); }
 bool is_libtorch(std::string_view p) {
-    auto b = basename_of(p);
+    auto b = host::basename_of(p);
     return b.starts_with("libtorch_cpu.so") || b.starts_with("libtorch_cuda.so");
 }
 
