@@ -9,11 +9,9 @@
 namespace commdbg::torch {
 namespace {
 
-// The Itanium C++ ABI: a vtable's address point follows offset-to-top and
-// the typeinfo pointer; a single-inheritance class's typeinfo is a
+// The Itanium C++ ABI: a single-inheritance class's typeinfo is a
 // __si_class_type_info whose base typeinfo pointer follows its vtable
 // pointer and name.
-constexpr uint64_t kVtableAddressPoint = 16;
 constexpr uint64_t kSiBaseAt = 16;
 constexpr std::string_view kSiTypeInfo = "_ZTVN10__cxxabiv120__si_class_type_infoE";
 constexpr int kMaxBases = 4;
@@ -60,15 +58,17 @@ public:
             want.insert(name);
             auto d = host::read_elf_data(path_, want);
             if (!d) return R::fail(d.error());
-            loads_ = d->loads;
             for (const auto& w : want) asked_.insert(w);
             for (auto& [k, v] : d->symbols) found_[k] = v;
+            file_ = std::move(*d);
         }
         auto it = found_.find(name);
         return it == found_.end() ? std::optional<uint64_t>() : std::optional<uint64_t>(it->second);
     }
+    // The file's headers, as the last pass read them.
+    const host::ElfData& file() const { return file_; }
     Result<std::vector<uint8_t>> code(uint64_t vaddr, const std::string& name) {
-        for (const auto& s : loads_)
+        for (const auto& s : file_.loads)
             if (vaddr >= s.vaddr && vaddr < s.vaddr + s.memsz) {
                 host::ElfSymbol sym;
                 sym.name = name, sym.vaddr = vaddr, sym.file_offset = vaddr - s.vaddr + s.offset;
@@ -81,7 +81,7 @@ private:
     std::string path_;
     std::set<std::string, std::less<>> asked_;
     std::map<std::string, uint64_t, std::less<>> found_;
-    std::vector<host::ElfSegment> loads_;
+    host::ElfData file_;
 };
 
 // Every name the chain of one class may need at its first two levels, asked
@@ -140,16 +140,17 @@ Result<std::optional<GroupClass>> derive(Lookup& lk, const std::string& path, st
 
 }  // namespace
 
-Result<std::vector<GroupClass>> derive_group_classes(const std::string& path) {
-    using R = Result<std::vector<GroupClass>>;
+Result<GroupClasses> derive_group_classes(const std::string& path) {
+    using R = Result<GroupClasses>;
     Lookup lk(path);
     const auto also = first_pass();
-    std::vector<GroupClass> out;
+    GroupClasses out;
     for (std::string_view c : kGroupClasses) {
         auto g = derive(lk, path, c, also);
         if (!g) return R::fail(g.error());
-        if (*g) out.push_back(std::move(**g));
+        if (*g) out.classes.push_back(std::move(**g));
     }
+    out.file = lk.file();
     return out;
 }
 

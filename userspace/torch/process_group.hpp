@@ -13,9 +13,14 @@
 #include <string_view>
 #include <vector>
 
+#include "elf_symbols.hpp"
 #include "result.hpp"
 
 namespace commdbg::torch {
+
+// The Itanium C++ ABI: a vtable's address point (what an object's first
+// word holds) follows offset-to-top and the typeinfo pointer.
+inline constexpr uint64_t kVtableAddressPoint = 16;
 
 struct GroupClass {
     std::string name;                  // "c10d::ProcessGroupGloo"
@@ -28,8 +33,13 @@ struct GroupClass {
 inline constexpr std::string_view kGroupClasses[] = {"N4c10d16ProcessGroupGlooE", "N4c10d16ProcessGroupNCCLE",
                                                      "N4c10d12ProcessGroupE"};
 
-// Those of kGroupClasses the file at `path` has a vtable for.  Fails only
-// when the file cannot be read.
-Result<std::vector<GroupClass>> derive_group_classes(const std::string& path);
+// Those of kGroupClasses the file at `path` has a vtable for, and the
+// file's headers (its load segments, for its load bias in a process).
+// Fails only when the file cannot be read.
+struct GroupClasses {
+    host::ElfData file;
+    std::vector<GroupClass> classes;
+};
+Result<GroupClasses> derive_group_classes(const std::string& path);
 
 }  // namespace commdbg::torch

@@ -11,7 +11,6 @@ namespace {
 
 constexpr std::string_view kImplVtable = "_ZTVN3c1010TensorImplE";
 constexpr std::string_view kUndefined = "_ZN3c1019UndefinedTensorImpl10_singletonE";
-constexpr uint64_t kVtableAddressPoint = 16;  // the Itanium ABI: after offset-to-top and typeinfo
 
 bool is_c10(std::string_view p) { return host::basename_of(p).starts_with("libc10.so"); }
 bool is_libtorch(std::string_view p) {
@@ -21,16 +20,15 @@ bool is_libtorch(std::string_view p) {
 
 TorchFile derive_file(const std::string& path, bool c10) {
     TorchFile f;
-    auto data = host::read_elf_data(path, {std::string(kImplVtable), std::string(kUndefined)});
-    if (!data) {
-        f.error = data.error();
-        return f;
-    }
-    f.loads = data->loads, f.exec = data->exec;
     if (!c10) {
         auto g = derive_group_classes(path);
         if (!g) f.error = g.error();
-        else f.groups = std::move(*g);
+        else f.elf = std::move(g->file), f.groups = std::move(g->classes);
+        return f;
+    }
+    auto data = host::read_elf_data(path, {std::string(kImplVtable), std::string(kUndefined)});
+    if (!data) {
+        f.error = data.error();
         return f;
     }
     auto vt = data->symbols.find(kImplVtable), un = data->symbols.find(kUndefined);
@@ -40,6 +38,7 @@ TorchFile derive_file(const std::string& path, bool c10) {
         return f;
     }
     f.impl_vtable = vt->second + kVtableAddressPoint, f.undefined = un->second;
+    f.elf = std::move(*data);
     auto l = derive_tensor_layout(path);
     if (!l) f.error = l.error();
     else f.layout = std::move(*l);
@@ -57,9 +56,10 @@ Result<cd_torch_cfg> torch_config(const TorchFile& c10, uint64_t c10_bias,
     cd_torch_cfg cfg{};
     cfg.impl_vtable = c10.impl_vtable + c10_bias;
     cfg.undefined = c10.undefined + c10_bias;
-    const uint32_t sizes_end = l.sizes + 8 * std::min<uint32_t>(l.inline_dims, CD_TENSOR_DIMS);
-    const uint32_t span = std::max({l.dim + 8, sizes_end, l.numel + 8, l.data_type + 2, l.symbolic_at + 1u});
-    // The kernel masks offsets with the window: each must lie inside it.
+    // The kernel reads every field, and CD_TENSOR_DIMS inline sizes, from one
+    // window of the TensorImpl, masking offsets with it: each must lie inside.
+    const uint32_t span =
+        std::max({l.dim + 8, l.sizes + 8 * CD_TENSOR_DIMS, l.numel + 8, l.data_type + 2, l.symbolic_at + 1u});
     if (span > CD_TENSOR_WINDOW || l.inline_dims > 255)
         return R::fail("TensorImpl's fields lie beyond the kernel's window of " + std::to_string(CD_TENSOR_WINDOW) +
                        " bytes");
@@ -67,9 +67,7 @@ Result<cd_torch_cfg> torch_config(const TorchFile& c10, uint64_t c10_bias,
     cfg.numel = static_cast<uint16_t>(l.numel), cfg.data_type = static_cast<uint16_t>(l.data_type);
     cfg.symbolic_at = static_cast<uint16_t>(l.symbolic_at), cfg.symbolic_mask = l.symbolic_mask;
     cfg.inline_dims = static_cast<uint8_t>(l.inline_dims);
-    // The kernel copies CD_TENSOR_DIMS inline sizes from the window: read that far.
-    cfg.span = static_cast<uint16_t>(std::max<uint32_t>(span, l.sizes + 8 * CD_TENSOR_DIMS));
-    if (cfg.span > CD_TENSOR_WINDOW) return R::fail("TensorImpl's inline sizes lie beyond the kernel's window");
+    cfg.span = static_cast<uint16_t>(span);
     size_t n = 0;
     for (const auto& [file, bias] : libtorch) {
         if (!file->error.empty()) continue;
@@ -117,18 +115,13 @@ std::optional<std::string> TorchSupport::setup(uint32_t pid, const std::string& 
     };
     auto c = file(c10->open_path, c10->dev, c10->inode, true);
     if (!c->error.empty()) return note(c->error);
-    auto bias_of = [&](const host::MappedFile& m, const TorchFile& f) {
-        host::ElfData d;
-        d.loads = f.loads, d.exec = f.exec;
-        return host::load_bias(*maps, m.path, d);
-    };
-    auto cb = bias_of(*c10, *c);
+    auto cb = host::load_bias(*maps, c10->path, c->elf);
     if (!cb) return std::nullopt;
     std::vector<std::shared_ptr<const TorchFile>> keep;
     std::vector<std::pair<const TorchFile*, uint64_t>> libs;
     for (const auto* m : torch) {
         auto t = file(m->open_path, m->dev, m->inode, false);
-        auto b = bias_of(*m, *t);
+        auto b = host::load_bias(*maps, m->path, t->elf);
         if (!t->error.empty() || !b) continue;
         keep.push_back(t);
         libs.emplace_back(t.get(), *b);

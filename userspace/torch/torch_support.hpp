@@ -16,7 +16,6 @@
 #include <utility>
 #include <vector>
 
-#include "elf_symbols.hpp"
 #include "events.h"
 #include "process_group.hpp"
 #include "result.hpp"
@@ -34,8 +33,7 @@ public:
 // What one libc10 or libtorch file says, derived once.
 struct TorchFile {
     std::string error;  // non-empty: nothing usable (the reason)
-    std::vector<host::ElfSegment> loads;
-    bool exec = false;
+    host::ElfData elf;  // its headers: where it is loaded in a process (host::load_bias)
     // libc10
     std::optional<TensorLayout> layout;
     uint64_t impl_vtable = 0, undefined = 0;  // link-time addresses
