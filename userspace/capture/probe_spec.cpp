@@ -451,15 +451,14 @@ uint8_t c10d_tensor_params(std::string_view demangled) {
         if (p.ends_with(" const")) p.remove_suffix(6);
         if (p == "at::Tensor") return CD_TPARAM_TENSOR;
         if (p == vec) return CD_TPARAM_VECTOR;
-        if (p.starts_with("std::vector<") && p.substr(12).starts_with(vec) &&
-            p == "std::vector<" + std::string(vec) + ", std::allocator<" + std::string(vec) + " > >")
+        if (p == "std::vector<" + std::string(vec) + ", std::allocator<" + std::string(vec) + " > >")
             return CD_TPARAM_VECTOR_VECTOR;
         return CD_TPARAM_NONE;
     };
     auto ps = parameters(demangled);
-    uint8_t first = ps.size() > 0 ? kind(ps[0]) : CD_TPARAM_NONE;
+    const uint8_t first = ps.size() > 0 ? kind(ps[0]) : uint8_t{CD_TPARAM_NONE};
     if (first == CD_TPARAM_NONE) return 0;
-    uint8_t second = ps.size() > 1 ? kind(ps[1]) : CD_TPARAM_NONE;
+    const uint8_t second = ps.size() > 1 ? kind(ps[1]) : uint8_t{CD_TPARAM_NONE};
     return static_cast<uint8_t>(first | (second << 2));
 }
 

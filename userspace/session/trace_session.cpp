@@ -207,11 +207,11 @@ Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
     for (auto& n : scan_result->notes) messages_.push_back(std::move(n));
     // Traced anew, its kernel flags were rewritten: CD_TRACE_PYTHON with them.
     python_.retrace(p.pid);
-    setup_python(p);
+    setup_frameworks(p);
     return true;
 }
 
-void TraceSession::setup_python(TracedProcess& p) {
+void TraceSession::setup_frameworks(TracedProcess& p) {
     if (auto note = python_.setup(p.pid)) p.notes.push_back(std::move(*note));
     if (auto note = torch_.setup(p.pid)) p.notes.push_back(std::move(*note));
 }
@@ -228,7 +228,7 @@ void TraceSession::scan(uint32_t pid) {
         p.command = info->cmdline.empty() ? info->comm : info->cmdline;
     p.libraries.insert(r->libraries.begin(), r->libraries.end());
     for (auto& n : r->notes) messages_.push_back(std::move(n));
-    setup_python(p);
+    setup_frameworks(p);
 }
 
 void TraceSession::on_record(std::span<const uint8_t> bytes) noexcept {

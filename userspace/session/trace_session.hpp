@@ -115,7 +115,8 @@ private:
     uint32_t trace_flags(bool follow, bool dl_stop);
     void scan(uint32_t pid);
     TracedProcess& track(uint32_t pid);
-    void setup_python(TracedProcess& p);
+    // Python stacks and tensor reads for p, each once its runtime is loaded; notes on failure.
+    void setup_frameworks(TracedProcess& p);
     // The session's owner may read `pid` now (always for root; a process gone meanwhile too).
     bool owner_may_read(uint32_t pid) const;
     void withhold(TracedProcess& p);
