@@ -210,4 +210,14 @@ std::string commdbgd_bin() {
     return dir && *dir ? std::string(dir) + "/commdbgd" : std::string(BUILD_DIR) + "/bin/commdbgd";
 }
 
+std::string torch_python(std::string& why_not) {
+    for (const char* py : {"python3", "/usr/bin/python3"}) {
+        auto r = run({py, "-c", "import torch, torch.distributed as d; assert d.is_gloo_available()"}, {}, 60);
+        if (r.status == 0) return py;
+        why_not += std::string("\n  ") + py + ": " +
+                   (r.err.empty() ? "exit " + std::to_string(r.status) : r.err.substr(r.err.rfind('\n', r.err.size() - 2) + 1));
+    }
+    return {};
+}
+
 }  // namespace commdbg::e2e

@@ -49,6 +49,18 @@ std::string trixie_root();
 std::string trixie_unavailable_reason(const std::string& root);
 #define REQUIRE_TRIXIE_ROOT(root) REQUIRE_NO_REASON(::commdbg::e2e::trixie_unavailable_reason(root))
 
+// A python3 that imports torch with gloo: PATH's first python3 may be another
+// one (pyenv) than the Debian interpreter python3-torch installs into.  Empty
+// when none does, `why_not` then says what each printed.
+std::string torch_python(std::string& why_not);
+#define REQUIRE_TORCH(py)                                                                         \
+    std::string py;                                                                               \
+    do {                                                                                          \
+        std::string why_;                                                                         \
+        py = ::commdbg::e2e::torch_python(why_);                                                  \
+        REQUIRE_OR_SKIP(!py.empty(), "no python3 imports torch with gloo (apt install python3-torch):" + why_); \
+    } while (0)
+
 using testproc::Background;
 using testproc::ProcResult;
 using testproc::run;

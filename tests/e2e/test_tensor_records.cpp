@@ -10,13 +10,12 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "e2e_util.hpp"
-#include "elf_symbols.hpp"
 #include "events.h"
+#include "patch_code.hpp"
 
 namespace commdbg::e2e {
 namespace {
@@ -94,16 +93,9 @@ void expect_records_carry_what_was_passed(const std::string& out, const json& du
     });
 }
 
-std::string host_torch_python() {
-    auto r = run({"/usr/bin/python3", "-c", "import torch, torch.distributed as d; assert d.is_gloo_available()"}, {},
-                 60);
-    return r.status == 0 ? "/usr/bin/python3" : "";
-}
-
 TEST(TensorRecords, Torch113C10dRecordsCarryTheTensorsTheJobPassed) {
     REQUIRE_BPF();
-    const std::string py = host_torch_python();
-    REQUIRE_OR_SKIP(!py.empty(), "Debian's python3 does not import torch with gloo (apt install python3-torch)");
+    REQUIRE_TORCH(py);
     TempDir tmp;
     auto r = run({commdbg_bin(), "run", "--probes", "torch-c10d", "--noise-level", "0", "--json", tmp.path("out.json"),
                   "--", py, kTestprogs + "/" + kJob},
@@ -133,8 +125,7 @@ TEST(TensorRecords, Torch26C10dRecordsCarryTheTensorsTheJobPassed) {
 // derived, so the records carry no tensors and the process a note saying why.
 TEST(TensorRecords, ALibc10WhoseLayoutCannotBeDerivedGivesANoteAndNoShapes) {
     REQUIRE_BPF();
-    const std::string py = host_torch_python();
-    REQUIRE_OR_SKIP(!py.empty(), "Debian's python3 does not import torch with gloo (apt install python3-torch)");
+    REQUIRE_TORCH(py);
     std::string lib;
     for (const auto& e : fs::directory_iterator("/usr/lib/x86_64-linux-gnu"))
         if (e.path().filename().string().rfind("libc10.so.", 0) == 0 && !e.is_symlink()) lib = e.path().string();
@@ -145,18 +136,9 @@ TEST(TensorRecords, ALibc10WhoseLayoutCannotBeDerivedGivesANoteAndNoShapes) {
     while (std::count(soname.begin(), soname.end(), '.') > 3) soname.erase(soname.rfind('.'));
     const std::string copy = tmp.path(soname);
     fs::copy_file(lib, copy);
-    auto elf = host::ElfSymbols::open(copy);
-    ASSERT_TRUE(elf) << elf.error();
-    const host::ElfSymbol* s = elf->find("_ZNK3c1010TensorImpl12sizes_customEv");
-    ASSERT_NE(s, nullptr);
-    ASSERT_GT(s->size, 0u);
-    {
-        std::fstream f(copy, std::ios::in | std::ios::out | std::ios::binary);
-        f.seekp(static_cast<std::streamoff>(s->file_offset));
-        const std::string traps(s->size, '\xcc');  // the whole function: int3
-        f.write(traps.data(), static_cast<std::streamsize>(traps.size()));
-        ASSERT_TRUE(f.good());
-    }
+    ASSERT_TRUE(test::patch_function_code(copy, "_ZNK3c1010TensorImpl12sizes_customEv", [](std::vector<uint8_t>& code) {
+        std::fill(code.begin(), code.end(), 0xcc);  // the whole function: int3
+    }));
     auto r = run({commdbg_bin(), "run", "--probes", "torch-c10d", "--noise-level", "0", "--json", tmp.path("out.json"),
                   "--", py, kTestprogs + "/" + kJob},
                  {{"LD_LIBRARY_PATH", tmp.path("")}}, 240);

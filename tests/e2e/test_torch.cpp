@@ -22,25 +22,6 @@ namespace {
 
 const std::string kWorkload = std::string(SOURCE_DIR) + "/tests/testprogs/torch_gloo_workload.py";
 
-// A python3 that imports torch: PATH's first python3 may be another one
-// (pyenv) than the Debian interpreter python3-torch installs into.
-std::string torch_python(std::string& why_not) {
-    for (const char* py : {"python3", "/usr/bin/python3"}) {
-        auto r = run({py, "-c", "import torch, torch.distributed as d; assert d.is_gloo_available()"}, {}, 60);
-        if (r.status == 0) return py;
-        why_not += std::string("\n  ") + py + ": " + (r.err.empty() ? "exit " + std::to_string(r.status) : r.err.substr(r.err.rfind('\n', r.err.size() - 2) + 1));
-    }
-    return {};
-}
-
-#define REQUIRE_TORCH(py)                                                                         \
-    std::string py;                                                                               \
-    do {                                                                                          \
-        std::string why_;                                                                         \
-        py = torch_python(why_);                                                                  \
-        REQUIRE_OR_SKIP(!py.empty(), "no python3 imports torch with gloo (apt install python3-torch):" + why_); \
-    } while (0)
-
 void count_names(const nlohmann::json& records, std::map<std::string, int>& out) {
     for (const auto& r : records) {
         out[r["name"].get<std::string>()]++;

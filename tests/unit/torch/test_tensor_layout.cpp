@@ -10,6 +10,7 @@
 #include <map>
 
 #include "elf_symbols.hpp"
+#include "patch_code.hpp"
 #include "tensor_layout.hpp"
 #include "test_proc.hpp"
 
@@ -38,16 +39,7 @@ public:
         fs::create_directories(dir_);
         path_ = (dir_ / "libc10.so").string();
         fs::copy_file(lib, path_, fs::copy_options::overwrite_existing);
-        auto elf = host::ElfSymbols::open(path_);
-        const host::ElfSymbol* s = elf ? elf->find(symbol) : nullptr;
-        if (!s) return;
-        auto code = host::read_function_code(path_, *s, 1024);
-        if (!code) return;
-        patch(code.value());
-        std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
-        f.seekp(static_cast<std::streamoff>(s->file_offset));
-        f.write(reinterpret_cast<const char*>(code->data()), static_cast<std::streamsize>(code->size()));
-        patched_ = bool(f);
+        patched_ = test::patch_function_code(path_, symbol, patch);
     }
     ~PatchedCopy() { fs::remove_all(dir_); }
     const std::string& path() const { return path_; }
