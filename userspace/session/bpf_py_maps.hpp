@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The kernel's per-process Python maps (python_support.hpp, PyMaps) as the
-// session's BPF object holds them.  BpfSession (capture) cannot see PyMaps
-// (python, the layer above it), so the adapter lives here, where both are seen.
+// The kernel's per-process Python maps (python_support.hpp, PyMaps) and
+// tensor-reading map (torch_support.hpp, TorchMaps) as the session's BPF
+// object holds them.  BpfSession (capture) cannot see either interface (the
+// layers above it), so the adapters live here, where both sides are seen.
 #pragma once
 
 #include "bpf_session.hpp"
