@@ -95,6 +95,15 @@ size_t ProcessTree::memory_bytes() const {
     for (const auto& [key, id] : tensor_index_) n += sizeof(key) + key.capacity() + sizeof(id) + kNode;
     n += tensor_sets_.capacity() * sizeof(TensorSet) + tensor_rows_.capacity() * sizeof(TensorInfo) +
          tensor_dims_.capacity() * sizeof(int64_t);
+    n += params_tried_.bucket_count() * sizeof(void*);
+    for (const auto& [fqn, tried] : params_tried_) n += sizeof(fqn) + fqn.capacity() + sizeof(tried) + kNode;
+    n += params_.capacity() * sizeof(params_[0]);
+    for (const auto& [fqn, m] : params_) {
+        n += fqn.capacity() + m.params.capacity() * sizeof(torch::ParamInfo);
+        for (const auto& pi : m.params)
+            n += pi.name.capacity() + pi.dtype.capacity() + (pi.shape.capacity() + pi.local_shape.capacity()) * 8 +
+                 (pi.placements ? pi.placements->capacity() : 0);
+    }
     return n;
 }
 
@@ -191,6 +200,9 @@ void ProcessTree::reset_window() {
     stack_frames_.clear();
     module_index_.clear();
     modules_.clear();
+    params_.clear();
+    params_tried_.clear();
+    params_lost_ = 0;
 }
 
 // ---- ProcessTree: framework context ---------------------------------------

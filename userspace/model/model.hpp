@@ -18,6 +18,7 @@
 
 #include "events.hpp"
 #include "limits.hpp"
+#include "module_params.hpp"
 #include "py_context.hpp"
 #include "symbol_table.hpp"
 #include "tensor_layout.hpp"
@@ -225,6 +226,13 @@ public:
     };
     std::map<std::string, ModuleCommCounts> module_comm_counts() const;
 
+    // ---- the parameters of the modules seen (torch::ParameterSource) ----
+    // Read once per module path a window, when its first record opens, in
+    // that order; at most kMaxParamModules paths (the rest are counted).
+    static constexpr size_t kMaxParamModules = 4096;
+    const std::vector<std::pair<std::string, torch::ModuleParams>>& parameters() const { return params_; }
+    uint64_t unread_parameter_modules() const { return params_lost_; }
+
 private:
     friend class TraceModel;
 
@@ -313,6 +321,9 @@ private:
     std::vector<TensorInfo> tensor_rows_;
     std::vector<int64_t> tensor_dims_;
     uint64_t last_root_ = 0;  // the outermost module of the last forward stack: FQNs start there
+    std::vector<std::pair<std::string, torch::ModuleParams>> params_;
+    std::unordered_map<std::string, bool> params_tried_;  // module paths asked this window
+    uint64_t params_lost_ = 0;
 };
 
 class TraceModel {
@@ -331,6 +342,9 @@ public:
     // The TensorImpl layout a process's tensors were read with (dtype names,
     // element sizes); null: its tensors show no dtype and no bytes.
     void set_tensor_layouts(std::function<const torch::TensorLayout*(uint32_t)> f) { layouts_ = std::move(f); }
+    // Reads a module's parameters when its first record of a window opens;
+    // null: none are read.  Must outlive the model.
+    void set_parameter_source(torch::ParameterSource* s) { params_ = s; }
 
     void on_event(const capture::Event& ev);
     // Window reset: records, counts and drops are cleared and exited processes
@@ -355,6 +369,7 @@ private:
     void update_context(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e);
     void want_modules(ProcessTree& p);
     void open_module(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, size_t want);
+    void read_parameters(ProcessTree& p, uint32_t tgid, const std::string& fqn, uint64_t module);
     void on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
                   const capture::SymbolInfo& info);
     void begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
@@ -380,6 +395,7 @@ private:
     python::PyContextResolver* resolver_ = nullptr;
     std::function<bool(uint32_t, uint64_t)> scope_open_;
     std::function<const torch::TensorLayout*(uint32_t)> layouts_;
+    torch::ParameterSource* params_ = nullptr;
     // Scratch of on_enter, kept for its capacity.
     std::vector<const python::PyFrameInfo*> frames_;  // the record's frames, resolved, innermost first
     std::vector<WantModule> want_;

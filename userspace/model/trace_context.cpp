@@ -102,8 +102,22 @@ void TraceModel::open_module(ProcessTree& p, ProcessTree::ThreadState& th, const
         std::string fqn = module_fqn(resolver_, e.tgid, p.last_root_, m.module);
         r.ctx = p.intern_module(fqn, m.frame->module_class);
         rec = p.append(r, th);
+        if (params_ && !m.backward && fqn != "<unknown>") read_parameters(p, e.tgid, fqn, m.module);
     }
     th.ctx.push_back({m.module, m.depth, rec, kNoRecord, false, m.backward});
+}
+
+// As CommDebugMode's forward pre-hook does: a module's own parameters, the
+// first time its path runs forward in a window.
+void TraceModel::read_parameters(ProcessTree& p, uint32_t tgid, const std::string& fqn, uint64_t module) {
+    if (p.params_tried_.count(fqn) != 0) return;
+    if (p.params_tried_.size() >= ProcessTree::kMaxParamModules) {
+        ++p.params_lost_;
+        return;
+    }
+    p.params_tried_.emplace(fqn, true);
+    std::optional<torch::ModuleParams> got = params_->module_parameters(tgid, module);
+    if (got && (!got->params.empty() || got->unread != 0)) p.params_.emplace_back(fqn, std::move(*got));
 }
 
 void TraceModel::on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,

@@ -47,6 +47,7 @@ public:
         if (p_.tree) {
             if (auto by_module = module_counts_json(*p_.tree); !by_module.empty())
                 j["module_comm_counts"] = std::move(by_module);
+            parameters_json(*p_.tree, j);
         }
         if (p_.fsdp) j["fsdp"] = fsdp::to_json(*p_.fsdp);
         ordered_json counters = ordered_json::array();
@@ -126,6 +127,28 @@ private:
             out[fqn] = std::move(m);
         }
         return out;
+    }
+
+    // CommDebugMode's get_parameter_info() and get_sharding_info(): per
+    // module path its own parameters; per DTensor parameter its placements.
+    static void parameters_json(const model::ProcessTree& t, ordered_json& j) {
+        if (t.parameters().empty()) return;
+        ordered_json info = ordered_json::object(), sharding = ordered_json::object();
+        ordered_json unread = ordered_json::object();
+        for (const auto& [fqn, m] : t.parameters()) {
+            ordered_json params = ordered_json::object();
+            for (const torch::ParamInfo& pi : m.params) {
+                params[pi.name] = {{"shape", pi.shape}, {"dtype", pi.dtype}, {"local_shape", pi.local_shape}};
+                if (pi.dtensor) params[pi.name]["is_dtensor"] = true;
+                if (pi.placements) sharding[fqn + "." + pi.name] = *pi.placements;
+            }
+            info[fqn] = std::move(params);
+            if (m.unread != 0) unread[fqn] = m.unread;
+        }
+        j["parameter_info"] = std::move(info);
+        j["sharding_info"] = std::move(sharding);
+        if (!unread.empty()) j["parameters_unread"] = std::move(unread);
+        if (t.unread_parameter_modules() != 0) j["parameter_modules_unread"] = t.unread_parameter_modules();
     }
 
     // One exact kernel counter row.

@@ -322,4 +322,56 @@ uint64_t LivePyResolver::Process::attr(uint64_t obj, std::string_view name) {
     return dict != 0 ? find_in(0, 0, dict, name) : 0;
 }
 
+// ---- slots and ints ----------------------------------------------------------
+
+// The value of `name` when the first class of obj's MRO that defines it
+// defines it as a __slots__ member: an object member (T_OBJECT_EX) inside the
+// instance, named `name` in its PyMemberDef too.
+uint64_t LivePyResolver::Process::slot(uint64_t obj, std::string_view name) {
+    uint64_t ob_type = 0;
+    if (!layout_error_.empty() || !header(obj, ob_type)) return 0;
+    const Type* tp = type(ob_type);
+    if (tp == nullptr) return 0;
+    const int64_t basicsize = tp->basicsize;
+    auto mro = tuple_items(tp->mro, kMaxTupleItems);
+    for (uint64_t base : mro.value_or(std::vector<uint64_t>{})) {
+        const Type* b = type(base);
+        if (b == nullptr) return 0;
+        if (uint64_t descr = find_in(0, 0, b->dict, name)) return member_value(obj, descr, name, basicsize);
+    }
+    return 0;
+}
+
+uint64_t LivePyResolver::Process::member_value(uint64_t obj, uint64_t descr, std::string_view name, int64_t basicsize) {
+    uint64_t d[kDescrMember / 8 + 1] = {};
+    if (!mem_->read(descr, d, sizeof d) || !plausible_refcnt(d[0])) return 0;
+    const Type* dt = type(d[1]);
+    if (dt == nullptr || dt->facts.heap || dt->facts.name != "member_descriptor") return 0;
+    uint8_t m[kMemberOffset + 8];
+    std::string member_name;
+    if (!mem_->read(d[kDescrMember / 8], m, sizeof m) || !mem_->c_string(field<uint64_t>(m, 0), member_name, 256))
+        return 0;
+    const int64_t offset = field<int64_t>(m, kMemberOffset);
+    if (member_name != name || field<int32_t>(m, kMemberType) != kTObjectEx || offset < kObjectHead ||
+        offset + 8 > basicsize)
+        return 0;
+    uint64_t value = 0;
+    return mem_->get(obj + static_cast<uint64_t>(offset), value) ? value : 0;
+}
+
+std::optional<int64_t> LivePyResolver::Process::small_int(uint64_t obj) {
+    uint64_t h[4] = {};  // refcnt, type, ob_size / lv_tag, digit
+    if (!mem_->read(obj, h, sizeof h) || !plausible_refcnt(h[0])) return std::nullopt;
+    const Type* t = type(h[1]);
+    if (t == nullptr || t->facts.heap || t->facts.name != "int" || !(t->flags & kFlagLong)) return std::nullopt;
+    const auto digit = static_cast<int64_t>(static_cast<uint32_t>(h[3]));
+    if (d_.layout.minor <= 11) {
+        const auto size = static_cast<int64_t>(h[2]);
+        if (size < -1 || size > 1) return std::nullopt;
+        return size * digit;
+    }
+    if (h[2] >= (2u << 3)) return std::nullopt;  // more than one digit
+    return (1 - static_cast<int64_t>(h[2] & 3)) * digit;
+}
+
 }  // namespace commdbg::python

@@ -199,4 +199,29 @@ std::optional<std::string> LivePyResolver::str(uint32_t pid, uint64_t obj) {
     return p.discovery().ok() ? p.str(obj) : std::nullopt;
 }
 
+uint64_t LivePyResolver::type_of(uint32_t pid, uint64_t obj) {
+    Process& p = process(pid);
+    return p.discovery().ok() ? p.type_of(obj) : 0;
+}
+
+bool LivePyResolver::dict_items(uint32_t pid, uint64_t dict, const std::function<bool(uint64_t, uint64_t)>& fn) {
+    Process& p = process(pid);
+    return p.discovery().ok() && p.items_of(dict, fn);
+}
+
+std::optional<std::vector<uint64_t>> LivePyResolver::tuple_items(uint32_t pid, uint64_t tuple, size_t max) {
+    Process& p = process(pid);
+    return p.discovery().ok() ? p.tuple_of(tuple, max) : std::nullopt;
+}
+
+uint64_t LivePyResolver::slot(uint32_t pid, uint64_t obj, std::string_view name) {
+    Process& p = process(pid);
+    return p.discovery().ok() ? p.slot(obj, name) : 0;
+}
+
+std::optional<int64_t> LivePyResolver::small_int(uint32_t pid, uint64_t obj) {
+    Process& p = process(pid);
+    return p.discovery().ok() ? p.small_int(obj) : std::nullopt;
+}
+
 }  // namespace commdbg::python

@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "limits.hpp"
 #include "py_code_table.hpp"
@@ -121,6 +122,17 @@ public:
     std::optional<uint32_t> values_index(uint32_t pid, uint64_t type_ptr, std::string_view name);
     // A str object's text as UTF-8, at most kPyMaxString characters.
     std::optional<std::string> str(uint32_t pid, uint64_t obj);
+    // The reads other layers make of a live object (torch/: a module's
+    // parameters): its type (0: not a readable object); a dict's entries,
+    // at most kMaxDictEntries (fn returns false to stop; false: not a dict);
+    // a tuple's first `max` items; the value of an attribute its class keeps
+    // in a __slots__ member (the member descriptor found through the MRO
+    // and checked: 0 when there is none); an int that fits one digit.
+    uint64_t type_of(uint32_t pid, uint64_t obj);
+    bool dict_items(uint32_t pid, uint64_t dict, const std::function<bool(uint64_t key, uint64_t value)>& fn);
+    std::optional<std::vector<uint64_t>> tuple_items(uint32_t pid, uint64_t tuple, size_t max);
+    uint64_t slot(uint32_t pid, uint64_t obj, std::string_view name);
+    std::optional<int64_t> small_int(uint32_t pid, uint64_t obj);
 
     // What pid's caches hold and what their bound cost it (zeros: never seen).
     PyCacheStats cache_stats(uint32_t pid) const;

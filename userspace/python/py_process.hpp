@@ -57,6 +57,17 @@ inline constexpr uint32_t kTpDictoffset = 288, kTpMro = 344, kTypeRead = kTpMro 
 inline constexpr uint32_t kMaKeys = 32, kMaValues = 40, kBytesData = 32, kObSize = 16, kObjectHead = 16;
 inline constexpr int64_t kManagedDict = -24, kManagedValues311 = -CD_PY311_VALUES_BEFORE;  // pycore_object.h: obj - 3 / 4 words
 
+// descrobject.h: PyMemberDescrObject's d_member after PyDescr_COMMON (head,
+// d_type, d_name, d_qualname); PyMemberDef {name, type, offset, ...} and
+// T_OBJECT_EX (structmember.h; Py_T_OBJECT_EX in 3.12+).  The same in 3.10-3.13.
+inline constexpr uint32_t kDescrMember = 40, kMemberType = 8, kMemberOffset = 16;
+inline constexpr int32_t kTObjectEx = 16;
+// longintrepr.h: an int's one digit at 24 (30-bit digits, as x86-64 builds
+// configure them); before it ob_size (3.10, 3.11: signed digit count) or
+// lv_tag (3.12+: digit count << 3 | sign, sign 0 positive, 1 zero, 2 negative).
+inline constexpr uint32_t kLongDigit = 24;
+inline constexpr uint64_t kFlagLong = 1ull << 24;
+
 inline constexpr uint64_t kFlagInlineValues = 1ull << 2;  // 3.13
 inline constexpr uint64_t kFlagManagedDict = 1ull << 4;   // 3.11+
 inline constexpr uint64_t kFlagHeapType = 1ull << 9;
@@ -122,6 +133,18 @@ public:
     void set_epoch(uint64_t e) { epoch_ = e; }
     PyCodeTable& code_table() { return table_; }
     std::optional<uint32_t> values_index(uint64_t type_ptr, std::string_view name);
+    uint64_t type_of(uint64_t obj) {
+        uint64_t t = 0;
+        return header(obj, t) ? t : 0;
+    }
+    bool items_of(uint64_t dict, const std::function<bool(uint64_t, uint64_t)>& fn) {
+        return layout_error_.empty() && dict_items(dict, fn);
+    }
+    std::optional<std::vector<uint64_t>> tuple_of(uint64_t tuple, size_t max) {
+        return layout_error_.empty() ? tuple_items(tuple, max) : std::nullopt;
+    }
+    uint64_t slot(uint64_t obj, std::string_view name);
+    std::optional<int64_t> small_int(uint64_t obj);
 
 private:
     struct Code {
@@ -186,6 +209,7 @@ private:
     bool dict_items(uint64_t dict, const ItemFn& fn);
     uint64_t find_in(uint64_t keys, uint64_t values, uint64_t dict, std::string_view name);
     uint64_t dict_pointer(uint64_t obj, const Type& t);
+    uint64_t member_value(uint64_t obj, uint64_t descr, std::string_view name, int64_t basicsize);
     bool str_equals(uint64_t obj, std::string_view s);
     std::string frame_label(const cd_py_frame& f);
     const PyFrameInfo& keep_frame(FrameKey key, PyFrameInfo info);

@@ -72,7 +72,11 @@ TraceSession::TraceSession(std::unique_ptr<capture::ResumeGuard> guard, std::uni
                                          .depth = opts.py_depth}),
       torch_(torch_maps_, opts.records) {
     bpf_->set_event_handler([this](std::span<const uint8_t> b) { on_record(b); });
-    if (python_.stacks()) model_.set_resolver(&python_.resolver());
+    if (python_.stacks()) {
+        model_.set_resolver(&python_.resolver());
+        torch_.set_python(&python_.resolver());
+        model_.set_parameter_source(&torch_);
+    }
     model_.set_tensor_layouts([this](uint32_t pid) { return torch_.layout(pid); });
     model_.set_scope_check([this](uint32_t tgid, uint64_t self) { return bpf_->scope_open(tgid, self); });
 }

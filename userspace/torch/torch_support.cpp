@@ -17,9 +17,16 @@ bool is_libtorch(std::string_view p) {
     auto b = host::basename_of(p);
     return b.starts_with("libtorch_cpu.so") || b.starts_with("libtorch_cuda.so");
 }
+bool is_libtorch_python(std::string_view p) { return host::basename_of(p).starts_with("libtorch_python.so"); }
 
-TorchFile derive_file(const std::string& path, bool c10) {
+TorchFile derive_file(const std::string& path, bool c10, bool python) {
     TorchFile f;
+    if (python) {
+        auto d = derive_variable_impl(path);
+        if (!d) f.error = d.error();
+        else f.variable_impl = *d;
+        return f;
+    }
     if (!c10) {
         auto g = derive_group_classes(path);
         if (!g) f.error = g.error();
@@ -84,11 +91,11 @@ Result<cd_torch_cfg> torch_config(const TorchFile& c10, uint64_t c10_bias,
 }
 
 std::shared_ptr<const TorchFile> TorchSupport::file(const std::string& open_path, uint64_t dev, uint64_t inode,
-                                                    bool c10) {
+                                                    Kind kind) {
     auto key = std::make_pair(dev, inode);
     if (auto it = files_.find(key); it != files_.end()) return it->second;
     if (files_.size() >= kMaxFiles) files_.erase(files_.begin());  // processes keep theirs alive
-    auto f = std::make_shared<const TorchFile>(derive_file(open_path, c10));
+    auto f = std::make_shared<const TorchFile>(derive_file(open_path, kind == Kind::c10, kind == Kind::python));
     files_[key] = f;
     return f;
 }
@@ -100,27 +107,27 @@ std::optional<std::string> TorchSupport::setup(uint32_t pid, const std::string& 
     auto maps = host::read_maps(static_cast<int>(pid), proc_root);
     if (!maps) return std::nullopt;  // gone: its exit follows
     auto files = host::mapped_files(*maps, static_cast<int>(pid), [](std::string_view path) {
-        return is_c10(path) || is_libtorch(path);
+        return is_c10(path) || is_libtorch(path) || is_libtorch_python(path);
     }, proc_root);
     const host::MappedFile* c10 = nullptr;
     std::vector<const host::MappedFile*> torch;
     for (const auto& f : files) {
-        if (!is_c10(f.path)) torch.push_back(&f);
-        else if (!c10) c10 = &f;
+        if (is_libtorch(f.path)) torch.push_back(&f);
+        else if (is_c10(f.path) && !c10) c10 = &f;
     }
     if (!c10 || torch.empty()) return std::nullopt;  // not loaded yet: tried again at the next loader change
     auto note = [&](const std::string& why) {
         p.noted = true;
         return std::optional<std::string>("pid " + std::to_string(pid) + ": tensor shapes are not read: " + why);
     };
-    auto c = file(c10->open_path, c10->dev, c10->inode, true);
+    auto c = file(c10->open_path, c10->dev, c10->inode, Kind::c10);
     if (!c->error.empty()) return note(c->error);
     auto cb = host::load_bias(*maps, c10->path, c->elf);
     if (!cb) return std::nullopt;
     std::vector<std::shared_ptr<const TorchFile>> keep;
     std::vector<std::pair<const TorchFile*, uint64_t>> libs;
     for (const auto* m : torch) {
-        auto t = file(m->open_path, m->dev, m->inode, false);
+        auto t = file(m->open_path, m->dev, m->inode, Kind::libtorch);
         auto b = host::load_bias(*maps, m->path, t->elf);
         if (!t->error.empty() || !b) continue;
         keep.push_back(t);
@@ -132,6 +139,24 @@ std::optional<std::string> TorchSupport::setup(uint32_t pid, const std::string& 
     if (!w) return note(w.error());
     p.c10 = c;
     p.ready = true;
+    p.impl_vtable = cfg->impl_vtable;
+    return setup_parameters(pid, p, files);
+}
+
+// libtorch_python is loaded with the rest of torch (torch/_C's dependencies):
+// when it is not mapped with them, this is not a torch Python process.
+std::optional<std::string> TorchSupport::setup_parameters(uint32_t pid, Process& p,
+                                                          const std::vector<host::MappedFile>& files) {
+    for (const auto& f : files) {
+        if (!is_libtorch_python(f.path)) continue;
+        auto t = file(f.open_path, f.dev, f.inode, Kind::python);
+        if (!t->error.empty()) {
+            p.noted = true;
+            return "pid " + std::to_string(pid) + ": module parameters are not read: " + t->error;
+        }
+        p.variable_impl = t->variable_impl;
+        break;
+    }
     return std::nullopt;
 }
 
@@ -139,6 +164,95 @@ const TensorLayout* TorchSupport::layout(uint32_t pid) const {
     auto it = procs_.find(pid);
     if (it == procs_.end() || !it->second.ready || !it->second.c10 || !it->second.c10->layout) return nullptr;
     return &*it->second.c10->layout;
+}
+
+// ---- module parameters ---------------------------------------------------------
+
+// The shape (and dtype) of the tensor a torch.Tensor object holds, when its
+// TensorImpl* is a c10::TensorImpl (its vtable) and reads consistently.
+std::optional<std::vector<int64_t>> TorchSupport::shape_at(const Process& p, host::RemoteMemory& mem,
+                                                           uint64_t obj, std::string* dtype) {
+    uint64_t impl = 0, vtable = 0;
+    if (obj == 0 || !mem.get(obj + *p.variable_impl, impl) || !mem.get(impl, vtable) || vtable != p.impl_vtable)
+        return std::nullopt;
+    auto t = read_tensor(mem, *p.c10->layout, impl);
+    if (!t) return std::nullopt;
+    if (dtype) *dtype = t->dtype;
+    return std::move(t->sizes);
+}
+
+// A DTensor placement as its __repr__ prints it (torch/distributed/tensor/
+// placement_types.py), from its dataclass fields; nullopt for another class.
+std::optional<std::string> TorchSupport::placement(uint32_t pid, uint64_t obj) {
+    auto t = py_->type(pid, py_->type_of(pid, obj));
+    if (!t || !t->heap) return std::nullopt;
+    auto int_field = [&](const char* name) { return py_->small_int(pid, py_->attr(pid, obj, name)); };
+    if (t->name == "Replicate") return std::string("Replicate()");
+    if (t->name == "Shard") {
+        auto dim = int_field("dim");
+        if (dim) return "Shard(dim=" + std::to_string(*dim) + ")";
+    } else if (t->name == "_StridedShard") {
+        auto dim = int_field("dim"), sf = int_field("split_factor");
+        if (dim && sf) return "_StridedShard(dim=" + std::to_string(*dim) + ", sf=" + std::to_string(*sf) + ")";
+    } else if (t->name == "Partial") {
+        auto op = py_->str(pid, py_->attr(pid, obj, "reduce_op"));
+        if (op) return "Partial(" + *op + ")";
+    }
+    return std::nullopt;
+}
+
+std::optional<ParamInfo> TorchSupport::read_param(uint32_t pid, const Process& p, host::RemoteMemory& mem,
+                                                  uint64_t obj, const python::PyTypeFacts& type) {
+    ParamInfo info;
+    auto shape = shape_at(p, mem, obj, &info.dtype);
+    if (!shape) return std::nullopt;
+    info.shape = std::move(*shape);
+    if (!(type.heap && type.name == "DTensor")) {
+        info.local_shape = info.shape;
+        return info;
+    }
+    // DTensor: __slots__ _local_tensor (the shard) and _spec (a DTensorSpec with placements).
+    info.dtensor = true;
+    auto local = shape_at(p, mem, py_->slot(pid, obj, "_local_tensor"));
+    if (!local) return std::nullopt;
+    info.local_shape = std::move(*local);
+    uint64_t spec = py_->slot(pid, obj, "_spec");
+    auto items = spec ? py_->tuple_items(pid, py_->attr(pid, spec, "placements"), 16) : std::nullopt;
+    if (!items) return info;
+    std::vector<std::string> texts;
+    for (uint64_t item : *items) {
+        auto text = placement(pid, item);
+        if (!text) return info;
+        texts.push_back(std::move(*text));
+    }
+    info.placements = placements_text(texts);
+    return info;
+}
+
+std::optional<ModuleParams> TorchSupport::module_parameters(uint32_t pid, uint64_t module) {
+    auto it = procs_.find(pid);
+    if (py_ == nullptr || it == procs_.end() || !it->second.ready || !it->second.variable_impl) return std::nullopt;
+    const Process& p = it->second;
+    uint64_t dict = py_->attr(pid, module, "_parameters");
+    if (dict == 0) return std::nullopt;
+    host::ProcessMemory mem(static_cast<int>(pid));
+    ModuleParams out;
+    bool read = py_->dict_items(pid, dict, [&](uint64_t key, uint64_t value) {
+        auto name = py_->str(pid, key);
+        auto type = py_->type(pid, py_->type_of(pid, value));
+        if (type && !type->heap && type->name == "NoneType") return true;  // named_parameters() skips None
+        auto info = name && type && out.params.size() < kMaxModuleParams ? read_param(pid, p, mem, value, *type)
+                                                                           : std::nullopt;
+        if (!info) {
+            ++out.unread;
+            return true;
+        }
+        info->name = std::move(*name);
+        out.params.push_back(std::move(*info));
+        return true;
+    });
+    if (!read) return std::nullopt;
+    return out;
 }
 
 }  // namespace commdbg::torch

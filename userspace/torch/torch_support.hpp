@@ -17,7 +17,11 @@
 #include <vector>
 
 #include "events.h"
+#include "module_params.hpp"
+#include "procfs.hpp"
 #include "process_group.hpp"
+#include "py_objects.hpp"
+#include "remote_memory.hpp"
 #include "result.hpp"
 #include "tensor_layout.hpp"
 
@@ -39,6 +43,8 @@ struct TorchFile {
     uint64_t impl_vtable = 0, undefined = 0;  // link-time addresses
     // libtorch
     std::vector<GroupClass> groups;
+    // libtorch_python: the TensorImpl*'s offset in a torch.Tensor object
+    std::optional<uint32_t> variable_impl;
 };
 
 // Builds the kernel's config from a process's files and their load biases;
@@ -46,7 +52,7 @@ struct TorchFile {
 Result<cd_torch_cfg> torch_config(const TorchFile& c10, uint64_t c10_bias,
                                   const std::vector<std::pair<const TorchFile*, uint64_t>>& libtorch);
 
-class TorchSupport {
+class TorchSupport final : public ParameterSource {
 public:
     static constexpr size_t kMaxFiles = 16;  // derived files kept (a file is 100+ MB to read again)
 
@@ -62,16 +68,30 @@ public:
     void clear(uint32_t pid) { maps_.clear(pid); }
     void forget(uint32_t pid) { procs_.erase(pid); }
 
+    // Module parameters are read through `py` (the session's resolver); none without it.
+    void set_python(python::LivePyResolver* py) { py_ = py; }
+    std::optional<ModuleParams> module_parameters(uint32_t pid, uint64_t module) override;
+
 private:
+    enum class Kind { c10, libtorch, python };
     struct Process {
         std::shared_ptr<const TorchFile> c10;
         bool ready = false;
         bool noted = false;
+        std::optional<uint32_t> variable_impl;  // from libtorch_python: parameters can be read
+        uint64_t impl_vtable = 0;               // c10::TensorImpl's vtable in the process
     };
-    std::shared_ptr<const TorchFile> file(const std::string& open_path, uint64_t dev, uint64_t inode, bool c10);
+    std::shared_ptr<const TorchFile> file(const std::string& open_path, uint64_t dev, uint64_t inode, Kind kind);
+    std::optional<std::string> setup_parameters(uint32_t pid, Process& p, const std::vector<host::MappedFile>& files);
+    std::optional<std::vector<int64_t>> shape_at(const Process& p, host::RemoteMemory& mem,
+                                                 uint64_t obj, std::string* dtype = nullptr);
+    std::optional<ParamInfo> read_param(uint32_t pid, const Process& p, host::RemoteMemory& mem, uint64_t obj,
+                                        const python::PyTypeFacts& type);
+    std::optional<std::string> placement(uint32_t pid, uint64_t obj);
 
     TorchMaps& maps_;
     bool enabled_;
+    python::LivePyResolver* py_ = nullptr;
     std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<const TorchFile>> files_;
     std::map<uint32_t, Process> procs_;
 };

@@ -1,0 +1,212 @@
+// SPDX-License-Identifier: Apache-2.0
+// Side by side with torch's own CommDebugMode: a 2-rank job in the trixie
+// root (torch 2.6, tests/testprogs/tp_commdebug.py) runs CommDebugMode
+// in-process, one window per step, and prints per rank what it counted and
+// saw, with every c10d collective op's tensor arguments as the dispatcher
+// passed them; commdbg traces the same job from outside.  CommDebugMode's
+// numbers are the expected values: collective counts, per-module forward
+// counts, the c10d records' tensors, and parameter_info / sharding_info.
+// Module paths differ only in their root: CommDebugMode's start with the
+// root's class name ("TPModel.blocks.0.up"), commdbg's below the root
+// ("blocks.0.up").
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "e2e_util.hpp"
+
+namespace commdbg::e2e {
+namespace {
+
+using nlohmann::json;
+
+const std::string kJob = "tp_commdebug.py";
+
+// CommDebugMode's op key ("c10d_functional.all_reduce",
+// "c10d._allgather_base_") as commdbg names the collective ("all_reduce").
+std::string collective_of(std::string op) {
+    op = op.substr(op.rfind('.') + 1);
+    while (!op.empty() && op.front() == '_') op.erase(0, 1);
+    while (!op.empty() && op.back() == '_') op.pop_back();
+    for (const std::string suffix : {"_into_tensor", "_tensor", "_base"})
+        if (op.size() > suffix.size() && op.ends_with(suffix)) op.resize(op.size() - suffix.size());
+    if (op == "allreduce") return "all_reduce";
+    if (op == "allgather") return "all_gather";
+    return op;
+}
+
+// CommDebugMode's module path as commdbg names it: without the root's class.
+std::string commdbg_path(const std::string& fqn) {
+    auto dot = fqn.find('.');
+    return dot == std::string::npos ? "<root>" : fqn.substr(dot + 1);
+}
+
+const std::string kStepScope = "commdebug_step";  // the job's scope around each CommDebugMode window
+
+// The outermost c10d collective records inside the job's step scopes (its
+// setup's collectives are outside CommDebugMode's windows), in start order.
+void c10d_records(const json& records, std::vector<json>& out, bool in_step = false) {
+    for (const auto& r : records) {
+        if (in_step && r["type"] == "collective" && r["layer"] == "c10d") {
+            out.push_back(r);
+            continue;
+        }
+        c10d_records(r["children"], out, in_step || (r["type"] == "scope" && r.value("name", "") == kStepScope));
+    }
+}
+
+using TensorKey = std::tuple<std::string, std::string, uint64_t, uint64_t>;  // shape, dtype, numel, bytes
+TensorKey key_of(const json& t) {
+    return {t["shape"].dump(), t["dtype"].get<std::string>(), t["numel"].get<uint64_t>(), t["bytes"].get<uint64_t>()};
+}
+
+void expect_counts_match(const json& rank, const json& p) {
+    std::map<std::string, uint64_t> want;  // "c10d.<collective>"
+    for (const auto& step : rank["steps"])
+        for (const auto& [op, n] : step["comm_counts"].items()) want["c10d." + collective_of(op)] += n.get<uint64_t>();
+    ASSERT_FALSE(want.empty()) << "CommDebugMode counted no collective";
+    std::map<std::string, uint64_t> got;
+    std::vector<json> recs;
+    c10d_records(p["records"], recs);
+    for (const auto& r : recs) ++got["c10d." + r["collective_type"].get<std::string>()];
+    EXPECT_EQ(got, want);
+    // The exact counters hold them too, with the setup's and the final barrier.
+    for (const auto& [k, n] : want) EXPECT_GE(p["comm_counts"].value(k, uint64_t{0}), n) << k;
+}
+
+void expect_module_counts_match(const json& rank, const json& p) {
+    std::map<std::string, std::map<std::string, uint64_t>> want;
+    for (const auto& step : rank["steps"])
+        for (const auto& [fqn, sides] : step["module_counts"].items()) {
+            if (fqn == "Global" || !sides.contains("forward")) continue;
+            for (const auto& [op, n] : sides["forward"].items())
+                want[commdbg_path(fqn)]["c10d." + collective_of(op)] += n.get<uint64_t>();
+        }
+    ASSERT_FALSE(want.empty());
+    std::map<std::string, std::map<std::string, uint64_t>> got;
+    const json counts = p.value("module_comm_counts", json::object());
+    for (const auto& [fqn, sides] : counts.items())
+        if (sides.contains("forward"))
+            for (const auto& [k, n] : sides["forward"].items()) got[fqn][k] = n.get<uint64_t>();
+    EXPECT_EQ(got, want);
+}
+
+// Each c10d record holds exactly the tensors the job passed to that collective.
+void expect_records_carry_the_tensors(const json& rank, const json& p) {
+    std::vector<json> passed;
+    for (const auto& step : rank["steps"])
+        for (const auto& c : step["collectives"]) passed.push_back(c);
+    std::vector<json> recs;
+    c10d_records(p["records"], recs);
+    ASSERT_EQ(recs.size(), passed.size()) << "c10d records and the job's collectives differ in number";
+    for (size_t i = 0; i < recs.size(); ++i) {
+        SCOPED_TRACE("collective " + std::to_string(i) + ": " + passed[i].dump());
+        const json& rec = recs[i];
+        EXPECT_EQ(rec["collective_type"], collective_of(passed[i]["op"]));
+        EXPECT_EQ(rec.value("group_size", -1), rank["world"].get<int>()) << rec.dump();
+        std::set<TensorKey> want, got;
+        for (const auto& t : passed[i]["tensors"]) want.insert(key_of(t));
+        for (const char* side : {"inputs", "outputs"})
+            if (rec.contains(side))
+                for (const auto& t : rec[side]) got.insert(key_of(t));
+        EXPECT_EQ(got, want) << rec.dump();
+    }
+}
+
+// parameter_info: CommDebugMode's of the first step (every step's is the
+// same module tree); `local` also compares the local shards' shapes.
+void expect_parameter_info_matches(const json& rank, const json& p, bool local) {
+    const json& cdm = rank["steps"][0]["parameter_info"];
+    ASSERT_FALSE(cdm.empty()) << "CommDebugMode saw no parameters";
+    ASSERT_TRUE(p.contains("parameter_info")) << "commdbg read no parameters";
+    const json& got = p["parameter_info"];
+    std::set<std::string> want_modules, got_modules;
+    for (const auto& [fqn, params] : cdm.items()) {
+        const std::string path = commdbg_path(fqn);
+        want_modules.insert(path);
+        SCOPED_TRACE(path);
+        ASSERT_TRUE(got.contains(path)) << got.dump();
+        std::set<std::string> want_names, got_names;
+        for (const auto& [name, info] : params.items()) {
+            want_names.insert(name);
+            ASSERT_TRUE(got[path].contains(name)) << got[path].dump();
+            const json& g = got[path][name];
+            EXPECT_EQ(g["shape"], info["shape"]) << name;
+            EXPECT_EQ(g["dtype"], info["dtype"]) << name;
+            if (local) EXPECT_EQ(g["local_shape"], info["local_shape"]) << name;
+        }
+        for (const auto& [name, info] : got[path].items()) got_names.insert(name);
+        EXPECT_EQ(got_names, want_names);
+    }
+    for (const auto& [fqn, params] : got.items()) got_modules.insert(fqn);
+    EXPECT_EQ(got_modules, want_modules);
+}
+
+void expect_sharding_info_matches(const json& rank, const json& p) {
+    std::map<std::string, std::string> want, got;
+    for (const auto& [key, placements] : rank["steps"][0]["sharding_info"].items())
+        want[commdbg_path(key)] = placements.get<std::string>();
+    ASSERT_FALSE(want.empty()) << "CommDebugMode saw no DTensor parameter";
+    const json sharding = p.value("sharding_info", json::object());
+    for (const auto& [key, placements] : sharding.items()) got[key] = placements.get<std::string>();
+    EXPECT_EQ(got, want);
+}
+
+struct Traced {
+    std::vector<json> ranks;
+    json dump;
+};
+
+Traced trace_job(const std::vector<std::string>& job_args) {
+    const std::string root = trixie_root();
+    TempDir tmp;
+    std::vector<std::string> argv = {commdbg_bin(), "run", "--noise-level", "2", "--json", tmp.path("out.json"), "--",
+                                     kRunScript, "--bind", kTestprogs + ":" + kInRoot, root, "python3",
+                                     kInRoot + "/" + kJob};
+    argv.insert(argv.end(), job_args.begin(), job_args.end());
+    auto r = run(argv, kRootJobEnv, 300);
+    EXPECT_EQ(r.status, 0) << r.err.substr(0, 4000);
+    Traced t;
+    t.ranks = workload_lines(r.out, "rank");
+    EXPECT_EQ(t.ranks.size(), 2u) << r.out.substr(0, 2000) << r.err.substr(0, 4000);
+    if (r.status == 0) t.dump = read_json(tmp.path("out.json"));
+    return t;
+}
+
+TEST(CommDebugModeSideBySide, TensorParallelJobCountsTensorsParametersAndShardingEqualCommDebugModes) {
+    REQUIRE_BPF();
+    REQUIRE_TRIXIE_ROOT(trixie_root());
+    Traced t = trace_job({});
+    ASSERT_EQ(t.ranks.size(), 2u);
+    for_each_rank_process(processes_of(t.dump), t.ranks, [&](const json& rank, const json& p) {
+        expect_counts_match(rank, p);
+        expect_module_counts_match(rank, p);
+        expect_records_carry_the_tensors(rank, p);
+        expect_parameter_info_matches(rank, p, true);
+        expect_sharding_info_matches(rank, p);
+    });
+}
+
+// FSDP2: the parameters a module's forward sees are unsharded (CommDebugMode
+// reads them after FSDP's pre-forward has all-gathered them), and resharded
+// after it; commdbg reads them from outside some time after the module's
+// first record, in either state, so only what both states share is compared:
+// the global shapes and dtypes (see README, "Parameters and sharding").
+TEST(CommDebugModeSideBySide, Fsdp2JobCountsTensorsAndParameterShapesEqualCommDebugModes) {
+    REQUIRE_BPF();
+    REQUIRE_TRIXIE_ROOT(trixie_root());
+    Traced t = trace_job({"--fsdp"});
+    ASSERT_EQ(t.ranks.size(), 2u);
+    for_each_rank_process(processes_of(t.dump), t.ranks, [&](const json& rank, const json& p) {
+        expect_counts_match(rank, p);
+        expect_module_counts_match(rank, p);
+        expect_records_carry_the_tensors(rank, p);
+        expect_parameter_info_matches(rank, p, false);
+    });
+}
+
+}  // namespace
+}  // namespace commdbg::e2e

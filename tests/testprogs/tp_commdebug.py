@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""A 2-rank tensor-parallel job with torch's own CommDebugMode running in
+it, the ground truth commdbg's tensor and parameter records are compared
+with (torch 2.6 on CPU + gloo, run in the trixie root).
+
+    tp_commdebug.py [--steps N] [--fsdp]
+
+2 ranks (torch.multiprocessing.spawn) on 127.0.0.1, a 1-D device mesh.
+The model: `blocks`, three MLP blocks (up: Linear(16, 32), down:
+Linear(32, 16)) under ColwiseParallel (up) / RowwiseParallel (down), then
+`head` (Linear(16, 4), replicated: a plain parameter).  With --fsdp the
+same MLP blocks are fully_shard'ed (FSDP2) instead, then the root.
+
+Each step (forward, backward, SGD step) runs inside its own `with
+CommDebugMode()` (torch 2.6's breaks on a module's second forward inside
+one window), itself inside record_function("commdebug_step").  Per rank, one JSON line at its end:
+  {"rank", "pid", "world", "steps": [per step:
+     {"comm_counts": {op: n}, "module_counts": {fqn: {"forward": {op: n},
+      "backward": {...}}}, "parameter_info": {fqn: {param: {"shape",
+      "dtype", "local_shape"}}}, "sharding_info": {"fqn.param": str},
+      "collectives": [{"op", "tensors": [{"shape", "dtype", "numel",
+      "bytes"}]}]}]}
+Module names are CommDebugMode's ("Global", "TPModel.blocks.0.up") and
+ops its keys (str(op)); "collectives" lists, in issue order, each c10d
+collective op's tensor arguments as the dispatcher saw them (what the job
+passed to c10d).  After the steps the ranks meet in one dist.barrier().
+"""
+import argparse
+import json
+import os
+import socket
+import sys
+
+import torch
+import torch.nn as nn
+
+WORLD, DIM, HIDDEN, BLOCKS = 2, 16, 32, 3
+STEP_SCOPE = "commdebug_step"
+
+
+def emit(obj):
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(DIM, HIDDEN)
+        self.down = nn.Linear(HIDDEN, DIM)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+class TPModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(MLP() for _ in range(BLOCKS))
+        self.head = nn.Linear(DIM, 4)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def tensor_desc(t):
+    return {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""), "numel": t.numel(),
+            "bytes": t.numel() * t.element_size()}
+
+
+def make_mode():
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    class Recording(CommDebugMode):
+        """CommDebugMode that also keeps each collective's input tensor."""
+
+        def __init__(self):
+            super().__init__()
+            self.collectives = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace in ("_c10d_functional", "c10d_functional", "c10d") and args \
+                    and isinstance(args[0], torch.Tensor) and not any(t.__name__ == "DTensor" for t in types):
+                if "wait" not in func.__name__:
+                    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+                    self.collectives.append({"op": str(func._overloadpacket),
+                                             "tensors": [tensor_desc(t) for t in tensors]})
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    return Recording()
+
+
+def step_account(mode):
+    from torch.distributed.tensor import DTensor
+
+    params = {}
+    for fqn, by_name in mode.get_parameter_info().items():
+        params[fqn] = {}
+        for name, p in by_name.items():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            params[fqn][name] = {"shape": list(p.shape), "dtype": str(p.dtype).replace("torch.", ""),
+                                 "local_shape": list(local.shape)}
+    module_counts = {}
+    for fqn, sides in mode.comm_module_counts.items():
+        module_counts[fqn] = {side: {str(k): v for k, v in sides[side].items()}
+                              for side in ("forward", "backward") if sides.get(side)}
+    return {"comm_counts": {str(k): v for k, v in mode.get_comm_counts().items()},
+            "module_counts": module_counts, "parameter_info": params,
+            "sharding_info": {k: str(v) for k, v in mode.get_sharding_info().items()},
+            "collectives": mode.collectives}
+
+
+def rank_main(rank, world, port, steps, fsdp):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (world,))
+    model = TPModel()
+    if fsdp:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from fsdp2_workload import import_fully_shard, patch_torch_cpu
+
+        patch_torch_cpu()
+        fully_shard = import_fully_shard()
+        for b in model.blocks:
+            fully_shard(b, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    else:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        plan = {}
+        for i in range(BLOCKS):
+            plan[f"blocks.{i}.up"] = ColwiseParallel()
+            plan[f"blocks.{i}.down"] = RowwiseParallel()
+        parallelize_module(model, mesh, plan)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(8, DIM)
+    out = []
+    for _ in range(steps):
+        mode = make_mode()
+        # The scope marks the window for the tests: setup collectives
+        # (parallelize_module's scatters and broadcasts) are outside it.
+        with torch.autograd.profiler.record_function(STEP_SCOPE), mode:
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        out.append(step_account(mode))
+    emit({"rank": rank, "pid": os.getpid(), "world": dist.get_world_size(), "steps": out})
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)  # torch 2.6's gloo teardown may abort (see torch_gloo_workload.py)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--fsdp", action="store_true")
+    a = ap.parse_args()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    emit({"mode": "fsdp2" if a.fsdp else "tp", "pid": os.getpid(), "torch": torch.__version__})
+    import torch.multiprocessing as mp
+
+    mp.spawn(rank_main, args=(WORLD, port, a.steps, a.fsdp), nprocs=WORLD, join=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "module_params.hpp"
+
+#include "elf_symbols.hpp"
+
+namespace commdbg::torch {
+namespace {
+
+using Code = std::vector<uint8_t>;
+
+constexpr const char* kGetCdata = "_Z21THPVariable_get_cdataP11THPVariablePv";
+constexpr uint8_t kRdi = 7;
+
+// `n` bytes at link-time address `vaddr` of the file, through its PT_LOAD.
+Result<Code> file_bytes(const std::string& path, const host::ElfData& elf, uint64_t vaddr, size_t n) {
+    for (const auto& seg : elf.loads) {
+        if (vaddr < seg.vaddr || vaddr + n > seg.vaddr + seg.memsz) continue;
+        host::ElfSymbol at{"", vaddr, n, seg.offset + (vaddr - seg.vaddr)};
+        return host::read_function_code(path, at, n);
+    }
+    return Result<Code>::fail(path + ": address " + std::to_string(vaddr) + " is not in the file");
+}
+
+// The GOT slot a PLT stub at `stub` jumps through (`[endbr64] [bnd] jmp
+// *rel(%rip)`), or nullopt for another stub.
+std::optional<uint64_t> plt_slot(const Code& c, uint64_t stub) {
+    size_t i = 0;
+    if (c.size() >= 4 && c[0] == 0xf3 && c[1] == 0x0f && c[2] == 0x1e && c[3] == 0xfa) i = 4;
+    if (i < c.size() && c[i] == 0xf2) ++i;
+    if (i + 6 > c.size() || c[i] != 0xff || c[i + 1] != 0x25) return std::nullopt;
+    int32_t rel = int32_t(c[i + 2] | c[i + 3] << 8 | c[i + 4] << 16 | uint32_t(c[i + 5]) << 24);
+    return stub + i + 6 + rel;
+}
+
+// THPVariable_get_cdata returns PyLong_FromVoidPtr(self->cdata's TensorImpl*):
+// `self` arrives in %rdi and may be copied to a callee-saved register
+// (`mov %rdi,%R`); the argument is then loaded as `mov D(%R),%rdi` right
+// before `call PyLong_FromVoidPtr`.  D and the call's target, in the order
+// they appear.
+struct CdataLoad {
+    uint32_t disp = 0;
+    uint64_t call_target = 0;  // link-time
+};
+std::optional<CdataLoad> cdata_load(const Code& c, uint64_t vaddr) {
+    uint8_t self[16] = {};
+    self[kRdi] = 1;
+    for (size_t i = 0; i + 3 < c.size(); ++i) {
+        const uint8_t rex = c[i];
+        if ((rex & 0xf8) != 0x48) continue;
+        const uint8_t modrm = c[i + 2];
+        if (c[i + 1] == 0x89 && (modrm >> 6) == 3 && ((modrm >> 3) & 7) == kRdi && !(rex & 4)) {
+            self[((rex & 1) << 3) | (modrm & 7)] = 1;  // mov %rdi,%R
+            continue;
+        }
+        // mov disp8(%R),%rdi: REX.W[B] 8b, mod 01, reg rdi; rm 4 takes a SIB byte (%r12: 0x24).
+        if (c[i + 1] != 0x8b || (modrm >> 6) != 1 || ((modrm >> 3) & 7) != kRdi || (rex & 6)) continue;
+        const uint8_t base = ((rex & 1) << 3) | (modrm & 7);
+        size_t at = i + 3;
+        if ((modrm & 7) == 4) {
+            if (at >= c.size() || c[at] != 0x24) continue;
+            ++at;
+        }
+        if (!self[base] || at + 5 >= c.size() || c[at + 1] != 0xe8) continue;
+        const int32_t rel = int32_t(c[at + 2] | c[at + 3] << 8 | c[at + 4] << 16 | uint32_t(c[at + 5]) << 24);
+        return CdataLoad{c[at], vaddr + at + 6 + rel};
+    }
+    return std::nullopt;
+}
+
+}  // namespace
+
+Result<uint32_t> derive_variable_impl(const std::string& path) {
+    using R = Result<uint32_t>;
+    const std::string why = path + ": where a torch.Tensor object keeps its TensorImpl cannot be derived: ";
+    auto syms = host::ElfSymbols::open(path);
+    if (!syms) return R::fail(syms.error());
+    const host::ElfSymbol* get = syms->find(kGetCdata);
+    if (!get) return R::fail(why + "no THPVariable_get_cdata exported");
+    auto code = host::read_function_code(path, *get, 256);
+    if (!code) return R::fail(code.error());
+    auto load = cdata_load(*code, get->vaddr);
+    if (!load || load->disp < 16 || load->disp % 8 != 0 || load->disp > 64)
+        return R::fail(why + "THPVariable_get_cdata's code has another shape");
+    // The call must be PyLong_FromVoidPtr's: its PLT stub's GOT slot is relocated to that symbol.
+    auto elf = host::read_elf_data(path, {});
+    if (!elf) return R::fail(elf.error());
+    auto stub = file_bytes(path, *elf, load->call_target, 16);
+    auto slot = stub ? plt_slot(*stub, load->call_target) : std::nullopt;
+    auto relocs = slot ? host::read_relocations(path, {*slot}) : Result<std::map<uint64_t, host::ElfReloc>>::fail("");
+    if (!relocs || relocs->count(*slot) == 0 || relocs->at(*slot).symbol != "PyLong_FromVoidPtr")
+        return R::fail(why + "THPVariable_get_cdata does not pass the loaded word to PyLong_FromVoidPtr");
+    return load->disp;
+}
+
+std::string placements_text(const std::vector<std::string>& items) {
+    std::string s = "(";
+    for (size_t i = 0; i < items.size(); ++i) s += (i ? ", " : "") + items[i];
+    return s + (items.size() == 1 ? ",)" : ")");
+}
+
+}  // namespace commdbg::torch
