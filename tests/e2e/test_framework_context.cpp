@@ -276,6 +276,26 @@ TEST_P(FrameworkContext, ModuleCommCountsExactPerRank) {
     });
 }
 
+// parameter_info holds every module's own parameters, shape and dtype, as
+// the model itself lists them (named_parameters(recurse=False)); the Linear
+// modules issue no record of their own and are read through their parents.
+TEST_P(FrameworkContext, ParameterInfoIsTheModelsOwnParameters) {
+    REQUIRE_VARIANT();
+    const JobRun* j = job_or_fail();
+    if (!j) return;
+    for_each_rank_process(processes_of(j->dump), j->ranks, [&](const nlohmann::json& rank, const nlohmann::json& p) {
+        ASSERT_TRUE(p.contains("parameter_info")) << "no parameter_info in the rank's JSON";
+        nlohmann::json got = nlohmann::json::object();
+        for (const auto& [fqn, params] : p["parameter_info"].items())
+            for (const auto& [name, info] : params.items()) {
+                got[fqn][name] = {{"shape", info["shape"]}, {"dtype", info["dtype"]}};
+                EXPECT_EQ(info["local_shape"], info["shape"]) << fqn << "." << name << ": not a DTensor";
+            }
+        EXPECT_EQ(got, rank["parameters"]) << p["parameter_info"].dump(1);
+        EXPECT_TRUE(p.value("sharding_info", nlohmann::json::object()).empty());
+    });
+}
+
 // Each collective sits under the module records of the modules that were
 // running, with the right FQNs, classes and event types: Mixer.forward's
 // under <root>/encoder/encoder.blocks.K/encoder.blocks.K.mixer forward,

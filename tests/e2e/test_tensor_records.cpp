@@ -161,5 +161,44 @@ TEST(TensorRecords, ALibc10WhoseLayoutCannotBeDerivedGivesANoteAndNoShapes) {
     });
 }
 
+// The same with a copy of libtorch_python whose Tensor._cdata getter is
+// overwritten: where a torch.Tensor object keeps its TensorImpl cannot be
+// derived, so no parameters are read (the note says why) while the c10d
+// records keep their tensors.
+TEST(TensorRecords, ALibtorchPythonWhoseLayoutCannotBeDerivedGivesANoteAndNoParameters) {
+    REQUIRE_BPF();
+    REQUIRE_TORCH(py);
+    std::string lib;
+    for (const auto& e : fs::directory_iterator("/usr/lib/x86_64-linux-gnu"))
+        if (e.path().filename().string().rfind("libtorch_python.so.", 0) == 0 && !e.is_symlink())
+            lib = e.path().string();
+    ASSERT_FALSE(lib.empty()) << "torch imports but no libtorch_python.so.* in /usr/lib/x86_64-linux-gnu";
+    TempDir tmp;
+    std::string soname = fs::path(lib).filename().string();
+    while (std::count(soname.begin(), soname.end(), '.') > 3) soname.erase(soname.rfind('.'));
+    const std::string copy = tmp.path(soname);
+    fs::copy_file(lib, copy);
+    ASSERT_TRUE(test::patch_function_code(copy, "_Z21THPVariable_get_cdataP11THPVariablePv",
+                                          [](std::vector<uint8_t>& code) { std::fill(code.begin(), code.end(), 0xcc); }));
+    auto r = run({commdbg_bin(), "run", "--probes", "torch-c10d", "--noise-level", "2", "--json", tmp.path("out.json"),
+                  "--", py, kTestprogs + "/torch_module_workload.py"},
+                 {{"LD_LIBRARY_PATH", tmp.path("")}}, 240);
+    ASSERT_EQ(r.status, 0) << r.err.substr(0, 4000);
+    auto ranks = workload_lines(r.out, "rank");
+    ASSERT_EQ(ranks.size(), 2u) << r.out.substr(0, 2000);
+    const json dump = read_json(tmp.path("out.json"));
+    for_each_rank_process(processes_of(dump), ranks, [&](const json& rank, const json& p) {
+        EXPECT_FALSE(rank["parameters"].empty()) << "the job's model has parameters";
+        EXPECT_FALSE(p.contains("parameter_info")) << p["parameter_info"].dump();
+        std::string notes = p.value("notes", json::array()).dump();
+        EXPECT_NE(notes.find("module parameters are not read"), std::string::npos) << notes;
+        EXPECT_NE(notes.find("THPVariable_get_cdata"), std::string::npos) << notes;
+        std::vector<json> recs;
+        c10d_records(p["records"], recs);
+        ASSERT_FALSE(recs.empty());
+        EXPECT_TRUE(recs[0].contains("inputs")) << "tensors of c10d records do not depend on libtorch_python";
+    });
+}
+
 }  // namespace
 }  // namespace commdbg::e2e

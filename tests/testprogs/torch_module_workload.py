@@ -38,6 +38,8 @@ scopes).
             "scopes": {label: times entered}, "scope_collectives": {label:
               collectives issued directly inside it}
             "failing_phase_caught": how many ValueErrors left that scope
+            "parameters": {fqn: {name: {"shape", "dtype"}}}: each module's
+              own parameters, for modules that have any
         On torch 2.x a rank ends with os._exit(0) after destroy_process_group
         (torch_gloo_workload.py says why).
 
@@ -236,7 +238,15 @@ def rank_main(rank, world, port, steps, profiler):
     scopes = dict(TALLY.scopes)
     scopes["Optimizer.step#SGD.step"] = steps
     scopes["Optimizer.zero_grad#SGD.zero_grad"] = steps
+    # Each module's own parameters (recurse=False), as get_parameter_info() keys them.
+    parameters = {}
+    for fqn, m in model.named_modules():
+        own = {name: {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
+               for name, t in m.named_parameters(recurse=False)}
+        if own:
+            parameters[fqn or "<root>"] = own
     emit({"rank": rank, "pid": os.getpid(), "steps": steps, "calls": {"all_reduce": TALLY.calls},
+          "parameters": parameters,
           "module_comm_counts": TALLY.snapshot(), "per_step": per_step, "scopes": scopes,
           "scope_collectives": dict(TALLY.scope_collectives), "failing_phase_caught": caught, **extra})
     dist.destroy_process_group()

@@ -3,6 +3,7 @@
 // resolver, the nn.Module chain they show and record_function scopes, kept
 // per thread as context links that records nest under.
 #include <algorithm>
+#include <tuple>
 
 #include "model.hpp"
 
@@ -13,6 +14,8 @@ namespace {
 // Open context links per thread (Python frames are at most CD_MAX_PY_FRAMES;
 // the rest are scopes): beyond it, scopes whose ends never came stop piling up.
 constexpr size_t kMaxCtxLinks = 4 * CD_MAX_PY_FRAMES;
+// Submodules below a module seen whose parameters are read (the module tree's own bound).
+constexpr size_t kMaxParamDepth = 32;
 
 // A frame when there is no resolver: counted, never named.
 const python::PyFrameInfo kUnresolved{};
@@ -108,16 +111,30 @@ void TraceModel::open_module(ProcessTree& p, ProcessTree::ThreadState& th, const
 }
 
 // As CommDebugMode's forward pre-hook does: a module's own parameters, the
-// first time its path runs forward in a window.
+// first time its path runs forward in a window; and those of the modules
+// below it (a Linear issues no record of its own to be seen by), depth first
+// as named_modules() lists them.
 void TraceModel::read_parameters(ProcessTree& p, uint32_t tgid, const std::string& fqn, uint64_t module) {
-    if (p.params_tried_.count(fqn) != 0) return;
-    if (p.params_tried_.size() >= ProcessTree::kMaxParamModules) {
-        ++p.params_lost_;
-        return;
+    std::vector<std::tuple<std::string, uint64_t, size_t>> todo{{fqn, module, 0}};
+    while (!todo.empty()) {
+        auto [path, m, depth] = std::move(todo.back());
+        todo.pop_back();
+        if (p.params_tried_.count(path) != 0) continue;
+        if (p.params_tried_.size() >= ProcessTree::kMaxParamModules) {
+            ++p.params_lost_;
+            continue;
+        }
+        p.params_tried_.emplace(path, true);
+        std::optional<torch::ModuleParams> got = params_->module_parameters(tgid, m);
+        if (!got) continue;
+        if (depth < kMaxParamDepth)
+            for (size_t i = got->children.size(); i-- > 0;) {
+                auto& [name, child] = got->children[i];
+                todo.emplace_back(path == "<root>" ? name : path + "." + name, child, depth + 1);
+            }
+        std::vector<std::pair<std::string, uint64_t>>().swap(got->children);
+        if (!got->params.empty() || got->unread != 0) p.params_.emplace_back(path, std::move(*got));
     }
-    p.params_tried_.emplace(fqn, true);
-    std::optional<torch::ModuleParams> got = params_->module_parameters(tgid, module);
-    if (got && (!got->params.empty() || got->unread != 0)) p.params_.emplace_back(fqn, std::move(*got));
 }
 
 void TraceModel::on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,

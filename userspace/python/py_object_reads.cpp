@@ -244,6 +244,7 @@ bool LivePyResolver::Process::keys_items(uint64_t keys, uint64_t values, const I
 bool LivePyResolver::Process::dict_items(uint64_t dict, const ItemFn& fn) {
     uint64_t h[6] = {};  // refcnt, type, used, version, keys, values
     if (!mem_->read(dict, h, sizeof h) || !plausible_refcnt(h[0]) || !has_flag(h[1], kFlagDict)) return false;
+    if (h[2] == 0) return true;  // ma_used: empty (its keys may be the shared empty table, log2 size 0)
     uint64_t values = h[kMaValues / 8];
     return keys_items(h[kMaKeys / 8], values != 0 ? values + o_.values_items : 0, fn);
 }

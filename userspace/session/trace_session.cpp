@@ -396,6 +396,7 @@ std::vector<snapshot::ProcessSnapshot> TraceSession::reports() const {
         r.kernel_dropped_records = bpf_->ringbuf_drops_of(pid);
         r.notes = p.notes;
         if (auto n = python_.resolver().cache_note(pid)) r.notes.push_back(std::move(*n));
+        if (auto n = torch_.parameters_note(pid)) r.notes.push_back(std::move(*n));
         for (const auto& [tid, name] : p.thread_names)
             if (!name.empty()) r.thread_names[tid] = name;
 

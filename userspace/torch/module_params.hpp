@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "result.hpp"
@@ -40,6 +41,9 @@ struct ParamInfo {
 struct ModuleParams {
     std::vector<ParamInfo> params;
     uint32_t unread = 0;  // parameters whose tensor could not be read (or past kMaxModuleParams)
+    // Its submodules (its _modules dict: key, module object), at most
+    // kMaxModuleParams: a module that issues no record is seen through its parent.
+    std::vector<std::pair<std::string, uint64_t>> children;
 };
 
 // What the record model asks: the parameters of module object `module` in

@@ -102,6 +102,7 @@ std::shared_ptr<const TorchFile> TorchSupport::file(const std::string& open_path
 
 std::optional<std::string> TorchSupport::setup(uint32_t pid, const std::string& proc_root) {
     if (!enabled_) return std::nullopt;
+    proc_root_ = proc_root;
     Process& p = procs_[pid];
     if (p.ready || p.noted) return std::nullopt;
     auto maps = host::read_maps(static_cast<int>(pid), proc_root);
@@ -140,24 +141,31 @@ std::optional<std::string> TorchSupport::setup(uint32_t pid, const std::string& 
     p.c10 = c;
     p.ready = true;
     p.impl_vtable = cfg->impl_vtable;
-    return setup_parameters(pid, p, files);
+    setup_parameters(pid, p, files);
+    return std::nullopt;
 }
 
-// libtorch_python is loaded with the rest of torch (torch/_C's dependencies):
-// when it is not mapped with them, this is not a torch Python process.
-std::optional<std::string> TorchSupport::setup_parameters(uint32_t pid, Process& p,
-                                                          const std::vector<host::MappedFile>& files) {
+// libtorch_python is loaded with the rest of torch (torch/_C's dependencies),
+// maybe just after the files the kernel's reader needs: looked for then, and
+// again when a module's parameters are first asked for.
+void TorchSupport::setup_parameters(uint32_t pid, Process& p, const std::vector<host::MappedFile>& files) {
+    ++p.python_tries;
     for (const auto& f : files) {
         if (!is_libtorch_python(f.path)) continue;
         auto t = file(f.open_path, f.dev, f.inode, Kind::python);
         if (!t->error.empty()) {
-            p.noted = true;
-            return "pid " + std::to_string(pid) + ": module parameters are not read: " + t->error;
+            p.params_note = "pid " + std::to_string(pid) + ": module parameters are not read: " + t->error;
+            break;
         }
         p.variable_impl = t->variable_impl;
         break;
     }
-    return std::nullopt;
+}
+
+std::optional<std::string> TorchSupport::parameters_note(uint32_t pid) const {
+    auto it = procs_.find(pid);
+    if (it == procs_.end() || it->second.params_note.empty()) return std::nullopt;
+    return it->second.params_note;
 }
 
 const TensorLayout* TorchSupport::layout(uint32_t pid) const {
@@ -231,8 +239,13 @@ std::optional<ParamInfo> TorchSupport::read_param(uint32_t pid, const Process& p
 
 std::optional<ModuleParams> TorchSupport::module_parameters(uint32_t pid, uint64_t module) {
     auto it = procs_.find(pid);
-    if (py_ == nullptr || it == procs_.end() || !it->second.ready || !it->second.variable_impl) return std::nullopt;
-    const Process& p = it->second;
+    if (py_ == nullptr || it == procs_.end() || !it->second.ready) return std::nullopt;
+    Process& p = it->second;
+    if (!p.variable_impl && p.params_note.empty() && p.python_tries < kPythonTries) {
+        auto maps = host::read_maps(static_cast<int>(pid), proc_root_);
+        if (maps) setup_parameters(pid, p, host::mapped_files(*maps, static_cast<int>(pid), is_libtorch_python, proc_root_));
+    }
+    if (!p.variable_impl) return std::nullopt;
     uint64_t dict = py_->attr(pid, module, "_parameters");
     if (dict == 0) return std::nullopt;
     host::ProcessMemory mem(static_cast<int>(pid));
@@ -252,6 +265,14 @@ std::optional<ModuleParams> TorchSupport::module_parameters(uint32_t pid, uint64
         return true;
     });
     if (!read) return std::nullopt;
+    if (uint64_t modules = py_->attr(pid, module, "_modules")) {
+        py_->dict_items(pid, modules, [&](uint64_t key, uint64_t child) {
+            auto name = py_->str(pid, key);
+            auto type = py_->type(pid, py_->type_of(pid, child));
+            if (name && type && type->is_module) out.children.emplace_back(std::move(*name), child);
+            return out.children.size() < kMaxModuleParams;
+        });
+    }
     return out;
 }
 

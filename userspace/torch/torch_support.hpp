@@ -71,18 +71,23 @@ public:
     // Module parameters are read through `py` (the session's resolver); none without it.
     void set_python(python::LivePyResolver* py) { py_ = py; }
     std::optional<ModuleParams> module_parameters(uint32_t pid, uint64_t module) override;
+    // Why pid's module parameters are not read, when its libtorch_python cannot be used.
+    std::optional<std::string> parameters_note(uint32_t pid) const;
 
 private:
     enum class Kind { c10, libtorch, python };
+    static constexpr int kPythonTries = 3;
     struct Process {
         std::shared_ptr<const TorchFile> c10;
         bool ready = false;
         bool noted = false;
         std::optional<uint32_t> variable_impl;  // from libtorch_python: parameters can be read
+        int python_tries = 0;                   // looks for libtorch_python (kPythonTries at most)
+        std::string params_note;                // why its module parameters are not read
         uint64_t impl_vtable = 0;               // c10::TensorImpl's vtable in the process
     };
     std::shared_ptr<const TorchFile> file(const std::string& open_path, uint64_t dev, uint64_t inode, Kind kind);
-    std::optional<std::string> setup_parameters(uint32_t pid, Process& p, const std::vector<host::MappedFile>& files);
+    void setup_parameters(uint32_t pid, Process& p, const std::vector<host::MappedFile>& files);
     std::optional<std::vector<int64_t>> shape_at(const Process& p, host::RemoteMemory& mem,
                                                  uint64_t obj, std::string* dtype = nullptr);
     std::optional<ParamInfo> read_param(uint32_t pid, const Process& p, host::RemoteMemory& mem, uint64_t obj,
@@ -92,6 +97,7 @@ private:
     TorchMaps& maps_;
     bool enabled_;
     python::LivePyResolver* py_ = nullptr;
+    std::string proc_root_ = "/proc";
     std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<const TorchFile>> files_;
     std::map<uint32_t, Process> procs_;
 };
