@@ -175,6 +175,16 @@ void collective_fields(const model::Record& r, const snapshot::ProcessSnapshot& 
 
 }  // namespace
 
+// "aten::mm" -> "aten.mm.default", "aten::add.Tensor" -> "aten.add.Tensor":
+// the OpOverload's str(), as CommDebugMode keys its operations.
+std::optional<std::string> op_name(std::string_view name) {
+    constexpr std::string_view kAten = "aten::";
+    if (!name.starts_with(kAten) || name.size() == kAten.size()) return std::nullopt;
+    std::string out = "aten." + std::string(name.substr(kAten.size()));
+    if (name.find('.', kAten.size()) == std::string_view::npos) out += ".default";
+    return out;
+}
+
 std::vector<CallField> call_fields(const model::Record& r, const snapshot::ProcessSnapshot& p,
                                    const capture::SymbolTable& syms) {
     Fields f;
@@ -182,6 +192,10 @@ std::vector<CallField> call_fields(const model::Record& r, const snapshot::Proce
         f.json("module_fqn", FieldType::Text, 0, 0, std::string(p.tree->context_name(r)));
         f.json("module_class", FieldType::Text, 0, 0, std::string(p.tree->module_class(r)));
         f.json("event_type", FieldType::Text, 0, 0, r.has(model::kBackward) ? "backward" : "forward");
+        return std::move(f.out);
+    }
+    if (r.kind == model::RecordKind::Op) {
+        if (auto name = op_name(model::record_name(r, syms))) f.json("op_name", FieldType::Text, 0, 0, *name);
         return std::move(f.out);
     }
     if (r.kind != model::RecordKind::Collective) return {};

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,9 +55,14 @@ struct CallField {
     int min_noise = 0;
 };
 
+// An ATen record's name as CommDebugMode keys the op (the OpOverload's
+// str(): "aten::mm" -> "aten.mm.default"); nullopt for another name.
+std::optional<std::string> op_name(std::string_view name);
+
 // The fields of a collective-kind record (collectives and the communicator
-// lifecycle) or of a module record seen in Python stacks (module_fqn,
-// module_class, event_type), in JSON order; empty for other kinds.
+// lifecycle), of a module record seen in Python stacks (module_fqn,
+// module_class, event_type) or of an ATen op record (op_name), in JSON
+// order; empty for other kinds.
 std::vector<CallField> call_fields(const model::Record& r, const snapshot::ProcessSnapshot& p,
                                    const capture::SymbolTable& syms);
 

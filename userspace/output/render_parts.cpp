@@ -14,12 +14,15 @@ namespace {
 // Views, aliases, layout changes, dtype/device copies and allocations: they
 // carry no communication meaning and swamp the table, so only level 3 shows
 // them.  Matched on the ATen base name (namespace and overload stripped).
-constexpr std::array<std::string_view, 26> kTrivialOps = {
-    "_reshape_alias", "_to_copy", "_unsafe_view", "alias",   "as_strided", "chunk",
-    "clone",          "contiguous", "detach",     "empty",   "empty_like", "empty_strided",
-    "expand",         "lift_fresh", "permute",    "reshape", "select",     "slice",
-    "split",          "squeeze",  "t",            "to",      "transpose",  "unsqueeze",
-    "view",           "zeros_like"};
+// CommDebugMode's own list (detach, t, view, _to_copy, as_strided,
+// transpose) is in it, and resolve_conj / resolve_neg, which every DTensor op
+// dispatches around itself.
+constexpr std::array<std::string_view, 28> kTrivialOps = {
+    "_reshape_alias", "_to_copy",   "_unsafe_view", "alias",        "as_strided",  "chunk",
+    "clone",          "contiguous", "detach",       "empty",        "empty_like",  "empty_strided",
+    "expand",         "lift_fresh", "permute",      "reshape",      "resolve_conj", "resolve_neg",
+    "select",         "slice",      "split",        "squeeze",      "t",           "to",
+    "transpose",      "unsqueeze",  "view",         "zeros_like"};
 
 }  // namespace
 

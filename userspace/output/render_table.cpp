@@ -126,7 +126,8 @@ private:
 
     void tracing_table() {
         line("");
-        line(paint(kBold, "type        detail"));
+        line(paint(kBold, "Type        Detail"));
+        line(std::string(10, '-') + "  " + std::string(66, '-'));
         if (!p_.tree || p_.tree->roots().empty()) {
             line("(no records)");
             return;

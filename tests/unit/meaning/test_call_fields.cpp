@@ -145,3 +145,13 @@ TEST(CallFields, EachFieldSaysWhereItShows) {
     EXPECT_EQ(dtype->show, TableShow::Bare);
     EXPECT_EQ(field_text(*dtype), "float32");
 }
+
+// op_name is the OpOverload's str() CommDebugMode keys its operations by:
+// the default overload spelled out, a named one kept.
+TEST(CallFields, OpNameIsTheOverloadsNameAsCommDebugModeKeysIt) {
+    EXPECT_EQ(op_name("aten::mm"), "aten.mm.default");
+    EXPECT_EQ(op_name("aten::add.Tensor"), "aten.add.Tensor");
+    EXPECT_EQ(op_name("aten::arange.start_out"), "aten.arange.start_out");
+    EXPECT_EQ(op_name("c10d::ProcessGroupGloo::allreduce"), std::nullopt);
+    EXPECT_EQ(op_name("aten::"), std::nullopt);
+}

@@ -287,6 +287,11 @@ TEST(Render, NoiseLevelsHideTrivialOpsAndHoistTheirChildren) {
     EXPECT_EQ(l0.find("aten::"), std::string::npos);
     EXPECT_NE(l0.find("Collective    ncclAllReduce count=1024 float32 sum"), std::string::npos);
     EXPECT_TRUE(is_trivial_op("aten::view.dtype"));
+    // CommDebugMode's trivial ops (its _comm_mode.trivial_ops), and the two every DTensor op dispatches.
+    for (const char* op : {"aten::detach", "aten::t", "aten::view", "aten::_to_copy", "aten::as_strided",
+                           "aten::transpose.int", "aten::resolve_conj", "aten::resolve_neg"})
+        EXPECT_TRUE(is_trivial_op(op)) << op;
+    EXPECT_FALSE(is_trivial_op("aten::mm"));
     EXPECT_FALSE(is_trivial_op("aten::viewer"));
     EXPECT_FALSE(is_trivial_op("view"));
 }
