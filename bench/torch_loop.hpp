@@ -17,7 +17,9 @@ namespace commdbg::bench {
 class TorchLoop {
 public:
     // False when `exe` cannot run or cannot import torch.
-    bool start(const std::string& exe) {
+    // `script` as kScript does: a "ready" line, then per "go N" line the
+    // seconds N calls took.
+    bool start(const std::string& exe, const char* script = kScript) {
         stop();  // a python that failed to start before
         int to[2], from[2];
         if (pipe(to) || pipe(from)) return false;
@@ -27,7 +29,7 @@ public:
             dup2(from[1], 1);
             close(to[1]);
             close(from[0]);
-            execl(exe.c_str(), exe.c_str(), "-c", kScript, nullptr);
+            execl(exe.c_str(), exe.c_str(), "-c", script, nullptr);
             _exit(127);
         }
         close(to[0]);

@@ -363,17 +363,25 @@ bpf_program* BpfSession::enter_program() const { return skel_->progs.call_enter;
 bpf_program* BpfSession::exit_program() const { return skel_->progs.call_exit; }
 bpf_program* BpfSession::dl_program() const { return skel_->progs.dl_debug_state; }
 
-std::vector<std::pair<std::string, uint32_t>> BpfSession::verified_insns() const {
-    std::vector<std::pair<std::string, uint32_t>> out;
+std::vector<ProgramStats> BpfSession::program_stats() const {
+    std::vector<ProgramStats> out;
     bpf_program* p = nullptr;
     bpf_object__for_each_program(p, skel_->obj) {
         int fd = bpf_program__fd(p);
         if (fd < 0) continue;  // not loaded (autoload off)
         bpf_prog_info info{};
         uint32_t len = sizeof(info);
-        uint32_t n = bpf_prog_get_info_by_fd(fd, &info, &len) == 0 ? info.verified_insns : 0;
-        out.emplace_back(bpf_program__name(p), n);
+        ProgramStats s{bpf_program__name(p)};
+        if (bpf_prog_get_info_by_fd(fd, &info, &len) == 0)
+            s.verified_insns = info.verified_insns, s.runs = info.run_cnt, s.run_ns = info.run_time_ns;
+        out.push_back(std::move(s));
     }
+    return out;
+}
+
+std::vector<std::pair<std::string, uint32_t>> BpfSession::verified_insns() const {
+    std::vector<std::pair<std::string, uint32_t>> out;
+    for (const ProgramStats& s : program_stats()) out.emplace_back(s.name, s.verified_insns);
     return out;
 }
 

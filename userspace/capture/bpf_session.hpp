@@ -61,6 +61,14 @@ struct CommEntry {
     cd_comm_val val;
 };
 
+// One loaded program's verifier work and, while the kernel's BPF stats are
+// enabled (bpf_enable_stats), its runs and the time they took.
+struct ProgramStats {
+    std::string name;
+    uint32_t verified_insns = 0;
+    uint64_t runs = 0, run_ns = 0;
+};
+
 struct LinkDeleter {
     void operator()(bpf_link* l) const;
 };
@@ -145,6 +153,7 @@ public:
     // (name -> count; 0 where the kernel does not say): its work, which every
     // attach waits for.
     std::vector<std::pair<std::string, uint32_t>> verified_insns() const;
+    std::vector<ProgramStats> program_stats() const;
 
 private:
     BpfSession() = default;

@@ -70,7 +70,7 @@ TraceSession::TraceSession(std::unique_ptr<capture::ResumeGuard> guard, std::uni
       opts_(opts),
       python_(py_maps_, python::PySupportOptions{.stacks = opts.py_stack != python::PyStackMode::Off && opts.records,
                                          .depth = opts.py_depth}),
-      torch_(torch_maps_, opts.records) {
+      torch_(torch_maps_, opts.records && opts.tensors) {
     bpf_->set_event_handler([this](std::span<const uint8_t> b) { on_record(b); });
     if (python_.stacks()) {
         model_.set_resolver(&python_.resolver());

@@ -32,6 +32,7 @@ struct SessionOptions {
     std::vector<std::string> probes;  // spec names or files; empty: every built-in
     bool records = true;              // ring-buffer records (off: counters only)
     bool stack_args = false;          // records also read stack-passed arguments only they show (NCCL's stream)
+    bool tensors = true;              // c10d records read their tensors and group (with records only)
     python::PyStackMode py_stack = python::PyStackMode::Default;  // where records carry the Python stack
     uint32_t py_depth = CD_DEFAULT_PY_FRAMES;     // frames walked per record, innermost first
     std::vector<fsdp::Profile> lifecycle_profiles;  // tried before the built-in ones
@@ -104,6 +105,7 @@ public:
     // Records whose handling failed (each said in take_messages, up to kMaxFailureNotes).
     uint64_t failed_records() const { return failed_records_; }
     std::array<uint64_t, CD_DROP_MAX> kernel_drops() const { return bpf_->drops(); }
+    std::vector<capture::ProgramStats> program_stats() const { return bpf_->program_stats(); }
     const std::vector<capture::AttachedFile>& attached_files() const { return attacher_.files(); }
 
 private:

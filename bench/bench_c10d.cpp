@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: Apache-2.0
+// What a c10d record's tensors cost: dist.all_reduce on one float tensor
+// (a 1-rank gloo group, torch on this host) in the SAME python, unprobed,
+// under the torch-c10d spec with records, and with records that also carry
+// the tensors and the group (the kernel reading each TensorImpl at entry).
+// The machine's speed drifts, so the three are measured in turn, round after
+// round, and each ratio is taken against the unprobed run of its own round.
+// The kernel's own time per probed call (bpf_enable_stats: every program's
+// run time, tail calls included in the program that made them) is exact
+// where the call's time is noisy (gloo wakes threads).
+#include <bpf/bpf.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_args.hpp"
+#include "torch_loop.hpp"
+#include "trace_session.hpp"
+
+using namespace commdbg;
+
+namespace {
+
+constexpr const char* kC10dLoop = R"PY(
+import os, socket, sys, time, torch
+import torch.distributed as dist
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+t = torch.ones(8)
+print("ready", flush=True)
+for line in sys.stdin:
+    n = int(line.split()[1])
+    t0 = time.perf_counter()
+    for _ in range(n):
+        dist.all_reduce(t)
+    print(time.perf_counter() - t0, flush=True)
+)PY";
+
+// ns per call of one round; drains the ring buffer while python runs, as a real session does.
+double round_ns(bench::TorchLoop& py, long n, session::TraceSession* s) {
+    py.go(n);
+    pollfd pf{py.result_fd(), POLLIN, 0};
+    while (poll(&pf, 1, 0) == 0)
+        if (s) s->poll(10);
+        else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    double secs = py.seconds();
+    if (s) s->drain();
+    return secs * 1e9 / double(n);
+}
+
+// CPU seconds this process (the tracer's userspace and its system calls) has used.
+double own_cpu() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    size_t k = v.size();
+    return k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    auto args = bench::bench_args(argc, argv, {{"calls", 20000, 100}, {"rounds", 5, 1}});
+    const long n = args[0];
+    const int rounds = static_cast<int>(args[1]);
+    if (geteuid() != 0) {
+        std::printf("bench_c10d: skipped — needs root to attach uprobes\n");
+        return 0;
+    }
+    bench::TorchLoop py;
+    if (!py.start("/usr/bin/python3", kC10dLoop)) {
+        std::printf("bench_c10d: skipped — /usr/bin/python3 cannot run a gloo group (Debian: apt install python3-torch)\n");
+        return 0;
+    }
+    round_ns(py, n / 10, nullptr);  // warm-up
+    const int stats_fd = bpf_enable_stats(BPF_STATS_RUN_TIME);  // on while the fd is open
+    struct Mode {
+        const char* what;
+        bool probed, tensors;
+        std::vector<double> ns;
+        std::vector<double> bpf_ns;  // the kernel's time per probed call
+        std::vector<double> cpu_ns;  // the tracer's own CPU per call (its userspace: decode, model)
+    };
+    std::vector<Mode> modes = {{"unprobed", false, false, {}},
+                               {"torch-c10d records, no tensors", true, false, {}},
+                               {"torch-c10d records + tensors", true, true, {}}};
+    for (int r = 0; r < rounds; ++r)
+        for (auto& m : modes) {
+            if (!m.probed) {
+                m.ns.push_back(round_ns(py, n, nullptr));
+                continue;
+            }
+            session::SessionOptions so;
+            so.probes = {"torch-c10d"};
+            so.tensors = m.tensors;
+            so.py_stack = python::PyStackMode::Off;  // the tensors' cost alone
+            auto s = session::TraceSession::create(so);
+            if (!s) {
+                std::fprintf(stderr, "bench_c10d: %s\n", s.error().c_str());
+                return 1;
+            }
+            if (auto a = (*s)->add_process(py.pid(), false, false); !a) {
+                std::fprintf(stderr, "bench_c10d: attach failed: %s\n", a.error().c_str());
+                return 1;
+            }
+            const double cpu0 = own_cpu();
+            m.ns.push_back(round_ns(py, n, s->get()));
+            m.cpu_ns.push_back((own_cpu() - cpu0) * 1e9 / double(n));
+            uint64_t runs = 0, run_ns = 0;
+            for (const auto& p : (*s)->program_stats()) runs = std::max(runs, p.runs), run_ns += p.run_ns;
+            if (stats_fd >= 0 && runs > 0) m.bpf_ns.push_back(double(run_ns) / double(runs));
+        }
+    std::printf("dist.all_reduce on 8 floats, 1-rank gloo group (python pid %d), %ld calls x %d rounds\n", py.pid(), n,
+                rounds);
+    for (const auto& m : modes) {
+        std::vector<double> ratios;
+        for (int r = 0; r < rounds; ++r) ratios.push_back(m.ns[r] / modes[0].ns[r]);
+        auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
+        std::printf("%-34s %9.0f ns/call  ratio %.2f of unprobed (rounds %.2f-%.2f)\n", m.what, median(m.ns),
+                    median(ratios), *lo, *hi);
+    }
+    std::printf("the tracer's own CPU per call (decode, model, polling): %.0f ns without tensors, %.0f ns with\n",
+                median(modes[1].cpu_ns), median(modes[2].cpu_ns));
+    if (modes[1].bpf_ns.size() == size_t(rounds) && modes[2].bpf_ns.size() == size_t(rounds)) {
+        std::printf("BPF programs per probed call: %.0f ns without tensors, %.0f ns with (%+.0f ns; medians)\n",
+                    median(modes[1].bpf_ns), median(modes[2].bpf_ns),
+                    median(modes[2].bpf_ns) - median(modes[1].bpf_ns));
+    } else {
+        std::printf("BPF programs per probed call: not measured (bpf_enable_stats: %s)\n",
+                    stats_fd < 0 ? "refused" : "no runs counted");
+    }
+    std::vector<double> added;
+    for (int r = 0; r < rounds; ++r) added.push_back(modes[2].ns[r] - modes[1].ns[r]);
+    auto [lo, hi] = std::minmax_element(added.begin(), added.end());
+    std::printf("tensors and group read per c10d record, whole call: %+.0f ns median (rounds %+.0f to %+.0f)\n",
+                median(added), *lo, *hi);
+    if (stats_fd >= 0) close(stats_fd);
+    return 0;
+}
