@@ -97,6 +97,7 @@ size_t ProcessTree::memory_bytes() const {
          tensor_dims_.capacity() * sizeof(int64_t);
     n += params_tried_.bucket_count() * sizeof(void*);
     for (const auto& [fqn, tried] : params_tried_) n += sizeof(fqn) + fqn.capacity() + sizeof(tried) + kNode;
+    for (const auto& [fqn, k] : params_retries_) n += sizeof(fqn) + fqn.capacity() + sizeof(k) + kNode;
     n += params_.capacity() * sizeof(params_[0]);
     for (const auto& [fqn, m] : params_) {
         n += fqn.capacity() + m.params.capacity() * sizeof(torch::ParamInfo);
@@ -202,6 +203,7 @@ void ProcessTree::reset_window() {
     modules_.clear();
     params_.clear();
     params_tried_.clear();
+    params_retries_.clear();
     params_lost_ = 0;
 }
 

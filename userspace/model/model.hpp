@@ -323,6 +323,7 @@ private:
     uint64_t last_root_ = 0;  // the outermost module of the last forward stack: FQNs start there
     std::vector<std::pair<std::string, torch::ModuleParams>> params_;
     std::unordered_map<std::string, bool> params_tried_;  // module paths asked this window
+    std::unordered_map<std::string, uint32_t> params_retries_;  // asked again: not readable yet
     uint64_t params_lost_ = 0;
 };
 

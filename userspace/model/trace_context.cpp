@@ -16,6 +16,9 @@ namespace {
 constexpr size_t kMaxCtxLinks = 4 * CD_MAX_PY_FRAMES;
 // Submodules below a module seen whose parameters are read (the module tree's own bound).
 constexpr size_t kMaxParamDepth = 32;
+// Reads of a module whose parameters are not readable yet (FSDP2 before its
+// first unshard) before what could be read is kept.
+constexpr uint32_t kMaxParamRetries = 8;
 
 // A frame when there is no resolver: counted, never named.
 const python::PyFrameInfo kUnresolved{};
@@ -127,6 +130,10 @@ void TraceModel::read_parameters(ProcessTree& p, uint32_t tgid, const std::strin
         p.params_tried_.emplace(path, true);
         std::optional<torch::ModuleParams> got = params_->module_parameters(tgid, m);
         if (!got) continue;
+        if (got->retry && ++p.params_retries_[path] <= kMaxParamRetries) {
+            p.params_tried_.erase(path);  // asked again when a record of this module opens
+            continue;
+        }
         if (depth < kMaxParamDepth)
             for (size_t i = got->children.size(); i-- > 0;) {
                 auto& [name, child] = got->children[i];

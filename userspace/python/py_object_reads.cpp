@@ -375,4 +375,22 @@ std::optional<int64_t> LivePyResolver::Process::small_int(uint64_t obj) {
     return (1 - static_cast<int64_t>(h[2] & 3)) * digit;
 }
 
+std::optional<std::vector<uint64_t>> LivePyResolver::Process::list_items(uint64_t list, size_t max) {
+    uint64_t h[4] = {};  // refcnt, type, ob_size, ob_item
+    if (!layout_error_.empty() || !mem_->read(list, h, sizeof h) || !plausible_refcnt(h[0]) ||
+        !has_flag(h[1], kFlagList) || static_cast<int64_t>(h[2]) < 0)
+        return std::nullopt;
+    std::vector<uint64_t> items(std::min<size_t>(h[2], max));
+    if (!items.empty() && !mem_->read(h[kListItems / 8], items.data(), items.size() * 8)) return std::nullopt;
+    return items;
+}
+
+uint64_t LivePyResolver::Process::method_self(uint64_t method) {
+    uint64_t h[kMethodSelf / 8 + 1] = {};
+    if (!layout_error_.empty() || !mem_->read(method, h, sizeof h) || !plausible_refcnt(h[0])) return 0;
+    const Type* t = type(h[1]);
+    if (t == nullptr || t->facts.heap || t->facts.name != "method") return 0;
+    return h[kMethodSelf / 8];
+}
+
 }  // namespace commdbg::python

@@ -133,6 +133,10 @@ public:
     std::optional<std::vector<uint64_t>> tuple_items(uint32_t pid, uint64_t tuple, size_t max);
     uint64_t slot(uint32_t pid, uint64_t obj, std::string_view name);
     std::optional<int64_t> small_int(uint32_t pid, uint64_t obj);
+    // A list's first `max` items; the object a bound method is bound to
+    // (its __self__: 0 for anything but a method object).
+    std::optional<std::vector<uint64_t>> list_items(uint32_t pid, uint64_t list, size_t max);
+    uint64_t method_self(uint32_t pid, uint64_t method);
 
     // What pid's caches hold and what their bound cost it (zeros: never seen).
     PyCacheStats cache_stats(uint32_t pid) const;

@@ -67,6 +67,10 @@ inline constexpr int32_t kTObjectEx = 16;
 // lv_tag (3.12+: digit count << 3 | sign, sign 0 positive, 1 zero, 2 negative).
 inline constexpr uint32_t kLongDigit = 24;
 inline constexpr uint64_t kFlagLong = 1ull << 24;
+// listobject.h: ob_size at 16, ob_item (the items' array) at 24;
+// classobject.h: a bound method's im_func at 16, im_self at 24.  3.10-3.13.
+inline constexpr uint32_t kListItems = 24, kMethodSelf = 24;
+inline constexpr uint64_t kFlagList = 1ull << 25;
 
 inline constexpr uint64_t kFlagInlineValues = 1ull << 2;  // 3.13
 inline constexpr uint64_t kFlagManagedDict = 1ull << 4;   // 3.11+
@@ -145,6 +149,8 @@ public:
     }
     uint64_t slot(uint64_t obj, std::string_view name);
     std::optional<int64_t> small_int(uint64_t obj);
+    std::optional<std::vector<uint64_t>> list_items(uint64_t list, size_t max);
+    uint64_t method_self(uint64_t method);
 
 private:
     struct Code {

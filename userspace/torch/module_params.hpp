@@ -41,6 +41,9 @@ struct ParamInfo {
 struct ModuleParams {
     std::vector<ParamInfo> params;
     uint32_t unread = 0;  // parameters whose tensor could not be read (or past kMaxModuleParams)
+    // Some parameter is not readable yet but will be (an FSDP2 parameter
+    // before its first unshard): asking again later may read it.
+    bool retry = false;
     // Its submodules (its _modules dict: key, module object), at most
     // kMaxModuleParams: a module that issues no record is seen through its parent.
     std::vector<std::pair<std::string, uint64_t>> children;

@@ -237,6 +237,41 @@ std::optional<ParamInfo> TorchSupport::read_param(uint32_t pid, const Process& p
     return info;
 }
 
+// FSDP2 (fully_shard) registers a unit's parameters unsharded while its
+// forward runs and sharded otherwise; what a forward sees, and CommDebugMode
+// shows, is the unsharded one.  The unit's FSDPState (the object its forward
+// pre-hook is bound to) holds both in each FSDPParam: sharded_param and
+// _unsharded_param.  Learned when the unit's own parameters are read (before
+// its submodules', which it manages too).
+void TorchSupport::learn_fsdp_unit(uint32_t pid, Process& p, uint64_t module) {
+    uint64_t hooks = py_->attr(pid, module, "_forward_pre_hooks"), state = 0;
+    if (hooks == 0) return;
+    py_->dict_items(pid, hooks, [&](uint64_t, uint64_t hook) {
+        uint64_t self = py_->method_self(pid, hook);
+        auto t = self ? py_->type(pid, py_->type_of(pid, self)) : std::nullopt;
+        if (t && t->heap && t->name == "FSDPState") state = self;
+        return state == 0;
+    });
+    uint64_t group = state ? py_->attr(pid, state, "_fsdp_param_group") : 0;
+    auto params = group ? py_->list_items(pid, py_->attr(pid, group, "fsdp_params"), kMaxModuleParams) : std::nullopt;
+    for (uint64_t fp : params.value_or(std::vector<uint64_t>{})) {
+        uint64_t sharded = py_->attr(pid, fp, "sharded_param");
+        if (sharded == 0 || (p.fsdp_params.size() >= kMaxFsdpParams && p.fsdp_params.count(sharded) == 0)) continue;
+        p.fsdp_params[sharded] = fp;
+    }
+}
+
+// The object a forward sees for `param`: its FSDPParam's unsharded parameter
+// when `param` is (still) that FSDPParam's sharded one, else `param`; 0 and
+// `pending` when FSDP2 has not made the unsharded one yet.
+uint64_t TorchSupport::fsdp_forward_view(uint32_t pid, const Process& p, uint64_t param, bool& pending) {
+    auto it = p.fsdp_params.find(param);
+    if (it == p.fsdp_params.end() || py_->attr(pid, it->second, "sharded_param") != param) return param;
+    uint64_t unsharded = py_->attr(pid, it->second, "_unsharded_param");
+    if (unsharded == 0) pending = true;
+    return unsharded;
+}
+
 std::optional<ModuleParams> TorchSupport::module_parameters(uint32_t pid, uint64_t module) {
     auto it = procs_.find(pid);
     if (py_ == nullptr || it == procs_.end() || !it->second.ready) return std::nullopt;
@@ -250,8 +285,10 @@ std::optional<ModuleParams> TorchSupport::module_parameters(uint32_t pid, uint64
     if (dict == 0) return std::nullopt;
     host::ProcessMemory mem(static_cast<int>(pid));
     ModuleParams out;
-    bool read = py_->dict_items(pid, dict, [&](uint64_t key, uint64_t value) {
+    learn_fsdp_unit(pid, p, module);
+    bool read = py_->dict_items(pid, dict, [&](uint64_t key, uint64_t registered) {
         auto name = py_->str(pid, key);
+        uint64_t value = fsdp_forward_view(pid, p, registered, out.retry);
         auto type = py_->type(pid, py_->type_of(pid, value));
         if (type && !type->heap && type->name == "NoneType") return true;  // named_parameters() skips None
         auto info = name && type && out.params.size() < kMaxModuleParams ? read_param(pid, p, mem, value, *type)

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -77,6 +78,7 @@ public:
 private:
     enum class Kind { c10, libtorch, python };
     static constexpr int kPythonTries = 3;
+    static constexpr size_t kMaxFsdpParams = 65536;  // sharded parameters known per process
     struct Process {
         std::shared_ptr<const TorchFile> c10;
         bool ready = false;
@@ -85,6 +87,8 @@ private:
         int python_tries = 0;                   // looks for libtorch_python (kPythonTries at most)
         std::string params_note;                // why its module parameters are not read
         uint64_t impl_vtable = 0;               // c10::TensorImpl's vtable in the process
+        // FSDP2: a sharded parameter object -> the FSDPParam holding it (checked again at use).
+        std::unordered_map<uint64_t, uint64_t> fsdp_params;
     };
     std::shared_ptr<const TorchFile> file(const std::string& open_path, uint64_t dev, uint64_t inode, Kind kind);
     void setup_parameters(uint32_t pid, Process& p, const std::vector<host::MappedFile>& files);
@@ -93,6 +97,8 @@ private:
     std::optional<ParamInfo> read_param(uint32_t pid, const Process& p, host::RemoteMemory& mem, uint64_t obj,
                                         const python::PyTypeFacts& type);
     std::optional<std::string> placement(uint32_t pid, uint64_t obj);
+    void learn_fsdp_unit(uint32_t pid, Process& p, uint64_t module);
+    uint64_t fsdp_forward_view(uint32_t pid, const Process& p, uint64_t param, bool& pending);
 
     TorchMaps& maps_;
     bool enabled_;
