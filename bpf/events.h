@@ -103,6 +103,10 @@ enum cd_role {
 	CD_ROLE_SCOPE_LABEL = 10,
 	CD_ROLE_SCOPE_BEGIN = 11,
 	CD_ROLE_SCOPE_END = 12,
+	/* MODULE_ENTER  torch::jit::tracer::getTracingState(), which
+	 *               nn.Module._call_impl calls first (torch 1.13 and 2.x):
+	 *               with its Python stack, a module call begins; no record */
+	CD_ROLE_MODULE_ENTER = 13,
 };
 
 /* Collective kinds, shared by layers (nccl, c10d).  Index of comm_counts. */

@@ -27,7 +27,7 @@ const std::map<std::string, cd_role> kRoles = {
     {"group_start", CD_ROLE_GROUP_START}, {"group_end", CD_ROLE_GROUP_END},
     {"other", CD_ROLE_OTHER},
     {"scope_label", CD_ROLE_SCOPE_LABEL}, {"scope_begin", CD_ROLE_SCOPE_BEGIN},
-    {"scope_end", CD_ROLE_SCOPE_END},
+    {"scope_end", CD_ROLE_SCOPE_END}, {"module_enter", CD_ROLE_MODULE_ENTER},
 };
 
 const std::map<std::string, cd_coll> kColls = {
@@ -64,7 +64,8 @@ uint8_t* slot_for(ArgSlots& s, const std::string& arg) {
 }
 
 // The Python stack goes with the calls a user asks "who issued this" of:
-// collectives, communicator life cycle, c10d methods and scopes.  Ops are
+// collectives, communicator life cycle, c10d methods, scopes and module
+// entries (whose stack says which call begins).  Ops are
 // many: only with --py-stack ops.
 bool default_py_stack(const SymbolInfo& s) {
     switch (s.role) {
@@ -73,7 +74,8 @@ bool default_py_stack(const SymbolInfo& s) {
     case CD_ROLE_COMM_SPLIT:
     case CD_ROLE_COMM_END:
     case CD_ROLE_SCOPE_LABEL:
-    case CD_ROLE_SCOPE_BEGIN: return true;
+    case CD_ROLE_SCOPE_BEGIN:
+    case CD_ROLE_MODULE_ENTER: return true;
     default: return s.layer == "c10d";
     }
 }

@@ -367,7 +367,8 @@ private:
                       const capture::SymbolInfo& info);
     bool admit(ProcessTree& p, const ProcessTree::ThreadState& th);
     void resolve_frames(const capture::CallEnter& e);
-    void update_context(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e);
+    void update_context(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
+                        bool entering = false);
     void want_modules(ProcessTree& p);
     void open_module(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, size_t want);
     void read_parameters(ProcessTree& p, uint32_t tgid, const std::string& fqn, uint64_t module);

@@ -69,8 +69,16 @@ void TraceModel::want_modules(ProcessTree& p) {
 // it: outside).  The common prefix stays; the rest of the old chain ends
 // where this record starts (a scope among it lost its end: it ends too), and
 // the new modules open.
-void TraceModel::update_context(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e) {
+// `entering`: the event is a module call's entry (CD_ROLE_MODULE_ENTER), its
+// innermost frame nn.Module._call_impl.  That module's call is a new one even
+// where its link looks the same (the same module called again, or a sibling
+// whose frame CPython placed where the last one's was): its old link and
+// what is deeper end here; the new call's link opens with its first record.
+void TraceModel::update_context(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
+                                bool entering) {
     want_modules(p);
+    const bool from_call_impl = !frames_.empty() && frames_[0]->kind == python::PyFrameKind::ModuleCall;
+    const WantModule* entered = entering && from_call_impl && !want_.empty() ? &want_.back() : nullptr;
     desired_.clear();
     size_t w = 0;
     for (uint32_t i = 0; i < th.ctx.size(); ++i) {
@@ -83,12 +91,13 @@ void TraceModel::update_context(ProcessTree& p, ProcessTree::ThreadState& th, co
     auto same = [&](const ProcessTree::CtxLink& l, const Desired& d) {
         if (d.scope) return l.scope && &l == &th.ctx[d.idx];
         const WantModule& m = want_[d.idx];
-        return !l.scope && l.key == m.module && l.backward == m.backward && l.depth == m.depth;
+        return &m != entered && !l.scope && l.key == m.module && l.backward == m.backward && l.depth == m.depth;
     };
     size_t keep = 0;
     while (keep < th.ctx.size() && keep < desired_.size() && same(th.ctx[keep], desired_[keep])) ++keep;
     for (size_t i = th.ctx.size(); i-- > keep;) p.end_link(th.ctx[i], e.ts_ns, true);
     th.ctx.resize(keep);
+    if (entering) return;
     for (size_t i = keep; i < desired_.size(); ++i)
         if (!desired_[i].scope) open_module(p, th, e, desired_[i].idx);
 }

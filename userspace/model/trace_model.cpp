@@ -121,6 +121,10 @@ void TraceModel::on_enter(const capture::CallEnter& e) {
     cd_role role = info->role;
     if (role == CD_ROLE_GROUP_START || role == CD_ROLE_GROUP_END) return;
     resolve_frames(e);
+    if (role == CD_ROLE_MODULE_ENTER) {  // a boundary, not a call: no record, no native frame
+        if (py_stack_complete(e)) update_context(p, th, e, true);
+        return;
+    }
     if (py_stack_complete(e)) update_context(p, th, e);
     bool collective = role == CD_ROLE_COLLECTIVE;
     if (collective && !th.stack.empty() && th.stack.back().collective) ++p.nested_collectives_;

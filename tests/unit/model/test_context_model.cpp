@@ -142,6 +142,7 @@ struct Ctx {
     uint32_t nccl = t.intern(sym("ncclAllReduce", "nccl", CD_ROLE_COLLECTIVE, {2, 3, 5, 4}, CD_COLL_ALL_REDUCE, true));
     uint32_t mm = t.intern(sym("aten::mm", "aten", CD_ROLE_OP));
     uint32_t add = t.intern(sym("aten::add.Tensor", "aten", CD_ROLE_OP));
+    uint32_t module_enter = t.intern(sym("torch::jit::tracer::getTracingState", "torch", CD_ROLE_MODULE_ENTER));
 
     FakeResolver res;
     TraceModel model;
@@ -385,6 +386,51 @@ TEST(ContextModel, ModuleChainOpensWithTheStacksAndClosesWhenTheyLeaveIt) {
     EXPECT_EQ(c.parent_name(*c.find("aten::mm")), "c10d::ProcessGroupNCCL::allreduce");
     EXPECT_EQ(c.parent_name(*c.find("aten::add.Tensor")), "<none>");
     for (const Record* m : mods) EXPECT_FALSE(m->has(kBackward));
+}
+
+// _call_impl's getTracingState() call: the innermost frame is _call_impl.
+Stack entering(const Stack& outside, uint64_t m) { return outside + Stack{F(kWrapped, m), F(kCallImpl, m)}; }
+
+// The block called twice in a row, its collectives at the same stack: only
+// the module entry between them tells the calls apart.  It is no record,
+// and a call with no record inside opens none.
+TEST(ContextModel, AModuleEntryMakesTheNextCallOfTheSameModuleANewRecord) {
+    Ctx c;
+    c.enter(c.module_enter, 0x7000, entering(kInEncoder, kBlock));
+    c.collective(kInBlock);
+    auto second = c.enter(c.module_enter, 0x7000, entering(kInEncoder, kBlock));
+    c.collective(kInBlock);
+    c.enter(c.module_enter, 0x7000, entering(kInEncoder, kBlock));  // a call that records nothing
+
+    auto mods = c.of(RecordKind::Module);
+    ASSERT_EQ(mods.size(), 4u);  // <root>, encoder, the block twice
+    EXPECT_EQ(c.name(*mods[2]), "encoder.blocks.1");
+    EXPECT_EQ(c.name(*mods[3]), "encoder.blocks.1");
+    EXPECT_EQ(mods[2]->end_ns, second.ts_ns);
+    EXPECT_EQ(c.parent_name(*mods[3]), "encoder");
+    for (const Record& r : c.recs()) EXPECT_NE(c.name(r), "torch::jit::tracer::getTracingState");
+    const auto counts = c.tree().module_comm_counts();
+    EXPECT_EQ(counts.at("encoder.blocks.1").forward.at("c10d.all_reduce"), 2u);
+    EXPECT_EQ(counts.at("encoder").forward.at("c10d.all_reduce"), 2u);
+}
+
+// Without the entry (an older spec, or the probe missing) the same stacks
+// stay one call: what the entry event changes, and nothing else.
+TEST(ContextModel, WithoutModuleEntriesTheSameStackStaysOneCall) {
+    Ctx c;
+    c.collective(kInBlock);
+    c.collective(kInBlock);
+    EXPECT_EQ(c.of(RecordKind::Module).size(), 3u);
+}
+
+// An entry whose innermost frame is not _call_impl (getTracingState called
+// from other Python code) enters nothing: the chain it is inside stays.
+TEST(ContextModel, AnEntryFromOtherCodeLeavesTheChainItIsInside) {
+    Ctx c;
+    c.collective(kInBlock);
+    c.enter(c.module_enter, 0x7000, kInBlock + Stack{F(kHook, kBlock)});
+    c.collective(kInBlock);
+    EXPECT_EQ(c.of(RecordKind::Module).size(), 3u);
 }
 
 TEST(ContextModel, ModulesInsideTheAutogradEntryRunBackwardNamedFromTheLastForwardRoot) {
