@@ -1,0 +1,153 @@
+// SPDX-License-Identifier: Apache-2.0
+// What telling module calls apart costs: the torch-scopes spec probes
+// torch::jit::tracer::getTracingState(), which every nn.Module call makes
+// first, with its Python stack.  One python (Debian's, torch 1.13) calls an
+// nn.Sequential of 10 Linear(4, 4) (11 module calls a forward) in a loop, in
+// the SAME process: unprobed, under torch-scopes without the module entry (the
+// spec less that symbol), under torch-scopes, and under torch-scopes with
+// counters only (the uprobe's own floor: no stack, no record).  Rounds in turn; ratios
+// against the unprobed run of their own round; the BPF programs' own time per
+// probed call (bpf_enable_stats) beside them.
+#include <bpf/bpf.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench_args.hpp"
+#include "torch_loop.hpp"
+#include "trace_session.hpp"
+
+using namespace commdbg;
+
+namespace {
+
+constexpr int kModuleCallsPerForward = 11;
+constexpr const char* kModuleLoop = R"PY(
+import sys, time, torch, torch.nn as nn
+m = nn.Sequential(*[nn.Linear(4, 4) for _ in range(10)])
+x = torch.ones(2, 4)
+print("ready", flush=True)
+with torch.no_grad():
+    for line in sys.stdin:
+        n = int(line.split()[1])
+        t0 = time.perf_counter()
+        for _ in range(n):
+            m(x)
+        print(time.perf_counter() - t0, flush=True)
+)PY";
+
+double round_ns(bench::TorchLoop& py, long n, session::TraceSession* s) {
+    py.go(n);
+    pollfd pf{py.result_fd(), POLLIN, 0};
+    while (poll(&pf, 1, 0) == 0)
+        if (s) s->poll(10);
+        else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    double secs = py.seconds();
+    if (s) s->drain();
+    return secs * 1e9 / double(n * kModuleCallsPerForward);
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    size_t k = v.size();
+    return k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
+}
+
+// torch-scopes as shipped, less its module_enter symbol, written to `path`.
+bool write_spec_without_entries(const std::string& path) {
+    std::ifstream in(std::string(SOURCE_DIR) + "/specs/torch-scopes.json");
+    auto spec = nlohmann::json::parse(in, nullptr, false);
+    if (spec.is_discarded()) return false;
+    auto& syms = spec["symbols"];
+    syms.erase(std::remove_if(syms.begin(), syms.end(), [](const auto& s) { return s.value("role", "") == "module_enter"; }),
+               syms.end());
+    spec["name"] = "torch-scopes-without-module-entries";
+    std::ofstream(path) << spec.dump(2);
+    return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    auto args = bench::bench_args(argc, argv, {{"forwards", 5000, 10}, {"rounds", 5, 1}});
+    const long n = args[0];
+    const int rounds = static_cast<int>(args[1]);
+    if (geteuid() != 0) {
+        std::printf("bench_module_enter: skipped — needs root to attach uprobes\n");
+        return 0;
+    }
+    bench::TorchLoop py;
+    if (!py.start("/usr/bin/python3", kModuleLoop)) {
+        std::printf("bench_module_enter: skipped — /usr/bin/python3 does not import torch (apt install python3-torch)\n");
+        return 0;
+    }
+    char dir[] = "/tmp/bench_module_enter.XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    const std::string without = std::string(dir) + "/spec.json";
+    if (!write_spec_without_entries(without)) {
+        std::fprintf(stderr, "bench_module_enter: cannot read %s/specs/torch-scopes.json\n", SOURCE_DIR);
+        return 1;
+    }
+    round_ns(py, n / 10, nullptr);  // warm-up
+    const int stats_fd = bpf_enable_stats(BPF_STATS_RUN_TIME);
+    struct Mode {
+        const char* what;
+        std::string spec;  // empty: unprobed
+        bool records;
+        std::vector<double> ns, bpf_ns;
+    };
+    std::vector<Mode> modes = {{"unprobed", "", true, {}, {}},
+                               {"torch-scopes without module entries", without, true, {}, {}},
+                               {"torch-scopes (module entries)", "torch-scopes", true, {}, {}},
+                               {"torch-scopes, counters only", "torch-scopes", false, {}, {}}};
+    for (int r = 0; r < rounds; ++r)
+        for (auto& m : modes) {
+            if (m.spec.empty()) {
+                m.ns.push_back(round_ns(py, n, nullptr));
+                continue;
+            }
+            session::SessionOptions so;
+            so.probes = {m.spec};
+            so.records = m.records;
+            auto s = session::TraceSession::create(so);
+            if (!s) {
+                std::fprintf(stderr, "bench_module_enter: %s\n", s.error().c_str());
+                return 1;
+            }
+            if (auto a = (*s)->add_process(py.pid(), false, false); !a) {
+                std::fprintf(stderr, "bench_module_enter: attach failed: %s\n", a.error().c_str());
+                return 1;
+            }
+            m.ns.push_back(round_ns(py, n, s->get()));
+            uint64_t runs = 0, run_ns = 0;
+            for (const auto& p : (*s)->program_stats()) runs = std::max(runs, p.runs), run_ns += p.run_ns;
+            if (stats_fd >= 0 && runs > 0) m.bpf_ns.push_back(double(run_ns) / double(runs));
+        }
+    std::printf("nn.Sequential of 10 Linear(4, 4) under no_grad (python pid %d), %ld forwards x %d rounds\n", py.pid(),
+                n, rounds);
+    for (const auto& m : modes) {
+        std::vector<double> ratios;
+        for (int r = 0; r < rounds; ++r) ratios.push_back(m.ns[r] / modes[0].ns[r]);
+        auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
+        std::printf("%-38s %7.0f ns per module call  ratio %.2f of unprobed (rounds %.2f-%.2f)", m.what, median(m.ns),
+                    median(ratios), *lo, *hi);
+        if (!m.bpf_ns.empty()) std::printf("  BPF %.0f ns per probed call", median(m.bpf_ns));
+        std::printf("\n");
+    }
+    std::vector<double> added;
+    for (int r = 0; r < rounds; ++r) added.push_back(modes[2].ns[r] - modes[1].ns[r]);
+    std::printf("a module entry adds %+.0f ns per module call (median of rounds)\n", median(added));
+    if (stats_fd >= 0) close(stats_fd);
+    std::remove(without.c_str());
+    rmdir(dir);
+    return 0;
+}
