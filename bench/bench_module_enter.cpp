@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// What telling module calls apart costs: the torch-scopes spec probes
+// What telling module calls apart costs: the torch-modules spec probes
 // torch::jit::tracer::getTracingState(), which every nn.Module call makes
 // first, with its Python stack.  One python (Debian's, torch 1.13) calls an
 // nn.Sequential of 10 Linear(4, 4) (11 module calls a forward) in a loop, in
-// the SAME process: unprobed, under torch-scopes without the module entry (the
-// spec less that symbol), under torch-scopes, and under torch-scopes with
-// counters only (the uprobe's own floor: no stack, no record).  Rounds in turn; ratios
+// the SAME process: unprobed, under torch-scopes, under torch-scopes and
+// torch-modules, and under both with counters only (the uprobe's own floor:
+// no stack, no record).  Rounds in turn; ratios
 // against the unprobed run of their own round; the BPF programs' own time per
 // probed call (bpf_enable_stats) beside them.
 #include <bpf/bpf.h>
@@ -15,12 +15,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "bench_args.hpp"
 #include "torch_loop.hpp"
@@ -62,19 +59,6 @@ double median(std::vector<double> v) {
     return k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
 }
 
-// torch-scopes as shipped, less its module_enter symbol, written to `path`.
-bool write_spec_without_entries(const std::string& path) {
-    std::ifstream in(std::string(SOURCE_DIR) + "/specs/torch-scopes.json");
-    auto spec = nlohmann::json::parse(in, nullptr, false);
-    if (spec.is_discarded()) return false;
-    auto& syms = spec["symbols"];
-    syms.erase(std::remove_if(syms.begin(), syms.end(), [](const auto& s) { return s.value("role", "") == "module_enter"; }),
-               syms.end());
-    spec["name"] = "torch-scopes-without-module-entries";
-    std::ofstream(path) << spec.dump(2);
-    return true;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,33 +74,26 @@ int main(int argc, char** argv) {
         std::printf("bench_module_enter: skipped — /usr/bin/python3 does not import torch (apt install python3-torch)\n");
         return 0;
     }
-    char dir[] = "/tmp/bench_module_enter.XXXXXX";
-    if (!mkdtemp(dir)) return 1;
-    const std::string without = std::string(dir) + "/spec.json";
-    if (!write_spec_without_entries(without)) {
-        std::fprintf(stderr, "bench_module_enter: cannot read %s/specs/torch-scopes.json\n", SOURCE_DIR);
-        return 1;
-    }
     round_ns(py, n / 10, nullptr);  // warm-up
     const int stats_fd = bpf_enable_stats(BPF_STATS_RUN_TIME);
     struct Mode {
         const char* what;
-        std::string spec;  // empty: unprobed
+        std::vector<std::string> specs;  // empty: unprobed
         bool records;
         std::vector<double> ns, bpf_ns;
     };
-    std::vector<Mode> modes = {{"unprobed", "", true, {}, {}},
-                               {"torch-scopes without module entries", without, true, {}, {}},
-                               {"torch-scopes (module entries)", "torch-scopes", true, {}, {}},
-                               {"torch-scopes, counters only", "torch-scopes", false, {}, {}}};
+    std::vector<Mode> modes = {{"unprobed", {}, true, {}, {}},
+                               {"torch-scopes", {"torch-scopes"}, true, {}, {}},
+                               {"torch-scopes + torch-modules", {"torch-scopes", "torch-modules"}, true, {}, {}},
+                               {"both, counters only", {"torch-scopes", "torch-modules"}, false, {}, {}}};
     for (int r = 0; r < rounds; ++r)
         for (auto& m : modes) {
-            if (m.spec.empty()) {
+            if (m.specs.empty()) {
                 m.ns.push_back(round_ns(py, n, nullptr));
                 continue;
             }
             session::SessionOptions so;
-            so.probes = {m.spec};
+            so.probes = m.specs;
             so.records = m.records;
             auto s = session::TraceSession::create(so);
             if (!s) {
@@ -147,7 +124,5 @@ int main(int argc, char** argv) {
     for (int r = 0; r < rounds; ++r) added.push_back(modes[2].ns[r] - modes[1].ns[r]);
     std::printf("a module entry adds %+.0f ns per module call (median of rounds)\n", median(added));
     if (stats_fd >= 0) close(stats_fd);
-    std::remove(without.c_str());
-    rmdir(dir);
     return 0;
 }

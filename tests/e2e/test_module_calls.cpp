@@ -42,7 +42,8 @@ void walk(const json& records, std::vector<std::string>& chain, Seen& seen) {
 
 void expect_each_call_its_own_record(const std::vector<std::string>& job, const std::map<std::string, std::string>& env) {
     TempDir tmp;
-    std::vector<std::string> argv = {commdbg_bin(), "run", "--probes", "torch-c10d,torch-scopes", "--noise-level", "2",
+    std::vector<std::string> argv = {commdbg_bin(), "run", "--probes", "torch-c10d,torch-scopes,torch-modules",
+                                     "--noise-level", "2",
                                      "--json", tmp.path("out.json"), "--"};
     argv.insert(argv.end(), job.begin(), job.end());
     auto r = run(argv, env, 240);
