@@ -179,6 +179,18 @@ class Slotted:
     def __init__(self):
         self.name = "slotted"
 
+    def method(self):
+        return self
+
+
+class SlottedChild(Slotted):
+    __slots__ = ("extra",)
+
+    def __init__(self):
+        super().__init__()
+        self.extra = "child-extra"
+        self.name = "child-name"
+
 
 def make_doomed(name, body="    return a\n"):
     ns = {}
@@ -188,6 +200,10 @@ def make_doomed(name, body="    return a\n"):
 
 model = Model()
 plain, mat, many, slotted = Plain(), Plain(), Many(), Slotted()
+slotted_child = SlottedChild()
+ints = [0, 7, -3, 2 ** 29, 2 ** 40, True]
+bound = slotted.method
+empty_dict = {}
 vars(mat)  # materialized: the dict, no longer the values array
 mat.extra = "after-vars"
 rf = record_function("my-scope")
@@ -250,6 +266,9 @@ def report():
                                         ("Plain", Plain), ("Impostor", Impostor), ("int", int),
                                         ("Inner", Outer.Inner), ("rf", type(rf))]},
         "plain": id(plain), "mat": id(mat), "many": id(many), "slotted": id(slotted),
+        "slotted_child": id(slotted_child), "child_name": id(slotted_child.name),
+        "child_extra": id(slotted_child.extra), "slot_name": id(slotted.name),
+        "ints": id(ints), "int_ids": [id(i) for i in ints], "bound": id(bound), "empty_dict": id(empty_dict),
         "alpha": id(plain.alpha), "a39": id(many.a39), "modules": id(model._modules),
         "rf": id(rf), "rf_type": id(type(rf)), "rf_enter": code_facts(type(rf).__enter__),
         "backward": code_facts(backward_entry), "plain_init": code_facts(Plain.__init__),
@@ -533,6 +552,35 @@ TEST_P(PyObjectsOn, InstanceAttributesFromValuesDictsAndCombinedDicts) {
     EXPECT_EQ(res_.attr(pid_, u(self_["model"]), "_modules"), u(self_["modules"]));
     EXPECT_EQ(str_attr("rf", "name"), "my-scope");
     EXPECT_EQ(res_.attr(pid_, 0x10, "name"), 0u) << "a garbage pointer";
+}
+
+// What torch/ reads of a module's parameters: __slots__ members through the
+// MRO, one-digit ints, lists, a bound method's __self__, an empty dict.
+TEST_P(PyObjectsOn, SlotsIntsListsAndBoundMethodsReadAsTheInterpreterHasThem) {
+    const uint64_t slotted = u(self_["slotted"]), child = u(self_["slotted_child"]);
+    EXPECT_EQ(res_.slot(pid_, slotted, "name"), u(self_["slot_name"]));
+    EXPECT_EQ(res_.slot(pid_, child, "name"), u(self_["child_name"])) << "a base class's slot";
+    EXPECT_EQ(res_.slot(pid_, child, "extra"), u(self_["child_extra"]));
+    EXPECT_EQ(res_.slot(pid_, slotted, "method"), 0u) << "a function, not a member descriptor";
+    EXPECT_EQ(res_.slot(pid_, slotted, "missing"), 0u);
+    EXPECT_EQ(res_.slot(pid_, u(self_["plain"]), "name"), 0u) << "an instance-dict attribute is no slot";
+
+    auto items = res_.list_items(pid_, u(self_["ints"]), 64);
+    ASSERT_TRUE(items.has_value());
+    ASSERT_EQ(items->size(), self_["int_ids"].size());
+    for (size_t i = 0; i < items->size(); ++i) EXPECT_EQ((*items)[i], u(self_["int_ids"][i])) << i;
+    EXPECT_EQ(res_.list_items(pid_, u(self_["ints"]), 2)->size(), 2u) << "bounded";
+    EXPECT_FALSE(res_.list_items(pid_, u(self_["plain"]), 8).has_value()) << "not a list";
+    // 0, 7, -3, 2**29: one digit; 2**40: two (not read); True: a bool, not an int.
+    const std::vector<std::optional<int64_t>> want = {0, 7, -3, int64_t{1} << 29, std::nullopt, std::nullopt};
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(res_.small_int(pid_, (*items)[i]), want[i]) << i;
+
+    EXPECT_EQ(res_.method_self(pid_, u(self_["bound"])), slotted);
+    EXPECT_EQ(res_.method_self(pid_, slotted), 0u) << "not a method";
+    int n = 0;
+    EXPECT_TRUE(res_.dict_items(pid_, u(self_["empty_dict"]), [&](uint64_t, uint64_t) { return ++n, true; }));
+    EXPECT_EQ(n, 0) << "an empty dict is read as empty, not as unreadable";
+    EXPECT_FALSE(res_.dict_items(pid_, slotted, [](uint64_t, uint64_t) { return true; })) << "not a dict";
 }
 
 TEST_P(PyObjectsOn, RecordFunctionBackwardAndPlainFramesAreClassified) {
