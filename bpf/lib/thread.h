@@ -108,7 +108,9 @@ FUNC_INLINE void track_frames(struct cd_thread *st, struct entry *en)
 	en->group_depth = st->group_depth;
 	en->frame_depth = pop_returned_frames(st, en->sp);
 	en->nested = en->role == CD_ROLE_COLLECTIVE && st->coll_frames != 0;
-	if (!CD_COOKIE_RET(en->cookie) && !group)
+	/* A module entry is a point in time, not a frame anything nests in (its
+	 * probe may sit past the entry, where [sp] is no return address). */
+	if (!CD_COOKIE_RET(en->cookie) && !group && en->role != CD_ROLE_MODULE_ENTER)
 		push_frame(st, en);
 }
 

@@ -146,4 +146,22 @@ Result<TlsSlots> getspecific_slots(const std::vector<uint8_t>& c) {
     return out;
 }
 
+std::optional<size_t> emulated_first_call(const std::vector<uint8_t>& code) {
+    const auto& c = code;
+    for (size_t i = 0; i < c.size() && i < 32;) {
+        const size_t left = c.size() - i;
+        if (c[i] == 0xe8 && left >= 5) return i;                                              // call rel32
+        if (left >= 4 && c[i] == 0xf3 && c[i + 1] == 0x0f && c[i + 2] == 0x1e && c[i + 3] == 0xfa) {  // endbr64
+            i += 4;
+        } else if (left >= 4 && c[i] == 0x48 && c[i + 1] == 0x83 && c[i + 2] == 0xec) {     // sub $imm8,%rsp
+            i += 4;
+        } else if (left >= 7 && (c[i] & 0xfb) == 0x48 && c[i + 1] == 0x8d && (c[i + 2] & 0xc7) == 0x05) {
+            i += 7;                                                                          // lea disp32(%rip),%reg
+        } else {
+            return std::nullopt;
+        }
+    }
+    return std::nullopt;
+}
+
 }  // namespace commdbg::arch

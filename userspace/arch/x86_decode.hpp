@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "result.hpp"
@@ -35,6 +36,13 @@ struct FirstCall {
 // registers (rip-relative addresses, GOT loads), stepping over compares,
 // tests, pushes, pops and conditional branches (the fall-through path).
 FirstCall decode_to_first_call(const std::vector<uint8_t>& code, uint64_t vaddr);
+
+// Where in a function's straight-line entry the first `call rel32` is, when
+// only these come before it: endbr64, `sub $imm8,%rsp`, `lea disp32(%rip),%reg`.
+// A uprobe there is emulated by the kernel (a call is), where one on the
+// entry's `sub` is single-stepped out of line: a second trap.  Every call of
+// the function runs it.  nullopt for any other form.
+std::optional<size_t> emulated_first_call(const std::vector<uint8_t>& code);
 
 // glibc's pthread_getspecific fast path (2.34+): key k < keys has its data
 // at fsbase + base + stride * k + data, in the thread descriptor.
