@@ -36,6 +36,8 @@
 
 namespace {
 
+using commdbg::bench::median;
+
 using AllReduceFn = int (*)(const void*, void*, size_t, int, int, void*, void*);
 using commdbg::testproc::Background;
 using Clock = std::chrono::steady_clock;
@@ -112,11 +114,6 @@ double measure_with(const Tracer& tr, const Target& t, std::string& why) {
     return ns;
 }
 
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    size_t n = v.size();
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 // Every tracer in turn, `rounds` times over: the machine's speed drifts (a
 // 2-core VM, bimodal), so each ratio is taken against the anchor measured in

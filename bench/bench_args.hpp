@@ -5,6 +5,7 @@
 // `--help`).
 #pragma once
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -60,6 +61,14 @@ inline std::vector<long> bench_args(int argc, char** argv, std::initializer_list
     }
     if (word && i < argc) *word = argv[i];
     return out;
+}
+
+// The median of a benchmark's rounds (the machine's speed drifts between them).
+inline double median(std::vector<double> v) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    size_t n = v.size();
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 }  // namespace commdbg::bench

@@ -2,7 +2,6 @@
 // The torch-aten spec on a live python: how long attaching ~2950 entry probes
 // to libtorch_cpu takes, and ops/s of an op-heavy loop in the SAME process
 // unprobed, with counters only, and with counters + records.
-#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,22 +16,6 @@
 #include "trace_session.hpp"
 
 using namespace commdbg;
-
-namespace {
-
-// One round of n ops; drains the ring buffer while python runs, as a real session does.
-double round_seconds(bench::TorchLoop& py, long n, session::TraceSession* s) {
-    py.go(n);
-    pollfd pf{py.result_fd(), POLLIN, 0};
-    while (poll(&pf, 1, 0) == 0)
-        if (s) s->poll(10);
-        else std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    double secs = py.seconds();
-    if (s) s->drain();
-    return secs;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
     long n = bench::bench_args(argc, argv, {{"calls", 100000, 10}})[0];
@@ -51,8 +34,8 @@ int main(int argc, char** argv) {
         std::printf("bench_aten: skipped — no python3 here imports torch (Debian: apt install python3-torch)\n");
         return 0;
     }
-    double base = round_seconds(py, n, nullptr);
-    base = std::min(base, round_seconds(py, n, nullptr));
+    double base = bench::round_seconds(py, n, nullptr);
+    base = std::min(base, bench::round_seconds(py, n, nullptr));
     std::printf("ops per measurement: %ld torch.add on 8 floats (python %s, pid %d)\n", n, exe, py.pid());
     std::printf("%-34s %10.0f ops/s  ratio 1.00\n", "unprobed", n / base);
     for (bool records : {false, true}) {
@@ -73,7 +56,7 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "bench_aten: attach failed: %s\n", r ? "no probes" : r.error().c_str());
             return 1;
         }
-        double t = round_seconds(py, n, s->get());
+        double t = bench::round_seconds(py, n, s->get());
         std::printf("%-34s %10.0f ops/s  ratio %.2f of unprobed  (attach %zu probes: %.3f s)\n",
                     records ? "torch-aten counters + records" : "torch-aten counters only", n / t, base / t,
                     probes, attach);

@@ -9,15 +9,11 @@
 // run time, tail calls included in the program that made them) is exact
 // where the call's time is noisy (gloo wakes threads).
 #include <bpf/bpf.h>
-#include <poll.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "bench_args.hpp"
@@ -44,31 +40,6 @@ for line in sys.stdin:
     print(time.perf_counter() - t0, flush=True)
 )PY";
 
-// ns per call of one round; drains the ring buffer while python runs, as a real session does.
-double round_ns(bench::TorchLoop& py, long n, session::TraceSession* s) {
-    py.go(n);
-    pollfd pf{py.result_fd(), POLLIN, 0};
-    while (poll(&pf, 1, 0) == 0)
-        if (s) s->poll(10);
-        else std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    double secs = py.seconds();
-    if (s) s->drain();
-    return secs * 1e9 / double(n);
-}
-
-// CPU seconds this process (the tracer's userspace and its system calls) has used.
-double own_cpu() {
-    rusage u{};
-    getrusage(RUSAGE_SELF, &u);
-    return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    size_t k = v.size();
-    return k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -84,44 +55,36 @@ int main(int argc, char** argv) {
         std::printf("bench_c10d: skipped — /usr/bin/python3 cannot run a gloo group (Debian: apt install python3-torch)\n");
         return 0;
     }
-    round_ns(py, n / 10, nullptr);  // warm-up
+    bench::round_seconds(py, n / 10, nullptr);  // warm-up
     const int stats_fd = bpf_enable_stats(BPF_STATS_RUN_TIME);  // on while the fd is open
     struct Mode {
         const char* what;
         bool probed, tensors;
-        std::vector<double> ns;
-        std::vector<double> bpf_ns;  // the kernel's time per probed call
-        std::vector<double> cpu_ns;  // the tracer's own CPU per call (its userspace: decode, model)
+        std::vector<double> ns, bpf_ns, cpu_ns;  // per call: the call, the kernel's programs, the tracer's CPU
     };
-    std::vector<Mode> modes = {{"unprobed", false, false, {}},
-                               {"torch-c10d records, no tensors", true, false, {}},
-                               {"torch-c10d records + tensors", true, true, {}}};
+    std::vector<Mode> modes = {{"unprobed", false, false, {}, {}, {}},
+                               {"torch-c10d records, no tensors", true, false, {}, {}, {}},
+                               {"torch-c10d records + tensors", true, true, {}, {}, {}}};
     for (int r = 0; r < rounds; ++r)
         for (auto& m : modes) {
             if (!m.probed) {
-                m.ns.push_back(round_ns(py, n, nullptr));
+                m.ns.push_back(bench::round_seconds(py, n, nullptr) * 1e9 / double(n));
                 continue;
             }
             session::SessionOptions so;
             so.probes = {"torch-c10d"};
             so.tensors = m.tensors;
             so.py_stack = python::PyStackMode::Off;  // the tensors' cost alone
-            auto s = session::TraceSession::create(so);
-            if (!s) {
-                std::fprintf(stderr, "bench_c10d: %s\n", s.error().c_str());
+            auto t = bench::traced_round(py, n, so);
+            if (!t) {
+                std::fprintf(stderr, "bench_c10d: %s\n", t.error().c_str());
                 return 1;
             }
-            if (auto a = (*s)->add_process(py.pid(), false, false); !a) {
-                std::fprintf(stderr, "bench_c10d: attach failed: %s\n", a.error().c_str());
-                return 1;
-            }
-            const double cpu0 = own_cpu();
-            m.ns.push_back(round_ns(py, n, s->get()));
-            m.cpu_ns.push_back((own_cpu() - cpu0) * 1e9 / double(n));
-            uint64_t runs = 0, run_ns = 0;
-            for (const auto& p : (*s)->program_stats()) runs = std::max(runs, p.runs), run_ns += p.run_ns;
-            if (stats_fd >= 0 && runs > 0) m.bpf_ns.push_back(double(run_ns) / double(runs));
+            m.ns.push_back(t->secs * 1e9 / double(n));
+            m.cpu_ns.push_back(t->cpu_secs * 1e9 / double(n));
+            if (stats_fd >= 0 && t->bpf_ns >= 0) m.bpf_ns.push_back(t->bpf_ns);
         }
+    using bench::median;
     std::printf("dist.all_reduce on 8 floats, 1-rank gloo group (python pid %d), %ld calls x %d rounds\n", py.pid(), n,
                 rounds);
     for (const auto& m : modes) {

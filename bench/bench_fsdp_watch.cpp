@@ -37,6 +37,8 @@ extern char** environ;
 
 namespace {
 
+using commdbg::bench::median;
+
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 constexpr int kPort = 19571;
@@ -98,10 +100,6 @@ double metric(const std::string& text, const std::string& name) {
     return 0;
 }
 
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // The clean job, to its end; its wall time, or < 0 if it failed.
 double run_job(const fs::path& src, const std::string& root) {

@@ -9,14 +9,11 @@
 // against the unprobed run of their own round; the BPF programs' own time per
 // probed call (bpf_enable_stats) beside them.
 #include <bpf/bpf.h>
-#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "bench_args.hpp"
@@ -42,23 +39,6 @@ with torch.no_grad():
         print(time.perf_counter() - t0, flush=True)
 )PY";
 
-double round_ns(bench::TorchLoop& py, long n, session::TraceSession* s) {
-    py.go(n);
-    pollfd pf{py.result_fd(), POLLIN, 0};
-    while (poll(&pf, 1, 0) == 0)
-        if (s) s->poll(10);
-        else std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    double secs = py.seconds();
-    if (s) s->drain();
-    return secs * 1e9 / double(n * kModuleCallsPerForward);
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    size_t k = v.size();
-    return k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -74,7 +54,7 @@ int main(int argc, char** argv) {
         std::printf("bench_module_enter: skipped — /usr/bin/python3 does not import torch (apt install python3-torch)\n");
         return 0;
     }
-    round_ns(py, n / 10, nullptr);  // warm-up
+    bench::round_seconds(py, n / 10, nullptr);  // warm-up
     const int stats_fd = bpf_enable_stats(BPF_STATS_RUN_TIME);
     struct Mode {
         const char* what;
@@ -86,29 +66,25 @@ int main(int argc, char** argv) {
                                {"torch-scopes", {"torch-scopes"}, true, {}, {}},
                                {"torch-scopes + torch-modules", {"torch-scopes", "torch-modules"}, true, {}, {}},
                                {"both, counters only", {"torch-scopes", "torch-modules"}, false, {}, {}}};
+    const double calls = double(n * kModuleCallsPerForward);
     for (int r = 0; r < rounds; ++r)
         for (auto& m : modes) {
             if (m.specs.empty()) {
-                m.ns.push_back(round_ns(py, n, nullptr));
+                m.ns.push_back(bench::round_seconds(py, n, nullptr) * 1e9 / calls);
                 continue;
             }
             session::SessionOptions so;
             so.probes = m.specs;
             so.records = m.records;
-            auto s = session::TraceSession::create(so);
-            if (!s) {
-                std::fprintf(stderr, "bench_module_enter: %s\n", s.error().c_str());
+            auto t = bench::traced_round(py, n, so);
+            if (!t) {
+                std::fprintf(stderr, "bench_module_enter: %s\n", t.error().c_str());
                 return 1;
             }
-            if (auto a = (*s)->add_process(py.pid(), false, false); !a) {
-                std::fprintf(stderr, "bench_module_enter: attach failed: %s\n", a.error().c_str());
-                return 1;
-            }
-            m.ns.push_back(round_ns(py, n, s->get()));
-            uint64_t runs = 0, run_ns = 0;
-            for (const auto& p : (*s)->program_stats()) runs = std::max(runs, p.runs), run_ns += p.run_ns;
-            if (stats_fd >= 0 && runs > 0) m.bpf_ns.push_back(double(run_ns) / double(runs));
+            m.ns.push_back(t->secs * 1e9 / calls);
+            if (stats_fd >= 0 && t->bpf_ns >= 0) m.bpf_ns.push_back(t->bpf_ns);
         }
+    using bench::median;
     std::printf("nn.Sequential of 10 Linear(4, 4) under no_grad (python pid %d), %ld forwards x %d rounds\n", py.pid(),
                 n, rounds);
     for (const auto& m : modes) {

@@ -25,6 +25,8 @@
 
 namespace {
 
+using commdbg::bench::median;
+
 using commdbg::testproc::Background;
 constexpr int kDepth = 20;
 
@@ -111,12 +113,6 @@ double measure_attached(PyLoop& py, const std::string& spec, const std::string& 
     return ns;
 }
 
-double median(std::vector<double> v) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    size_t n = v.size();
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 }  // namespace
 

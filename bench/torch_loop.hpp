@@ -1,15 +1,25 @@
 // SPDX-License-Identifier: Apache-2.0
 // One python with torch, driven over pipes, for the benchmarks that trace
-// it (bench_aten, bench_anchor): each "go N" line runs N torch.add on 8
-// floats and answers with the seconds they took.
+// it (bench_aten, bench_anchor, bench_c10d, bench_module_enter): each "go N"
+// line runs N calls of its loop (torch.add on 8 floats by default) and
+// answers with the seconds they took; and one measured round of it, alone or
+// under a session attached to it.
 #pragma once
 
+#include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <thread>
+
+#include "trace_session.hpp"
 #include <string>
 
 namespace commdbg::bench {
@@ -79,5 +89,46 @@ for line in sys.stdin:
     FILE* in_ = nullptr;
     FILE* out_ = nullptr;
 };
+
+// CPU seconds this process (a tracer's userspace and its system calls) has used.
+inline double own_cpu_seconds() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// Seconds n calls of py's loop took; the session (if any) drains the ring
+// buffer while python runs, as a real one does.
+inline double round_seconds(TorchLoop& py, long n, session::TraceSession* s) {
+    py.go(n);
+    pollfd pf{py.result_fd(), POLLIN, 0};
+    while (poll(&pf, 1, 0) == 0)
+        if (s) s->poll(10);
+        else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    double secs = py.seconds();
+    if (s) s->drain();
+    return secs;
+}
+
+// One round under a fresh session of `so` attached to py: the seconds, the
+// tracer's own CPU, and the BPF programs' time per probed call while the
+// kernel's BPF stats are on (bpf_enable_stats; tail calls count in the
+// program that made them), -1 when not counted.
+struct TracedRound {
+    double secs = 0, cpu_secs = 0, bpf_ns = -1;
+};
+inline Result<TracedRound> traced_round(TorchLoop& py, long n, const session::SessionOptions& so) {
+    auto s = session::TraceSession::create(so);
+    if (!s) return Result<TracedRound>::fail(s.error());
+    if (auto a = (*s)->add_process(py.pid(), false, false); !a) return Result<TracedRound>::fail("attach: " + a.error());
+    TracedRound r;
+    const double cpu0 = own_cpu_seconds();
+    r.secs = round_seconds(py, n, s->get());
+    r.cpu_secs = own_cpu_seconds() - cpu0;
+    uint64_t runs = 0, run_ns = 0;
+    for (const auto& p : (*s)->program_stats()) runs = std::max(runs, p.runs), run_ns += p.run_ns;
+    if (runs > 0) r.bpf_ns = double(run_ns) / double(runs);
+    return r;
+}
 
 }  // namespace commdbg::bench

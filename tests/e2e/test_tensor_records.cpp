@@ -64,6 +64,26 @@ void expect_side(const json& rec, const json& passed, const char* list, const ch
     EXPECT_EQ(rec[shape_key], got[0]["shape"]);
 }
 
+// A copy in `tmp` of the host's torch library whose file name starts with
+// `prefix`, named as the loader looks for it (libtorch's DT_NEEDED:
+// libX.so.MAJOR.MINOR, so LD_LIBRARY_PATH=tmp loads it), its function
+// `symbol` overwritten with int3; "" or what went wrong.
+std::string patched_copy(TempDir& tmp, const std::string& prefix, const char* symbol) {
+    std::string lib;
+    for (const auto& e : fs::directory_iterator("/usr/lib/x86_64-linux-gnu"))
+        if (e.path().filename().string().rfind(prefix, 0) == 0 && !e.is_symlink()) lib = e.path().string();
+    if (lib.empty()) return "torch imports but no " + prefix + "* in /usr/lib/x86_64-linux-gnu";
+    std::string soname = fs::path(lib).filename().string();
+    while (std::count(soname.begin(), soname.end(), '.') > 3) soname.erase(soname.rfind('.'));
+    const std::string copy = tmp.path(soname);
+    fs::copy_file(lib, copy);
+    if (!test::patch_function_code(copy, symbol, [](std::vector<uint8_t>& code) {
+            std::fill(code.begin(), code.end(), 0xcc);  // the whole function: int3
+        }))
+        return std::string("cannot patch ") + symbol + " in " + copy;
+    return "";
+}
+
 // Every c10d record of every rank against the rank's own account.
 void expect_records_carry_what_was_passed(const std::string& out, const json& dump) {
     auto ranks = workload_lines(out, "rank");
@@ -126,19 +146,8 @@ TEST(TensorRecords, Torch26C10dRecordsCarryTheTensorsTheJobPassed) {
 TEST(TensorRecords, ALibc10WhoseLayoutCannotBeDerivedGivesANoteAndNoShapes) {
     REQUIRE_BPF();
     REQUIRE_TORCH(py);
-    std::string lib;
-    for (const auto& e : fs::directory_iterator("/usr/lib/x86_64-linux-gnu"))
-        if (e.path().filename().string().rfind("libc10.so.", 0) == 0 && !e.is_symlink()) lib = e.path().string();
-    ASSERT_FALSE(lib.empty()) << "torch imports but no libc10.so.* in /usr/lib/x86_64-linux-gnu";
     TempDir tmp;
-    // The name the loader looks for (libtorch's DT_NEEDED): libc10.so.MAJOR.MINOR.
-    std::string soname = fs::path(lib).filename().string();
-    while (std::count(soname.begin(), soname.end(), '.') > 3) soname.erase(soname.rfind('.'));
-    const std::string copy = tmp.path(soname);
-    fs::copy_file(lib, copy);
-    ASSERT_TRUE(test::patch_function_code(copy, "_ZNK3c1010TensorImpl12sizes_customEv", [](std::vector<uint8_t>& code) {
-        std::fill(code.begin(), code.end(), 0xcc);  // the whole function: int3
-    }));
+    ASSERT_EQ(patched_copy(tmp, "libc10.so.", "_ZNK3c1010TensorImpl12sizes_customEv"), "");
     auto r = run({commdbg_bin(), "run", "--probes", "torch-c10d", "--noise-level", "0", "--json", tmp.path("out.json"),
                   "--", py, kTestprogs + "/" + kJob},
                  {{"LD_LIBRARY_PATH", tmp.path("")}}, 240);
@@ -168,18 +177,8 @@ TEST(TensorRecords, ALibc10WhoseLayoutCannotBeDerivedGivesANoteAndNoShapes) {
 TEST(TensorRecords, ALibtorchPythonWhoseLayoutCannotBeDerivedGivesANoteAndNoParameters) {
     REQUIRE_BPF();
     REQUIRE_TORCH(py);
-    std::string lib;
-    for (const auto& e : fs::directory_iterator("/usr/lib/x86_64-linux-gnu"))
-        if (e.path().filename().string().rfind("libtorch_python.so.", 0) == 0 && !e.is_symlink())
-            lib = e.path().string();
-    ASSERT_FALSE(lib.empty()) << "torch imports but no libtorch_python.so.* in /usr/lib/x86_64-linux-gnu";
     TempDir tmp;
-    std::string soname = fs::path(lib).filename().string();
-    while (std::count(soname.begin(), soname.end(), '.') > 3) soname.erase(soname.rfind('.'));
-    const std::string copy = tmp.path(soname);
-    fs::copy_file(lib, copy);
-    ASSERT_TRUE(test::patch_function_code(copy, "_Z21THPVariable_get_cdataP11THPVariablePv",
-                                          [](std::vector<uint8_t>& code) { std::fill(code.begin(), code.end(), 0xcc); }));
+    ASSERT_EQ(patched_copy(tmp, "libtorch_python.so.", "_Z21THPVariable_get_cdataP11THPVariablePv"), "");
     auto r = run({commdbg_bin(), "run", "--probes", "torch-c10d", "--noise-level", "2", "--json", tmp.path("out.json"),
                   "--", py, kTestprogs + "/torch_module_workload.py"},
                  {{"LD_LIBRARY_PATH", tmp.path("")}}, 240);
