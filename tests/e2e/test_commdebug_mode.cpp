@@ -102,6 +102,8 @@ void expect_records_carry_the_tensors(const json& rank, const json& p) {
     std::vector<json> recs;
     c10d_records(p["records"], recs);
     ASSERT_EQ(recs.size(), passed.size()) << "c10d records and the job's collectives differ in number";
+    SCOPED_TRACE("process notes: " + p.value("notes", json::array()).dump() +
+                 " kernel drops: " + p.value("kernel_drops", json::object()).dump());
     for (size_t i = 0; i < recs.size(); ++i) {
         SCOPED_TRACE("collective " + std::to_string(i) + ": " + passed[i].dump());
         const json& rec = recs[i];

@@ -331,7 +331,22 @@ int TraceSession::poll(int timeout_ms) {
     python_.begin_batch();
     const int n = bpf_->poll(timeout_ms);
     python_.tell_code_kinds();
+    rescan_after_lost_loader_events();
     return n;
+}
+
+// A loader event the kernel could not send (the ring buffer was full) is a
+// library mapped unseen: its probes, its Python and torch set-up would wait
+// for the process's next dlopen, maybe forever.  Every live process is
+// scanned again instead, once per poll that saw the loss grow.
+void TraceSession::rescan_after_lost_loader_events() {
+    const uint64_t lost = bpf_->drops()[CD_DROP_DL_EVENT];
+    if (lost == dl_events_lost_) return;
+    dl_events_lost_ = lost;
+    std::vector<uint32_t> live;
+    for (const auto& [pid, p] : procs_)
+        if (!p.exited && !p.withheld) live.push_back(pid);
+    for (uint32_t pid : live) scan(pid);
 }
 
 void TraceSession::drain() {

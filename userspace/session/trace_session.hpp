@@ -116,6 +116,7 @@ private:
     void handle_record(std::span<const uint8_t> bytes);
     uint32_t trace_flags(bool follow, bool dl_stop);
     void scan(uint32_t pid);
+    void rescan_after_lost_loader_events();
     TracedProcess& track(uint32_t pid);
     // Python stacks and tensor reads for p, each once its runtime is loaded; notes on failure.
     void setup_frameworks(TracedProcess& p);
@@ -134,6 +135,7 @@ private:
     SessionOptions opts_;
     python::PythonSupport python_;  // Python stacks: discovery, the kernel's walker, frame names
     torch::TorchSupport torch_;     // tensor shapes: the kernel's reader of each process's tensors
+    uint64_t dl_events_lost_ = 0;  // the kernel's loader_event_lost count, last seen
     std::map<uint32_t, TracedProcess> procs_;
     std::vector<std::string> messages_;
     uint64_t decode_errors_ = 0;

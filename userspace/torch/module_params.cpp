@@ -72,18 +72,18 @@ std::optional<CdataLoad> cdata_load(const Code& c, uint64_t vaddr) {
 Result<uint32_t> derive_variable_impl(const std::string& path) {
     using R = Result<uint32_t>;
     const std::string why = path + ": where a torch.Tensor object keeps its TensorImpl cannot be derived: ";
-    auto syms = host::ElfSymbols::open(path);
-    if (!syms) return R::fail(syms.error());
-    const host::ElfSymbol* get = syms->find(kGetCdata);
-    if (!get) return R::fail(why + "no THPVariable_get_cdata exported");
-    auto code = host::read_function_code(path, *get, 256);
+    // One symbol asked for: the file's whole symbol table (100k+ names) would
+    // keep the session from draining its ring buffer for seconds.
+    auto elf = host::read_elf_data(path, {kGetCdata});
+    if (!elf) return R::fail(elf.error());
+    auto get = elf->symbols.find(kGetCdata);
+    if (get == elf->symbols.end()) return R::fail(why + "no THPVariable_get_cdata exported");
+    auto code = file_bytes(path, *elf, get->second, 256);
     if (!code) return R::fail(code.error());
-    auto load = cdata_load(*code, get->vaddr);
+    auto load = cdata_load(*code, get->second);
     if (!load || load->disp < 16 || load->disp % 8 != 0 || load->disp > 64)
         return R::fail(why + "THPVariable_get_cdata's code has another shape");
     // The call must be PyLong_FromVoidPtr's: its PLT stub's GOT slot is relocated to that symbol.
-    auto elf = host::read_elf_data(path, {});
-    if (!elf) return R::fail(elf.error());
     auto stub = file_bytes(path, *elf, load->call_target, 16);
     auto slot = stub ? plt_slot(*stub, load->call_target) : std::nullopt;
     auto relocs = slot ? host::read_relocations(path, {*slot}) : Result<std::map<uint64_t, host::ElfReloc>>::fail("");
