@@ -8,7 +8,6 @@
 // The kernel's own time per probed call (bpf_enable_stats: every program's
 // run time, tail calls included in the program that made them) is exact
 // where the call's time is noisy (gloo wakes threads).
-#include <bpf/bpf.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -56,43 +55,27 @@ int main(int argc, char** argv) {
         return 0;
     }
     bench::round_seconds(py, n / 10, nullptr);  // warm-up
-    const int stats_fd = bpf_enable_stats(BPF_STATS_RUN_TIME);  // on while the fd is open
-    struct Mode {
-        const char* what;
-        bool probed, tensors;
-        std::vector<double> ns, bpf_ns, cpu_ns;  // per call: the call, the kernel's programs, the tracer's CPU
+    auto traced = [](bool tensors) {
+        session::SessionOptions so;
+        so.probes = {"torch-c10d"};
+        so.tensors = tensors;
+        so.py_stack = python::PyStackMode::Off;  // the tensors' cost alone
+        return so;
     };
-    std::vector<Mode> modes = {{"unprobed", false, false, {}, {}, {}},
-                               {"torch-c10d records, no tensors", true, false, {}, {}, {}},
-                               {"torch-c10d records + tensors", true, true, {}, {}, {}}};
-    for (int r = 0; r < rounds; ++r)
-        for (auto& m : modes) {
-            if (!m.probed) {
-                m.ns.push_back(bench::round_seconds(py, n, nullptr) * 1e9 / double(n));
-                continue;
-            }
-            session::SessionOptions so;
-            so.probes = {"torch-c10d"};
-            so.tensors = m.tensors;
-            so.py_stack = python::PyStackMode::Off;  // the tensors' cost alone
-            auto t = bench::traced_round(py, n, so);
-            if (!t) {
-                std::fprintf(stderr, "bench_c10d: %s\n", t.error().c_str());
-                return 1;
-            }
-            m.ns.push_back(t->secs * 1e9 / double(n));
-            m.cpu_ns.push_back(t->cpu_secs * 1e9 / double(n));
-            if (stats_fd >= 0 && t->bpf_ns >= 0) m.bpf_ns.push_back(t->bpf_ns);
-        }
+    std::vector<bench::Mode> modes = {{"unprobed", std::nullopt, {}, {}, {}},
+                                      {"torch-c10d records, no tensors", traced(false), {}, {}, {}},
+                                      {"torch-c10d records + tensors", traced(true), {}, {}, {}}};
+    if (auto m = bench::measure_modes(py, n, double(n), rounds, modes); !m) {
+        std::fprintf(stderr, "bench_c10d: %s\n", m.error().c_str());
+        return 1;
+    }
     using bench::median;
     std::printf("dist.all_reduce on 8 floats, 1-rank gloo group (python pid %d), %ld calls x %d rounds\n", py.pid(), n,
                 rounds);
     for (const auto& m : modes) {
-        std::vector<double> ratios;
-        for (int r = 0; r < rounds; ++r) ratios.push_back(m.ns[r] / modes[0].ns[r]);
-        auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
-        std::printf("%-34s %9.0f ns/call  ratio %.2f of unprobed (rounds %.2f-%.2f)\n", m.what, median(m.ns),
-                    median(ratios), *lo, *hi);
+        auto q = bench::ratio_to_first(modes, m);
+        std::printf("%-34s %9.0f ns/call  ratio %.2f of unprobed (rounds %.2f-%.2f)\n", m.what.c_str(), median(m.ns),
+                    q.median, q.lo, q.hi);
     }
     std::printf("the tracer's own CPU per call (decode, model, polling): %.0f ns without tensors, %.0f ns with\n",
                 median(modes[1].cpu_ns), median(modes[2].cpu_ns));
@@ -101,14 +84,12 @@ int main(int argc, char** argv) {
                     median(modes[1].bpf_ns), median(modes[2].bpf_ns),
                     median(modes[2].bpf_ns) - median(modes[1].bpf_ns));
     } else {
-        std::printf("BPF programs per probed call: not measured (bpf_enable_stats: %s)\n",
-                    stats_fd < 0 ? "refused" : "no runs counted");
+        std::printf("BPF programs per probed call: not measured (bpf_enable_stats refused, or no runs counted)\n");
     }
     std::vector<double> added;
     for (int r = 0; r < rounds; ++r) added.push_back(modes[2].ns[r] - modes[1].ns[r]);
     auto [lo, hi] = std::minmax_element(added.begin(), added.end());
     std::printf("tensors and group read per c10d record, whole call: %+.0f ns median (rounds %+.0f to %+.0f)\n",
                 median(added), *lo, *hi);
-    if (stats_fd >= 0) close(stats_fd);
     return 0;
 }

@@ -8,7 +8,6 @@
 // no stack, no record).  Rounds in turn; ratios
 // against the unprobed run of their own round; the BPF programs' own time per
 // probed call (bpf_enable_stats) beside them.
-#include <bpf/bpf.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,50 +54,33 @@ int main(int argc, char** argv) {
         return 0;
     }
     bench::round_seconds(py, n / 10, nullptr);  // warm-up
-    const int stats_fd = bpf_enable_stats(BPF_STATS_RUN_TIME);
-    struct Mode {
-        const char* what;
-        std::vector<std::string> specs;  // empty: unprobed
-        bool records;
-        std::vector<double> ns, bpf_ns;
+    auto traced = [](std::vector<std::string> specs, bool records) {
+        session::SessionOptions so;
+        so.probes = std::move(specs);
+        so.records = records;
+        return so;
     };
-    std::vector<Mode> modes = {{"unprobed", {}, true, {}, {}},
-                               {"torch-scopes", {"torch-scopes"}, true, {}, {}},
-                               {"torch-scopes + torch-modules", {"torch-scopes", "torch-modules"}, true, {}, {}},
-                               {"both, counters only", {"torch-scopes", "torch-modules"}, false, {}, {}}};
-    const double calls = double(n * kModuleCallsPerForward);
-    for (int r = 0; r < rounds; ++r)
-        for (auto& m : modes) {
-            if (m.specs.empty()) {
-                m.ns.push_back(bench::round_seconds(py, n, nullptr) * 1e9 / calls);
-                continue;
-            }
-            session::SessionOptions so;
-            so.probes = m.specs;
-            so.records = m.records;
-            auto t = bench::traced_round(py, n, so);
-            if (!t) {
-                std::fprintf(stderr, "bench_module_enter: %s\n", t.error().c_str());
-                return 1;
-            }
-            m.ns.push_back(t->secs * 1e9 / calls);
-            if (stats_fd >= 0 && t->bpf_ns >= 0) m.bpf_ns.push_back(t->bpf_ns);
-        }
+    std::vector<bench::Mode> modes = {
+        {"unprobed", std::nullopt, {}, {}, {}},
+        {"torch-scopes", traced({"torch-scopes"}, true), {}, {}, {}},
+        {"torch-scopes + torch-modules", traced({"torch-scopes", "torch-modules"}, true), {}, {}, {}},
+        {"both, counters only", traced({"torch-scopes", "torch-modules"}, false), {}, {}, {}}};
+    if (auto m = bench::measure_modes(py, n, double(n * kModuleCallsPerForward), rounds, modes); !m) {
+        std::fprintf(stderr, "bench_module_enter: %s\n", m.error().c_str());
+        return 1;
+    }
     using bench::median;
     std::printf("nn.Sequential of 10 Linear(4, 4) under no_grad (python pid %d), %ld forwards x %d rounds\n", py.pid(),
                 n, rounds);
     for (const auto& m : modes) {
-        std::vector<double> ratios;
-        for (int r = 0; r < rounds; ++r) ratios.push_back(m.ns[r] / modes[0].ns[r]);
-        auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
-        std::printf("%-38s %7.0f ns per module call  ratio %.2f of unprobed (rounds %.2f-%.2f)", m.what, median(m.ns),
-                    median(ratios), *lo, *hi);
+        auto q = bench::ratio_to_first(modes, m);
+        std::printf("%-38s %7.0f ns per module call  ratio %.2f of unprobed (rounds %.2f-%.2f)", m.what.c_str(),
+                    median(m.ns), q.median, q.lo, q.hi);
         if (!m.bpf_ns.empty()) std::printf("  BPF %.0f ns per probed call", median(m.bpf_ns));
         std::printf("\n");
     }
     std::vector<double> added;
     for (int r = 0; r < rounds; ++r) added.push_back(modes[2].ns[r] - modes[1].ns[r]);
     std::printf("a module entry adds %+.0f ns per module call (median of rounds)\n", median(added));
-    if (stats_fd >= 0) close(stats_fd);
     return 0;
 }

@@ -17,8 +17,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include <bpf/bpf.h>
+
+#include "bench_args.hpp"
 #include "trace_session.hpp"
 #include <string>
 
@@ -129,6 +135,53 @@ inline Result<TracedRound> traced_round(TorchLoop& py, long n, const session::Se
     for (const auto& p : (*s)->program_stats()) runs = std::max(runs, p.runs), run_ns += p.run_ns;
     if (runs > 0) r.bpf_ns = double(run_ns) / double(runs);
     return r;
+}
+
+// One way of running py's loop: unprobed (no options) or under a session of
+// `so`; per round, the time per unit, the tracer's own CPU per unit and the
+// BPF programs' time per probed call (where the kernel counted it).
+struct Mode {
+    std::string what;
+    std::optional<session::SessionOptions> so;
+    std::vector<double> ns, cpu_ns, bpf_ns;
+};
+
+// Every mode in turn, `rounds` times over (the machine's speed drifts: each
+// ratio is taken against the first mode's run of the same round); `units`
+// per round of n calls divide the times.  The kernel's BPF stats are on
+// meanwhile.
+inline Result<bool> measure_modes(TorchLoop& py, long n, double units, int rounds, std::vector<Mode>& modes) {
+    const int stats_fd = bpf_enable_stats(BPF_STATS_RUN_TIME);  // on while the fd is open
+    Result<bool> out = true;
+    for (int r = 0; r < rounds && out; ++r)
+        for (auto& m : modes) {
+            if (!m.so) {
+                m.ns.push_back(round_seconds(py, n, nullptr) * 1e9 / units);
+                continue;
+            }
+            auto t = traced_round(py, n, *m.so);
+            if (!t) {
+                out = Result<bool>::fail(m.what + ": " + t.error());
+                break;
+            }
+            m.ns.push_back(t->secs * 1e9 / units);
+            m.cpu_ns.push_back(t->cpu_secs * 1e9 / units);
+            if (stats_fd >= 0 && t->bpf_ns >= 0) m.bpf_ns.push_back(t->bpf_ns);
+        }
+    if (stats_fd >= 0) close(stats_fd);
+    return out;
+}
+
+// Mode m's time against the first mode's of the same round: median and range.
+struct Ratio {
+    double median = 0, lo = 0, hi = 0;
+};
+inline Ratio ratio_to_first(const std::vector<Mode>& modes, const Mode& m) {
+    std::vector<double> r;
+    for (size_t i = 0; i < m.ns.size() && i < modes[0].ns.size(); ++i) r.push_back(m.ns[i] / modes[0].ns[i]);
+    if (r.empty()) return {};
+    auto [lo, hi] = std::minmax_element(r.begin(), r.end());
+    return {median(r), *lo, *hi};
 }
 
 }  // namespace commdbg::bench
