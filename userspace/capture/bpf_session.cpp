@@ -283,16 +283,21 @@ std::vector<CommEntry> BpfSession::comms() const {
     return out;
 }
 
+uint64_t BpfSession::drops_of(uint32_t cause) const {
+    int ncpu = libbpf_num_possible_cpus();
+    if (ncpu <= 0 || cause >= CD_DROP_MAX) return 0;
+    std::vector<uint64_t> per_cpu(static_cast<size_t>(ncpu));
+    if (bpf_map__lookup_elem(skel_->maps.drops, &cause, sizeof(cause), per_cpu.data(), per_cpu.size() * sizeof(uint64_t),
+                             0))
+        return 0;
+    uint64_t n = 0;
+    for (uint64_t v : per_cpu) n += v;
+    return n;
+}
+
 std::array<uint64_t, CD_DROP_MAX> BpfSession::drops() const {
     std::array<uint64_t, CD_DROP_MAX> out{};
-    int ncpu = libbpf_num_possible_cpus();
-    if (ncpu <= 0) return out;
-    std::vector<uint64_t> per_cpu(static_cast<size_t>(ncpu));
-    for (uint32_t i = 0; i < CD_DROP_MAX; ++i) {
-        if (bpf_map__lookup_elem(skel_->maps.drops, &i, sizeof(i), per_cpu.data(), per_cpu.size() * sizeof(uint64_t), 0))
-            continue;
-        for (uint64_t v : per_cpu) out[i] += v;
-    }
+    for (uint32_t i = 0; i < CD_DROP_MAX; ++i) out[i] = drops_of(i);
     return out;
 }
 

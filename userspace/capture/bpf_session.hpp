@@ -121,6 +121,7 @@ public:
     // at the return), as entries, oldest first: read once a window closes.
     std::vector<CallEnter> open_calls() const;
     std::array<uint64_t, CD_DROP_MAX> drops() const;
+    uint64_t drops_of(uint32_t cause) const;  // one cause (cd_drop): one map read, for a poll loop
     uint64_t ringbuf_drops_of(uint32_t tgid) const;  // records `tgid` lost to a full ring buffer
     // Removes a process's counters and communicators (e.g. after it exited).
     void forget_process(uint32_t tgid);

@@ -340,7 +340,7 @@ int TraceSession::poll(int timeout_ms) {
 // for the process's next dlopen, maybe forever.  Every live process is
 // scanned again instead, once per poll that saw the loss grow.
 void TraceSession::rescan_after_lost_loader_events() {
-    const uint64_t lost = bpf_->drops()[CD_DROP_DL_EVENT];
+    const uint64_t lost = bpf_->drops_of(CD_DROP_DL_EVENT);  // once a poll: one map read
     if (lost == dl_events_lost_) return;
     dl_events_lost_ = lost;
     std::vector<uint32_t> live;
