@@ -27,6 +27,7 @@
 #include "lib/process.h"
 #include "lib/scopes.h"
 #include "lib/thread.h"
+#include "torch/autograd.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -50,6 +51,8 @@ int call_enter(struct pt_regs *ctx)
 		st = bpf_map_lookup_elem(&threads, &tid);
 	if (!read_entry(ctx, &en, pid_tgid, cookie, st))
 		return 0;
+	if (wants_records(&en))
+		read_autograd_node(&en);
 	if (!st && wants_thread(&en))
 		st = thread_get(en.tid);
 	if (st) {

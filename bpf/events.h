@@ -107,7 +107,24 @@ enum cd_role {
 	 *               nn.Module._call_impl calls first (torch 1.13 and 2.x):
 	 *               with its Python stack, a module call begins; no record */
 	CD_ROLE_MODULE_ENTER = 13,
+	/* Autograd nodes (specs/torch-autograd.json), records carrying a Node*
+	 * in the count slot, read in the kernel where the call's arguments
+	 * still hold it:
+	 * GRAD_FN        torch::autograd::impl::set_gradient_edge / rebase_history
+	 *                (tensor, Edge): forward made a node (a tensor's grad_fn).
+	 *                The count slot holds the Edge*: an Edge is
+	 *                non-trivially copyable (its shared_ptr<Node>), so the
+	 *                Itanium ABI passes it by invisible reference; its first
+	 *                word is the shared_ptr's Node* (torch's edge.h,
+	 *                libstdc++), which replaces it in the record
+	 * AUTOGRAD_NODE  torch::autograd::Engine::evaluate_function(graph_task,
+	 *                Node*, ...): the engine runs a node; its first word,
+	 *                the node's class's vtable, goes in CD_NODE_VTABLE_SLOT
+	 * Both are points in time, not frames: no native frame, no counter. */
+	CD_ROLE_GRAD_FN = 14,
+	CD_ROLE_AUTOGRAD_NODE = 15,
 };
+#define CD_NODE_VTABLE_SLOT 7 /* args[] of an AUTOGRAD_NODE record: the node's vtable (0: unreadable) */
 
 /* Collective kinds, shared by layers (nccl, c10d).  Index of comm_counts. */
 enum cd_coll {

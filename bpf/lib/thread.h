@@ -109,8 +109,10 @@ FUNC_INLINE void track_frames(struct cd_thread *st, struct entry *en)
 	en->frame_depth = pop_returned_frames(st, en->sp);
 	en->nested = en->role == CD_ROLE_COLLECTIVE && st->coll_frames != 0;
 	/* A module entry is a point in time, not a frame anything nests in (its
-	 * probe may sit past the entry, where [sp] is no return address). */
-	if (!CD_COOKIE_RET(en->cookie) && !group && en->role != CD_ROLE_MODULE_ENTER)
+	 * probe may sit past the entry, where [sp] is no return address); so
+	 * are autograd nodes made and run (torch/autograd.h). */
+	if (!CD_COOKIE_RET(en->cookie) && !group && en->role != CD_ROLE_MODULE_ENTER &&
+	    en->role != CD_ROLE_GRAD_FN && en->role != CD_ROLE_AUTOGRAD_NODE)
 		push_frame(st, en);
 }
 

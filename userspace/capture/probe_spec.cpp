@@ -28,6 +28,7 @@ const std::map<std::string, cd_role> kRoles = {
     {"other", CD_ROLE_OTHER},
     {"scope_label", CD_ROLE_SCOPE_LABEL}, {"scope_begin", CD_ROLE_SCOPE_BEGIN},
     {"scope_end", CD_ROLE_SCOPE_END}, {"module_enter", CD_ROLE_MODULE_ENTER},
+    {"grad_fn", CD_ROLE_GRAD_FN}, {"autograd_node", CD_ROLE_AUTOGRAD_NODE},
 };
 
 const std::map<std::string, cd_coll> kColls = {
@@ -58,6 +59,8 @@ uint8_t* slot_for(ArgSlots& s, const std::string& arg) {
         // record_function scopes (events.h, CD_ROLE_SCOPE_*)
         {"this", &ArgSlots::count},    {"scope", &ArgSlots::peer},
         {"label", &ArgSlots::out},
+        // autograd nodes (events.h, CD_ROLE_GRAD_FN / CD_ROLE_AUTOGRAD_NODE)
+        {"edge", &ArgSlots::count},    {"node", &ArgSlots::count},
     };
     auto it = kSlots.find(arg);
     return it == kSlots.end() ? nullptr : &(s.*(it->second));
@@ -65,7 +68,8 @@ uint8_t* slot_for(ArgSlots& s, const std::string& arg) {
 
 // The Python stack goes with the calls a user asks "who issued this" of:
 // collectives, communicator life cycle, c10d methods, scopes and module
-// entries (whose stack says which call begins).  Ops are
+// entries (whose stack says which call begins), autograd nodes made (which
+// modules made them) and run (which backward runs them).  Ops are
 // many: only with --py-stack ops.
 bool default_py_stack(const SymbolInfo& s) {
     switch (s.role) {
@@ -75,7 +79,9 @@ bool default_py_stack(const SymbolInfo& s) {
     case CD_ROLE_COMM_END:
     case CD_ROLE_SCOPE_LABEL:
     case CD_ROLE_SCOPE_BEGIN:
-    case CD_ROLE_MODULE_ENTER: return true;
+    case CD_ROLE_MODULE_ENTER:
+    case CD_ROLE_GRAD_FN:
+    case CD_ROLE_AUTOGRAD_NODE: return true;
     default: return s.layer == "c10d";
     }
 }

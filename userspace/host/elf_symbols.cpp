@@ -272,13 +272,17 @@ Result<ElfSymbols> ElfSymbols::open(const std::string& path) {
 }
 
 Result<ElfData> read_elf_data(const std::string& path, const std::set<std::string, std::less<>>& names) {
+    return read_elf_data(path, [&](std::string_view name) { return names.count(name) != 0; });
+}
+
+Result<ElfData> read_elf_data(const std::string& path, const std::function<bool(std::string_view)>& want) {
     using R = Result<ElfData>;
     ElfHandle h;
     auto out = open_elf(path, h);
     if (!out) return out;
     auto defined = [](const GElf_Sym& s) { return s.st_shndx != SHN_UNDEF && s.st_value != 0; };
     auto have_table = visit_symbols(path, h.elf_, defined, [&](const GElf_Sym& s, std::string_view name, bool) {
-        if (names.count(name) != 0) out->symbols.emplace(std::string(name), s.st_value);
+        if (want(name)) out->symbols.emplace(std::string(name), s.st_value);
     });
     if (!have_table) return R::fail(have_table.error());
     return out;  // no symbol table: no symbols, as for a stripped executable

@@ -68,6 +68,8 @@ struct ElfData {
 // (without @VERSION).  Fails as ElfSymbols::open does, but a file with no
 // symbol table (a stripped executable) is one without those symbols.
 Result<ElfData> read_elf_data(const std::string& path, const std::set<std::string, std::less<>>& names);
+// The same, for every defined symbol whose name `want` accepts.
+Result<ElfData> read_elf_data(const std::string& path, const std::function<bool(std::string_view)>& want);
 
 struct MapEntry;
 // The load bias of `path` in a process whose maps are `maps`, from the

@@ -191,7 +191,12 @@ std::vector<CallField> call_fields(const model::Record& r, const snapshot::Proce
     if (r.kind == model::RecordKind::Module && r.ctx != model::kNoCtx && p.tree) {
         f.json("module_fqn", FieldType::Text, 0, 0, std::string(p.tree->context_name(r)));
         f.json("module_class", FieldType::Text, 0, 0, std::string(p.tree->module_class(r)));
-        f.json("event_type", FieldType::Text, 0, 0, r.has(model::kBackward) ? "backward" : "forward");
+        // "checkpointing": a forward run again inside backward (activation
+        // checkpointing), CommDebugMode's operations_checkpointing; counted as backward.
+        f.json("event_type", FieldType::Text, 0, 0,
+               r.has(model::kRecompute) ? "checkpointing" : r.has(model::kBackward) ? "backward" : "forward");
+        if (auto node = p.tree->autograd_node(r); !node.empty())
+            f.json("autograd_node", FieldType::Text, 0, 0, std::string(node));
         return std::move(f.out);
     }
     if (r.kind == model::RecordKind::Op) {

@@ -99,6 +99,15 @@ size_t ProcessTree::memory_bytes() const {
     for (const auto& [fqn, tried] : params_tried_) n += sizeof(fqn) + fqn.capacity() + sizeof(tried) + kNode;
     for (const auto& [fqn, k] : params_retries_) n += sizeof(fqn) + fqn.capacity() + sizeof(k) + kNode;
     n += params_.capacity() * sizeof(params_[0]);
+    for (const auto& th : threads_) n += th.second.backward.capacity() * sizeof(BackwardRun);
+    n += chains_.capacity() * sizeof(Chain) + nodes_.bucket_count() * sizeof(void*) +
+         nodes_.size() * (2 * sizeof(uint64_t) + kNode) + node_order_.size() * sizeof(uint64_t);
+    for (const Chain& c : chains_) {
+        n += c.capacity() * sizeof(ChainModule);
+        for (const ChainModule& m : c) n += m.fqn.capacity() + m.cls.capacity();
+    }
+    for (const auto& [key, id] : chain_index_) n += key.capacity() + sizeof(id) + kNode;
+    for (const auto& [vt, name] : node_names_) n += sizeof(vt) + name.capacity() + kNode;
     for (const auto& [fqn, m] : params_) {
         n += fqn.capacity() + m.params.capacity() * sizeof(torch::ParamInfo);
         for (const auto& pi : m.params)
@@ -205,6 +214,7 @@ void ProcessTree::reset_window() {
     params_tried_.clear();
     params_retries_.clear();
     params_lost_ = 0;
+    nodes_run_ = nodes_unmapped_ = 0;
 }
 
 // ---- ProcessTree: framework context ---------------------------------------
@@ -258,11 +268,46 @@ uint32_t ProcessTree::intern_stack(std::span<const python::PyFrameInfo* const> f
     return id;
 }
 
-uint32_t ProcessTree::intern_module(std::string_view fqn, std::string_view cls) {
-    std::pair key{intern_text(fqn), intern_text(cls)};
+uint32_t ProcessTree::intern_module(std::string_view fqn, std::string_view cls, std::string_view node) {
+    std::tuple key{intern_text(fqn), intern_text(cls), node.empty() ? kNoCtx : intern_text(node)};
     auto [it, added] = module_index_.emplace(key, static_cast<uint32_t>(modules_.size()));
-    if (added) modules_.push_back({key.first, key.second});
+    if (added) modules_.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key)});
     return it->second;
+}
+
+// A chain interned: nodes made under the same modules share one.  Past
+// kMaxChains every node and chain is forgotten (their backward records then
+// go unattributed, counted in nodes_unmapped_), never a wrong one kept.
+uint32_t ProcessTree::intern_chain(Chain c) {
+    std::string key;
+    for (const ChainModule& m : c) {
+        key.append(reinterpret_cast<const char*>(&m.module), sizeof(m.module));
+        key += m.fqn;
+        key += '\0';
+        key += m.cls;
+        key += '\0';
+    }
+    if (auto it = chain_index_.find(key); it != chain_index_.end()) return it->second;
+    if (chains_.size() >= kMaxChains) {
+        chains_.clear();
+        chain_index_.clear();
+        nodes_.clear();
+        node_order_.clear();
+    }
+    auto id = static_cast<uint32_t>(chains_.size());
+    chains_.push_back(std::move(c));
+    chain_index_.emplace(std::move(key), id);
+    return id;
+}
+
+void ProcessTree::remember_node(uint64_t node, uint32_t chain) {
+    auto [it, added] = nodes_.insert_or_assign(node, chain);
+    if (!added) return;
+    node_order_.push_back(node);
+    while (node_order_.size() > kMaxNodes) {
+        nodes_.erase(node_order_.front());
+        node_order_.pop_front();
+    }
 }
 
 // One tensor as the kernel read it, checked: a shape whose product is not
@@ -335,6 +380,11 @@ std::string_view ProcessTree::context_name(const Record& r) const {
 std::string_view ProcessTree::module_class(const Record& r) const {
     if (r.ctx == kNoCtx || r.kind != RecordKind::Module) return {};
     return text(modules_[r.ctx].module_class);
+}
+
+std::string_view ProcessTree::autograd_node(const Record& r) const {
+    if (r.ctx == kNoCtx || r.kind != RecordKind::Module || modules_[r.ctx].node == kNoCtx) return {};
+    return text(modules_[r.ctx].node);
 }
 
 bool ProcessTree::nested_in_collective(const Record& r) const {

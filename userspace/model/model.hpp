@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -61,6 +63,8 @@ enum RecordFlag : uint16_t {
                              // end_ns is the exit -- a bound, not when the call returned
     kBackward = 1u << 13,    // a module record: it ran on behalf of gradients (autograd)
     kHasTensors = 1u << 14,  // a collective: ctx is its tensor set (ProcessTree::tensor_set)
+    kRecompute = 1u << 15,   // a module record with kBackward: its forward run again inside
+                             // backward (activation checkpointing), not a second forward
 };
 
 // One retained call.  Compact on purpose (the budget is 200k per process):
@@ -162,6 +166,7 @@ public:
     };
     struct ModuleInfo {
         uint32_t fqn = 0, module_class = 0;  // text ids
+        uint32_t node = kNoCtx;              // backward: the autograd node's class (text id)
     };
     std::string_view text(uint32_t id) const { return *texts_[id]; }
     const PyFrameRow& py_frame(uint32_t id) const { return frame_rows_[id]; }
@@ -180,6 +185,16 @@ public:
         return r.ctx != kNoCtx && (r.kind == RecordKind::Scope || r.kind == RecordKind::Module);
     }
     std::string_view module_class(const Record& r) const;  // "" unless a module record from frames
+    // A backward module record's autograd node class ("MmBackward0", "PyNode"); "" when unknown.
+    std::string_view autograd_node(const Record& r) const;
+
+    // ---- backward attribution (docs/design/backward.md) ----
+    // Nodes the engine ran in this window, and those of them no forward
+    // record of this process had made (their records go unattributed).
+    uint64_t autograd_nodes_run() const { return nodes_run_; }
+    uint64_t autograd_nodes_unmapped() const { return nodes_unmapped_; }
+    static constexpr size_t kMaxNodes = 1u << 16;   // nodes remembered per process (the oldest go)
+    static constexpr size_t kMaxChains = 4096;      // distinct module chains; beyond: all forgotten
 
     // ---- tensors a c10d call was given, interned per process ----
     enum class TensorStatus : uint8_t {
@@ -256,11 +271,28 @@ private:
         uint32_t last_child;  // for O(1) in-order append
         bool scope;
         bool backward;
+        uint64_t node = 0;    // a backward module's innermost link: the node it runs
     };
+    // The autograd engine running a node on a thread: from its evaluate_function
+    // until a record's stack no longer holds the engine's Python entry below it.
+    struct BackwardRun {
+        uint64_t entry_code;   // the entry frame's code (_engine_run_backward); 0: none
+        uint32_t entry_depth;  // its position from the outermost frame (1-based)
+        uint64_t node;
+        uint64_t vtable;       // the node's class; 0: unread
+    };
+    // A module running when a node was made, outermost first: as a record
+    // made then would have nested in it.
+    struct ChainModule {
+        uint64_t module;
+        std::string fqn, cls;
+    };
+    using Chain = std::vector<ChainModule>;
     struct ThreadState {
         std::vector<Frame> stack;
         std::vector<PendingLeaf> pending;
         std::vector<CtxLink> ctx;
+        std::vector<BackwardRun> backward;  // outermost first (reentrant backward nests)
         std::string pending_label;  // the latest SCOPE_LABEL not yet taken by a scope
         bool has_label = false;
         bool seen = false;  // emitted an event in this window
@@ -284,7 +316,9 @@ private:
     uint32_t intern_text(std::string_view s);
     uint32_t intern_frame(const python::PyFrameInfo& f);
     uint32_t intern_stack(std::span<const python::PyFrameInfo* const> frames, uint16_t status, uint16_t flags);
-    uint32_t intern_module(std::string_view fqn, std::string_view cls);
+    uint32_t intern_module(std::string_view fqn, std::string_view cls, std::string_view node = {});
+    uint32_t intern_chain(Chain c);
+    void remember_node(uint64_t node, uint32_t chain);
     uint32_t intern_tensors(const cd_tensors& t, const torch::TensorLayout* layout);
     bool nested_in_collective(const Record& r) const;
     void close_all(uint64_t ts);
@@ -314,7 +348,7 @@ private:
     std::unordered_multimap<uint64_t, uint32_t> stack_index_;  // content hash -> stack id
     std::vector<PyStack> stacks_;
     std::vector<uint32_t> stack_frames_;
-    std::map<std::pair<uint32_t, uint32_t>, uint32_t> module_index_;
+    std::map<std::tuple<uint32_t, uint32_t, uint32_t>, uint32_t> module_index_;
     std::vector<ModuleInfo> modules_;
     std::unordered_map<std::string, uint32_t> tensor_index_;  // a set's contents -> its id
     std::vector<TensorSet> tensor_sets_;
@@ -325,6 +359,14 @@ private:
     std::unordered_map<std::string, bool> params_tried_;  // module paths asked this window
     std::unordered_map<std::string, uint32_t> params_retries_;  // asked again: not readable yet
     uint64_t params_lost_ = 0;
+    // Backward attribution: kept across windows (a forward and its backward
+    // may fall in two), bounded.
+    std::vector<Chain> chains_;
+    std::map<std::string, uint32_t> chain_index_;
+    std::unordered_map<uint64_t, uint32_t> nodes_;  // Node* -> chain
+    std::deque<uint64_t> node_order_;               // insertion order, for eviction
+    std::unordered_map<uint64_t, std::string> node_names_;  // vtable -> class, bounded by kMaxChains
+    uint64_t nodes_run_ = 0, nodes_unmapped_ = 0;
 };
 
 class TraceModel {
@@ -346,6 +388,9 @@ public:
     // Reads a module's parameters when its first record of a window opens;
     // null: none are read.  Must outlive the model.
     void set_parameter_source(torch::ParameterSource* s) { params_ = s; }
+    // Names an autograd node's class from its vtable in a process ("MmBackward0");
+    // unset or "": the record shows none.
+    void set_node_namer(std::function<std::string(uint32_t, uint64_t)> f) { node_namer_ = std::move(f); }
 
     void on_event(const capture::Event& ev);
     // Window reset: records, counts and drops are cleared and exited processes
@@ -369,7 +414,13 @@ private:
     void resolve_frames(const capture::CallEnter& e);
     void update_context(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
                         bool entering = false);
-    void want_modules(ProcessTree& p);
+    void want_modules(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e);
+    void backward_runs(ProcessTree::ThreadState& th, const capture::CallEnter& e);
+    void on_grad_fn(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
+                    const capture::SymbolInfo& info);
+    void on_autograd_node(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
+                          const capture::SymbolInfo& info);
+    std::string node_name(ProcessTree& p, uint32_t tgid, uint64_t vtable);
     void open_module(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, size_t want);
     void read_parameters(ProcessTree& p, uint32_t tgid, const std::string& fqn, uint64_t module);
     void on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
@@ -383,7 +434,10 @@ private:
         uint64_t module;
         uint32_t depth;
         bool backward;
-        const python::PyFrameInfo* frame;
+        const python::PyFrameInfo* frame;          // null: from a node's chain
+        const ProcessTree::ChainModule* chained = nullptr;
+        bool recompute = false;
+        uint64_t node = 0, vtable = 0;             // the innermost module of a backward node's chain
     };
     // A link of the chain a record's stack asks for: an open scope (index
     // into the thread's chain) or a module (index into want_).
@@ -398,6 +452,7 @@ private:
     std::function<bool(uint32_t, uint64_t)> scope_open_;
     std::function<const torch::TensorLayout*(uint32_t)> layouts_;
     torch::ParameterSource* params_ = nullptr;
+    std::function<std::string(uint32_t, uint64_t)> node_namer_;
     // Scratch of on_enter, kept for its capacity.
     std::vector<const python::PyFrameInfo*> frames_;  // the record's frames, resolved, innermost first
     std::vector<WantModule> want_;

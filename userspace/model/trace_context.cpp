@@ -43,25 +43,133 @@ void TraceModel::resolve_frames(const capture::CallEnter& e) {
 }
 
 // The modules the record's stack shows, outermost first: nn.Module calls
-// outside the innermost autograd entry run forward; frames of a module
-// inside it (hooks, autograd functions) run on behalf of its gradients.
-// A module's depth is its outermost frame's position from the outermost
-// frame (1-based); the frames of one call (_wrapped_call_impl, _call_impl)
-// are one module.
-void TraceModel::want_modules(ProcessTree& p) {
+// outside the autograd engine's entries run forward.  At each entry the
+// engine runs a node on the thread's behalf (backward_runs): the modules
+// whose forward made that node run backward, and module calls above it run
+// their forward again for it (activation checkpointing: recompute).  Where
+// the node is not known, frames of a module inside the entry (hooks, autograd
+// functions bound to it) run on behalf of its gradients.  A module's depth is
+// its outermost frame's position from the outermost frame (1-based); the
+// frames of one call (_wrapped_call_impl, _call_impl) are one module; a
+// node's modules sit at its entry's depth.
+void TraceModel::want_modules(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e) {
     want_.clear();
     const size_t n = frames_.size();
-    size_t entry = n;
-    for (size_t i = 0; i < n && entry == n; ++i)
-        if (frames_[i]->kind == python::PyFrameKind::BackwardEntry) entry = i;
+    backward_runs(th, e);
+    auto add_chain = [&](const ProcessTree::BackwardRun& run, uint32_t depth) {
+        auto it = p.nodes_.find(run.node);
+        if (it == p.nodes_.end()) return false;
+        const ProcessTree::Chain& chain = p.chains_[it->second];
+        for (const ProcessTree::ChainModule& m : chain) want_.push_back({m.module, depth, true, nullptr, &m});
+        if (!chain.empty()) want_.back().node = run.node, want_.back().vtable = run.vtable;
+        return true;
+    };
+    // An engine worker's node: records with no entry and no forward module below.
+    bool in_backward = false, node_known = false;
+    const auto& runs = th.backward;
+    if (!runs.empty() && runs.front().entry_code == 0) {
+        bool forward = false;
+        for (const python::PyFrameInfo* f : frames_) forward |= f->kind == python::PyFrameKind::ModuleCall;
+        if (!forward) in_backward = true, node_known = add_chain(runs.front(), 0);
+    }
+    size_t r = 0;
     for (size_t i = n; i-- > 0;) {
         const python::PyFrameInfo& f = *frames_[i];
-        bool backward = entry < n && i < entry;
-        if (f.module == 0 || (!backward && f.kind != python::PyFrameKind::ModuleCall)) continue;
-        if (!want_.empty() && want_.back().module == f.module && want_.back().backward == backward) continue;
-        want_.push_back({f.module, static_cast<uint32_t>(n - i), backward, &f});
+        if (f.kind == python::PyFrameKind::BackwardEntry) {
+            in_backward = true;
+            const auto depth = static_cast<uint32_t>(n - i);
+            while (r < runs.size() && (runs[r].entry_code == 0 || runs[r].entry_depth < depth)) ++r;
+            node_known = r < runs.size() && runs[r].entry_depth == depth && add_chain(runs[r], depth);
+            continue;
+        }
+        if (f.module == 0) continue;
+        if (f.kind != python::PyFrameKind::ModuleCall && (!in_backward || node_known)) continue;  // the node says
+        if (!want_.empty() && want_.back().module == f.module && want_.back().backward == in_backward &&
+            want_.back().frame)
+            continue;
+        want_.push_back({f.module, static_cast<uint32_t>(n - i), in_backward, &f, nullptr,
+                         in_backward && f.kind == python::PyFrameKind::ModuleCall && node_known});
     }
     if (!want_.empty() && !want_.front().backward) p.last_root_ = want_.front().module;
+}
+
+// The thread's runs that a stack is inside: those whose engine entry frame
+// (its code, at its depth) the stack still holds.  Runs under entries it no
+// longer holds have ended (a reentrant backward returned, or backward did).
+// An engine worker's run (no entry frame) lasts until one with an entry.
+void TraceModel::backward_runs(ProcessTree::ThreadState& th, const capture::CallEnter& e) {
+    auto& runs = th.backward;
+    const size_t n = frames_.size();
+    auto holds = [&](const ProcessTree::BackwardRun& r) {
+        return r.entry_code == 0 || (r.entry_depth >= 1 && r.entry_depth <= n &&
+                                     e.py_frames[n - r.entry_depth].code == r.entry_code);
+    };
+    size_t keep = 0;
+    while (keep < runs.size() && holds(runs[keep])) ++keep;
+    runs.resize(keep);
+}
+
+// A node made (a tensor's grad_fn set): the modules a record made now would
+// nest in are the node's, kept until its backward runs it.
+void TraceModel::on_grad_fn(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
+                            const capture::SymbolInfo& info) {
+    uint64_t node = 0;
+    if (!slot_value(e, info.slots.count, node) || node == 0) return;
+    want_modules(p, th, e);
+    ProcessTree::Chain chain;
+    chain.reserve(want_.size());
+    for (const WantModule& m : want_)
+        chain.push_back(m.chained ? *m.chained
+                                  : ProcessTree::ChainModule{m.module, module_fqn(resolver_, e.tgid, p.last_root_, m.module),
+                                                             std::string(m.frame->module_class)});
+    p.remember_node(node, p.intern_chain(std::move(chain)));
+}
+
+// The engine runs a node: records of this thread under the same engine
+// entry are its, until the next node or the entry's return; its module
+// records open here.
+void TraceModel::on_autograd_node(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
+                                  const capture::SymbolInfo& info) {
+    uint64_t node = 0;
+    if (!slot_value(e, info.slots.count, node) || node == 0) return;
+    ++p.nodes_run_;
+    if (p.nodes_.find(node) == p.nodes_.end()) ++p.nodes_unmapped_;
+    ProcessTree::BackwardRun run{0, 0, node, e.args[CD_NODE_VTABLE_SLOT]};
+    const size_t n = frames_.size();
+    if (e.py_status != CD_PY_NO_TSTATE) {
+        if (!py_stack_complete(e)) {
+            th.backward.clear();  // where it runs is not known: attribute nothing
+            return;
+        }
+        for (size_t i = 0; i < n; ++i)
+            if (frames_[i]->kind == python::PyFrameKind::BackwardEntry) {
+                run.entry_code = e.py_frames[i].code;
+                run.entry_depth = static_cast<uint32_t>(n - i);
+                break;
+            }
+    }
+    // Runs under entries this stack does not hold, or under this same one, are over.
+    backward_runs(th, e);
+    auto& runs = th.backward;
+    if (run.entry_code == 0) runs.clear();  // a worker: one run at a time
+    std::erase_if(runs, [](const auto& r) { return r.entry_code == 0; });
+    while (!runs.empty() && runs.back().entry_depth >= run.entry_depth) runs.pop_back();
+    if (runs.size() < CD_MAX_PY_FRAMES) runs.push_back(run);
+    // Its modules open now, before anything the node calls: what runs inside
+    // it (a c10d call whose own RecordFunction is the first to show a stack)
+    // nests under them, not they under it.
+    if (run.entry_code != 0) update_context(p, th, e);
+}
+
+// An autograd node's class from its vtable ("torch::autograd::generated::MmBackward0"
+// shown as "MmBackward0"), cached per process.
+std::string TraceModel::node_name(ProcessTree& p, uint32_t tgid, uint64_t vtable) {
+    if (vtable == 0 || !node_namer_) return {};
+    if (auto it = p.node_names_.find(vtable); it != p.node_names_.end()) return it->second;
+    std::string name = node_namer_(tgid, vtable);
+    if (auto colon = name.rfind("::"); colon != std::string::npos) name.erase(0, colon + 2);
+    if (p.node_names_.size() < ProcessTree::kMaxChains) p.node_names_.emplace(vtable, name);
+    return name;
 }
 
 // The thread's chain becomes the record's modules merged with its open
@@ -76,7 +184,7 @@ void TraceModel::want_modules(ProcessTree& p) {
 // what is deeper end here; the new call's link opens with its first record.
 void TraceModel::update_context(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
                                 bool entering) {
-    want_modules(p);
+    want_modules(p, th, e);
     const bool from_call_impl = !frames_.empty() && frames_[0]->kind == python::PyFrameKind::ModuleCall;
     const WantModule* entered = entering && from_call_impl && !want_.empty() ? &want_.back() : nullptr;
     desired_.clear();
@@ -91,7 +199,8 @@ void TraceModel::update_context(ProcessTree& p, ProcessTree::ThreadState& th, co
     auto same = [&](const ProcessTree::CtxLink& l, const Desired& d) {
         if (d.scope) return l.scope && &l == &th.ctx[d.idx];
         const WantModule& m = want_[d.idx];
-        return &m != entered && !l.scope && l.key == m.module && l.backward == m.backward && l.depth == m.depth;
+        return &m != entered && !l.scope && l.key == m.module && l.backward == m.backward && l.depth == m.depth &&
+               l.node == m.node;
     };
     size_t keep = 0;
     while (keep < th.ctx.size() && keep < desired_.size() && same(th.ctx[keep], desired_[keep])) ++keep;
@@ -113,13 +222,16 @@ void TraceModel::open_module(ProcessTree& p, ProcessTree::ThreadState& th, const
         r.tid = e.tid;
         r.kind = RecordKind::Module;
         if (m.backward) r.flags |= kBackward;
-        // Backward frames show no root: name them from the last forward's.
-        std::string fqn = module_fqn(resolver_, e.tgid, p.last_root_, m.module);
-        r.ctx = p.intern_module(fqn, m.frame->module_class);
+        if (m.recompute) r.flags |= kRecompute;
+        // Backward frames show no root: name them from the last forward's;
+        // a node's modules were named when it was made.
+        std::string fqn = m.chained ? m.chained->fqn : module_fqn(resolver_, e.tgid, p.last_root_, m.module);
+        std::string_view cls = m.chained ? std::string_view(m.chained->cls) : m.frame->module_class;
+        r.ctx = p.intern_module(fqn, cls, m.node ? node_name(p, e.tgid, m.vtable) : std::string());
         rec = p.append(r, th);
         if (params_ && !m.backward && fqn != "<unknown>") read_parameters(p, e.tgid, fqn, m.module);
     }
-    th.ctx.push_back({m.module, m.depth, rec, kNoRecord, false, m.backward});
+    th.ctx.push_back({m.module, m.depth, rec, kNoRecord, false, m.backward, m.node});
 }
 
 // As CommDebugMode's forward pre-hook does: a module's own parameters, the

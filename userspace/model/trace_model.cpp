@@ -125,6 +125,15 @@ void TraceModel::on_enter(const capture::CallEnter& e) {
         if (py_stack_complete(e)) update_context(p, th, e, true);
         return;
     }
+    // Autograd nodes made and run: points in time that attribute backward, no record.
+    if (role == CD_ROLE_GRAD_FN) {
+        if (py_stack_complete(e)) on_grad_fn(p, th, e, *info);
+        return;
+    }
+    if (role == CD_ROLE_AUTOGRAD_NODE) {
+        on_autograd_node(p, th, e, *info);
+        return;
+    }
     if (py_stack_complete(e)) update_context(p, th, e);
     bool collective = role == CD_ROLE_COLLECTIVE;
     if (collective && !th.stack.empty() && th.stack.back().collective) ++p.nested_collectives_;

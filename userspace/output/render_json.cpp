@@ -48,6 +48,11 @@ public:
             if (auto by_module = module_counts_json(*p_.tree); !by_module.empty())
                 j["module_comm_counts"] = std::move(by_module);
             parameters_json(*p_.tree, j);
+            // Backward attribution: nodes the engine ran, and those no forward record made.
+            if (p_.tree->autograd_nodes_run() != 0) {
+                j["autograd_nodes_run"] = p_.tree->autograd_nodes_run();
+                j["autograd_nodes_unmapped"] = p_.tree->autograd_nodes_unmapped();
+            }
         }
         if (p_.fsdp) j["fsdp"] = fsdp::to_json(*p_.fsdp);
         ordered_json counters = ordered_json::array();

@@ -181,8 +181,12 @@ private:
         std::string name(p_.tree->context_name(r));
         if (r.kind == model::RecordKind::Scope) return "scope " + name;
         std::string cls(p_.tree->module_class(r));
+        std::string node(p_.tree->autograd_node(r));
         return "module " + name + (cls.empty() ? "" : " (" + cls + ")") +
-               (r.has(model::kBackward) ? " backward" : " forward");
+               (r.has(model::kRecompute) ? " recompute"
+                : r.has(model::kBackward) ? " backward"
+                                          : " forward") +
+               (node.empty() ? "" : " [" + node + "]");
     }
 
     void fields_detail(const model::Record& r, std::string& d) const {

@@ -78,6 +78,7 @@ TraceSession::TraceSession(std::unique_ptr<capture::ResumeGuard> guard, std::uni
         model_.set_parameter_source(&torch_);
     }
     model_.set_tensor_layouts([this](uint32_t pid) { return torch_.layout(pid); });
+    model_.set_node_namer([this](uint32_t pid, uint64_t vtable) { return torch_.class_of_vtable(pid, vtable); });
     model_.set_scope_check([this](uint32_t tgid, uint64_t self) { return bpf_->scope_open(tgid, self); });
 }
 

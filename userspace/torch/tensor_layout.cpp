@@ -170,7 +170,7 @@ struct Readers {
 // The element sizes table, N+1 bytes at link-time address `vaddr`, from the file.
 Result<std::vector<uint8_t>> read_table(const std::string& path, uint64_t vaddr, size_t n) {
     using T = Result<std::vector<uint8_t>>;
-    auto data = host::read_elf_data(path, {});
+    auto data = host::read_elf_data(path, std::set<std::string, std::less<>>{});
     if (!data) return T::fail(data.error());
     for (const auto& seg : data->loads) {
         if (vaddr < seg.vaddr || vaddr + n > seg.vaddr + seg.memsz) continue;

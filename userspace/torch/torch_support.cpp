@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "demangle.hpp"
 #include "elf_symbols.hpp"
 #include "procfs.hpp"
 
@@ -311,6 +312,40 @@ std::optional<ModuleParams> TorchSupport::module_parameters(uint32_t pid, uint64
         });
     }
     return out;
+}
+
+std::string TorchSupport::class_of_vtable(uint32_t pid, uint64_t vtable) {
+    auto maps = host::read_maps(static_cast<int>(pid), proc_root_);
+    if (!maps) return {};
+    auto in = std::find_if(maps->begin(), maps->end(),
+                           [&](const host::MapEntry& m) { return m.start <= vtable && vtable < m.end; });
+    if (in == maps->end() || in->path.empty() || in->path.front() != '/') return {};
+    const std::string path = in->path;
+    auto files = host::mapped_files(*maps, static_cast<int>(pid), [&](std::string_view p) { return p == path; },
+                                    proc_root_);
+    if (files.empty()) return {};
+    const host::MappedFile& f = files.front();
+    auto key = std::make_pair(f.dev, f.inode);
+    auto it = vtables_.find(key);
+    if (it == vtables_.end()) {
+        if (vtables_.size() >= kMaxFiles) vtables_.erase(vtables_.begin());
+        auto v = std::make_shared<Vtables>();
+        auto data = host::read_elf_data(f.open_path, [](std::string_view n) { return n.starts_with("_ZTV"); });
+        if (data) {
+            for (const auto& [name, addr] : data->symbols) v->at.emplace(addr + kVtableAddressPoint, name);
+            v->elf = std::move(*data);
+        }
+        it = vtables_.emplace(key, std::move(v)).first;
+    }
+    const Vtables& v = *it->second;
+    if (v.elf.loads.empty()) return {};
+    auto bias = host::load_bias(*maps, path, v.elf);
+    if (!bias) return {};
+    auto at = v.at.find(vtable - *bias);
+    if (at == v.at.end()) return {};
+    std::string name = host::demangle(at->second);
+    constexpr std::string_view kPrefix = "vtable for ";
+    return name.starts_with(kPrefix) ? name.substr(kPrefix.size()) : std::string();
 }
 
 }  // namespace commdbg::torch

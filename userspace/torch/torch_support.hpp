@@ -75,6 +75,12 @@ public:
     // Why pid's module parameters are not read, when its libtorch_python cannot be used.
     std::optional<std::string> parameters_note(uint32_t pid) const;
 
+    // The class whose vtable (address point) is `vtable` in pid, demangled
+    // ("torch::autograd::generated::MmBackward0"), from the dynamic symbols
+    // of the file mapped there; "" when none names it.  An autograd node's
+    // class (TraceModel::set_node_namer).
+    std::string class_of_vtable(uint32_t pid, uint64_t vtable);
+
 private:
     enum class Kind { c10, libtorch, python };
     static constexpr int kPythonTries = 3;
@@ -105,6 +111,12 @@ private:
     python::LivePyResolver* py_ = nullptr;
     std::string proc_root_ = "/proc";
     std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<const TorchFile>> files_;
+    // Per file (dev, inode): its vtables' address points (link-time) -> mangled names.
+    struct Vtables {
+        host::ElfData elf;
+        std::map<uint64_t, std::string> at;
+    };
+    std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<const Vtables>> vtables_;
     std::map<uint32_t, Process> procs_;
 };
 

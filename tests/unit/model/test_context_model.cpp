@@ -143,6 +143,16 @@ struct Ctx {
     uint32_t mm = t.intern(sym("aten::mm", "aten", CD_ROLE_OP));
     uint32_t add = t.intern(sym("aten::add.Tensor", "aten", CD_ROLE_OP));
     uint32_t module_enter = t.intern(sym("torch::jit::tracer::getTracingState", "torch", CD_ROLE_MODULE_ENTER));
+    uint32_t grad_fn = t.intern(sym("torch::autograd::impl::set_gradient_edge", "torch", CD_ROLE_GRAD_FN, [] {
+        capture::ArgSlots s;
+        s.count = 1;
+        return s;
+    }()));
+    uint32_t run_node = t.intern(sym("torch::autograd::Engine::evaluate_function", "torch", CD_ROLE_AUTOGRAD_NODE, [] {
+        capture::ArgSlots s;
+        s.count = 2;
+        return s;
+    }()));
 
     FakeResolver res;
     TraceModel model;
@@ -189,6 +199,11 @@ struct Ctx {
         return enter(begin, sp, stack, {self, scope, 0, 0, 0, 0, 0, 0});
     }
     capture::CallEnter scope_end(uint64_t self, uint64_t sp = 0x7000) { return enter(end, sp, std::nullopt, {self}); }
+    // Forward made autograd node `node` under `stack`; the engine runs it (class `vtable`).
+    void made(uint64_t node, const Stack& stack) { enter(grad_fn, 0x7000, stack, {0, node}); }
+    void runs(uint64_t node, const std::optional<Stack>& stack, uint64_t vtable = 0, uint32_t tid = kTid) {
+        enter(run_node, 0x7000, stack, {0, 0, node, 0, 0, 0, 0, vtable}, tid);
+    }
     // c10d allreduce -> ncclAllReduce, from `stack`.
     void collective(const Stack& stack, uint64_t sp = 0x7000) {
         enter(c10d, sp, stack);
@@ -718,3 +733,149 @@ TEST(ContextRender, TraceHasScopeAndModuleSlicesWithTheStackInArgs) {
 }
 
 }  // namespace
+
+// ---- backward attribution: autograd nodes (issue 24) --------------------------
+
+namespace {
+
+constexpr uint64_t kNodeA = 0xd000, kNodeB = 0xd100, kNodeC = 0xd200, kNodeCkpt = 0xd300;
+const Stack kEngine = kTop + Stack{F(kEngineRun)};               // the engine runs a node from loss.backward()
+const Stack kInEngineHook = kEngine + Stack{F(kAllReduce)};     // a hook or autograd function issuing a collective
+
+// The module records enclosing r, outermost first, as "fqn[:node]".
+std::vector<std::string> chain_of(const Ctx& c, const Record& r) {
+    std::vector<std::string> out;
+    for (uint32_t a = r.parent; a != kNoRecord; a = c.recs()[a].parent) {
+        const Record& m = c.recs()[a];
+        if (m.kind != RecordKind::Module) continue;
+        std::string n(c.name(m));
+        if (m.has(kRecompute)) n += ":recompute";
+        else if (m.has(kBackward)) n += ":bw";
+        if (auto node = c.tree().autograd_node(m); !node.empty()) n += "[" + std::string(node) + "]";
+        out.insert(out.begin(), n);
+    }
+    return out;
+}
+
+std::vector<std::vector<std::string>> collective_chains(const Ctx& c) {
+    std::vector<std::vector<std::string>> out;
+    for (const Record& r : c.recs())
+        if (c.name(r) == "c10d::ProcessGroupNCCL::allreduce") out.push_back(chain_of(c, r));
+    return out;
+}
+
+}  // namespace
+
+// A collective issued while the engine runs a node sits under the modules
+// whose forward made that node, each backward, the innermost naming the
+// node; consecutive nodes of one module are told apart by the node.
+TEST(ContextModel, BackwardCollectivesSitUnderTheModulesWhoseForwardMadeTheRunningNode) {
+    Ctx c;
+    std::map<uint64_t, std::string> classes = {{0x5a0, "torch::autograd::generated::MmBackward0"},
+                                                {0x5b0, "torch::autograd::PyNode"}};
+    c.model.set_node_namer([&](uint32_t pid, uint64_t vt) { return pid == kPid ? classes[vt] : ""; });
+    c.collective(kInBlock);  // forward: names the root
+    c.made(kNodeA, kInBlock);
+    c.made(kNodeB, kInBlock);
+    c.made(kNodeC, kInEncoder);
+    c.runs(kNodeB, kEngine, 0x5a0);
+    c.scope_begin(0x77, kEngine, 2);  // a RecordFunction of torch's own, with the stack: opens B's modules
+    c.runs(kNodeA, kEngine, 0x5b0);
+    c.collective(kInEngineHook);
+    c.runs(kNodeC, kEngine, 0x5a0);
+    c.collective(kInEngineHook);
+
+    using Chains = std::vector<std::vector<std::string>>;
+    EXPECT_EQ(collective_chains(c), (Chains{{"<root>", "encoder", "encoder.blocks.1"},
+                                            {"<root>:bw", "encoder:bw", "encoder.blocks.1:bw[PyNode]"},
+                                            {"<root>:bw", "encoder:bw[MmBackward0]"}}));
+    auto counts = c.tree().module_comm_counts();
+    using Side = std::map<std::string, uint64_t>;
+    EXPECT_EQ(counts["encoder.blocks.1"].backward, (Side{{"c10d.all_reduce", 1}}));
+    EXPECT_EQ(counts["encoder"].backward, (Side{{"c10d.all_reduce", 2}}));
+    EXPECT_EQ(counts["<root>"].backward, (Side{{"c10d.all_reduce", 2}}));
+    EXPECT_EQ(c.tree().autograd_nodes_run(), 3u);
+    EXPECT_EQ(c.tree().autograd_nodes_unmapped(), 0u);
+    // B's module record, opened by the RecordFunction, ended where A began: A's is its sibling.
+    std::vector<const Record*> blocks;
+    for (const Record* m : c.of(RecordKind::Module))
+        if (c.name(*m) == "encoder.blocks.1" && m->has(kBackward)) blocks.push_back(m);
+    ASSERT_EQ(blocks.size(), 2u);
+    EXPECT_EQ(c.tree().autograd_node(*blocks[0]), "MmBackward0");
+    EXPECT_EQ(blocks[0]->parent, blocks[1]->parent);
+    // JSON and table name the node.
+    ordered_json j = output::to_json(c.report(), c.t, 2);
+    EXPECT_NE(j.dump().find("\"autograd_node\":\"PyNode\""), std::string::npos);
+}
+
+// Once backward returned (no engine entry below), or under another entry
+// than the node's (a stale run), nothing is attributed to the node.
+TEST(ContextModel, ANodesAttributionEndsWithItsEngineEntry) {
+    Ctx c;
+    c.collective(kInBlock);
+    c.made(kNodeA, kInBlock);
+    c.runs(kNodeA, kEngine);
+    c.collective(kTop + Stack{F(kAllReduce)});                       // backward returned
+    c.collective(kTop + Stack{F(kStep), F(kEngineRun), F(kAllReduce)});  // another entry, deeper
+    using Chains = std::vector<std::vector<std::string>>;
+    EXPECT_EQ(collective_chains(c), (Chains{{"<root>", "encoder", "encoder.blocks.1"}, {}, {}}));
+}
+
+// A node no forward record made (AccumulateGrad, made lazily) is counted
+// unmapped; frames of a module inside the entry still say what they can.
+TEST(ContextModel, AnUnknownNodeFallsBackToTheModuleBoundFrames) {
+    Ctx c;
+    c.collective(kInBlock);
+    c.runs(kNodeA, kEngine);
+    c.collective(kBackwardHook);
+    EXPECT_EQ(c.tree().autograd_nodes_unmapped(), 1u);
+    using Chains = std::vector<std::vector<std::string>>;
+    EXPECT_EQ(collective_chains(c), (Chains{{"<root>", "encoder", "encoder.blocks.1"}, {"encoder.blocks.1:bw"}}));
+}
+
+// Activation checkpointing (reentrant): the checkpoint's node, made in the
+// model's forward, runs the block's forward again inside backward: the
+// block's record is a recompute under the node's modules, counted backward;
+// nodes the recompute made run in a nested backward (a deeper engine entry),
+// attributed to the node's modules and the recomputed block.
+TEST(ContextModel, ARecomputedForwardInsideBackwardIsMarkedAndCountedBackward) {
+    Ctx c;
+    c.collective(kInModel);
+    c.made(kNodeCkpt, kInModel);
+    c.runs(kNodeCkpt, kEngine);
+    const Stack recompute = kEngine + module_call(kBlock, kBlockFwd);
+    c.collective(recompute);
+    c.made(kNodeA, recompute);
+    const Stack inner = recompute + Stack{F(kEngineRun)};  // torch.autograd.backward inside the checkpoint's backward
+    c.runs(kNodeA, inner);
+    c.collective(inner + Stack{F(kAllReduce)});
+    c.collective(kEngine + Stack{F(kAllReduce)});  // back in the checkpoint's node
+    using Chains = std::vector<std::vector<std::string>>;
+    EXPECT_EQ(collective_chains(c), (Chains{{"<root>"},
+                                            {"<root>:bw", "encoder.blocks.1:recompute"},
+                                            {"<root>:bw", "encoder.blocks.1:recompute", "<root>:bw",
+                                             "encoder.blocks.1:bw"},
+                                            {"<root>:bw"}}));
+    auto counts = c.tree().module_comm_counts();
+    using Side = std::map<std::string, uint64_t>;
+    EXPECT_EQ(counts["encoder.blocks.1"].backward, (Side{{"c10d.all_reduce", 2}}));
+    EXPECT_EQ(counts["<root>"].backward, (Side{{"c10d.all_reduce", 3}}));
+    ordered_json j = output::to_json(c.report(), c.t, 2);
+    EXPECT_NE(j.dump().find("\"event_type\":\"checkpointing\""), std::string::npos);
+}
+
+// An engine worker thread (no Python below the engine): its records belong
+// to the node it runs unless a forward module runs; bounded node memory.
+TEST(ContextModel, AnEngineWorkersRecordsBelongToItsNodeAndNodesAreBounded) {
+    Ctx c;
+    c.collective(kInBlock);
+    c.made(kNodeA, kInBlock);
+    constexpr uint32_t kWorker = kTid + 1;
+    c.runs(kNodeA, Stack{}, 0, kWorker);
+    c.enter(c.c10d, 0x7000, Stack{F(kAllReduce)}, {}, kWorker);
+    EXPECT_EQ(chain_of(c, c.recs().back()),
+              (std::vector<std::string>{"<root>:bw", "encoder:bw", "encoder.blocks.1:bw"}));
+    for (uint64_t n = 0; n < ProcessTree::kMaxNodes + 10; ++n) c.made(0x100000 + n, kInBlock);
+    c.runs(0x100000, kEngine);  // the oldest went
+    EXPECT_EQ(c.tree().autograd_nodes_unmapped(), 1u);
+}
