@@ -72,7 +72,7 @@ struct JobRun {
 JobRun run_job(const Variant& v, bool profiler) {
     JobRun j;
     TempDir tmp;
-    std::vector<std::string> argv = {commdbg_bin(), "run", "--probes", "torch-c10d,torch-scopes", "--noise-level", "2",
+    std::vector<std::string> argv = {commdbg_bin(), "run", "--probes", "torch-c10d,torch-scopes,torch-modules,torch-autograd", "--noise-level", "2",
                                      "--json", tmp.path("out.json"), "--"};
     if (v.trixie)
         argv.insert(argv.end(), {std::string(SOURCE_DIR) + "/tests/trixie_run.sh", "--bind",
@@ -257,7 +257,7 @@ TEST_P(FrameworkContext, JobRanOnTheIntendedTorch) {
 // module_comm_counts is exactly what each rank counted as it issued:
 // forward counts transitive over the modules running (<root> 4 per step,
 // encoder 3, encoder.blocks.0[.mixer] 1, encoder.blocks.1[.mixer] 2), the
-// hook's collective under encoder.blocks.1.mixer backward.
+// hook's collective backward under encoder.blocks.1.mixer and the modules it was called from.
 TEST_P(FrameworkContext, ModuleCommCountsExactPerRank) {
     REQUIRE_VARIANT();
     const JobRun* j = job_or_fail();

@@ -109,7 +109,10 @@ class Tally:
         dist.all_reduce(t)
         self.calls += 1
         if backward_of is not None:
-            self.counts[self.fqn[id(backward_of)]]["backward"][KIND] += 1
+            # As CommDebugMode counts backward: the module and the modules it
+            # was called from when its forward ran.
+            for fqn in backward_of.forward_chain:
+                self.counts[fqn]["backward"][KIND] += 1
         for fqn in self.running:
             self.counts[fqn]["forward"][KIND] += 1
 
@@ -128,6 +131,7 @@ class Mixer(torch.nn.Module):
 
     def forward(self, x):
         with TALLY.forward_of(self):
+            self.forward_chain = list(TALLY.running)
             y = self.proj(x)
             stat = y.detach().sum().reshape(1)
             for _ in range(self.collectives):

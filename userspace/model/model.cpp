@@ -99,7 +99,10 @@ size_t ProcessTree::memory_bytes() const {
     for (const auto& [fqn, tried] : params_tried_) n += sizeof(fqn) + fqn.capacity() + sizeof(tried) + kNode;
     for (const auto& [fqn, k] : params_retries_) n += sizeof(fqn) + fqn.capacity() + sizeof(k) + kNode;
     n += params_.capacity() * sizeof(params_[0]);
-    for (const auto& th : threads_) n += th.second.backward.capacity() * sizeof(BackwardRun);
+    for (const auto& th : threads_) {
+        n += th.second.backward.capacity() * sizeof(BackwardRun);
+        if (th.second.pending_node) n += th.second.pending_node->py_frames.capacity() * sizeof(cd_py_frame);
+    }
     n += chains_.capacity() * sizeof(Chain) + nodes_.bucket_count() * sizeof(void*) +
          nodes_.size() * (2 * sizeof(uint64_t) + kNode) + node_order_.size() * sizeof(uint64_t);
     for (const Chain& c : chains_) {

@@ -293,6 +293,7 @@ private:
         std::vector<PendingLeaf> pending;
         std::vector<CtxLink> ctx;
         std::vector<BackwardRun> backward;  // outermost first (reentrant backward nests)
+        std::optional<capture::CallEnter> pending_node;  // a node whose modules open with its first record
         std::string pending_label;  // the latest SCOPE_LABEL not yet taken by a scope
         bool has_label = false;
         bool seen = false;  // emitted an event in this window
@@ -425,6 +426,8 @@ private:
     void read_parameters(ProcessTree& p, uint32_t tgid, const std::string& fqn, uint64_t module);
     void on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
                   const capture::SymbolInfo& info);
+    bool opens_scope(const ProcessTree::ThreadState& th, const capture::CallEnter& e,
+                     const capture::SymbolInfo& info) const;
     void begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
                      const capture::SymbolInfo& info);
     void end_scope(ProcessTree& p, ProcessTree::ThreadState& th, uint64_t self, uint64_t ts);

@@ -126,8 +126,7 @@ void TraceModel::on_grad_fn(ProcessTree& p, ProcessTree::ThreadState& th, const 
 }
 
 // The engine runs a node: records of this thread under the same engine
-// entry are its, until the next node or the entry's return; its module
-// records open here.
+// entry are its, until the next node or the entry's return.
 void TraceModel::on_autograd_node(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
                                   const capture::SymbolInfo& info) {
     uint64_t node = 0;
@@ -155,10 +154,13 @@ void TraceModel::on_autograd_node(ProcessTree& p, ProcessTree::ThreadState& th, 
     std::erase_if(runs, [](const auto& r) { return r.entry_code == 0; });
     while (!runs.empty() && runs.back().entry_depth >= run.entry_depth) runs.pop_back();
     if (runs.size() < CD_MAX_PY_FRAMES) runs.push_back(run);
-    // Its modules open now, before anything the node calls: what runs inside
-    // it (a c10d call whose own RecordFunction is the first to show a stack)
-    // nests under them, not they under it.
-    if (run.entry_code != 0) update_context(p, th, e);
+    // The last node's modules end here; this one's open with its first
+    // record (a node that records nothing shows none), under the context of
+    // this event, not of whatever native call that record is made in.
+    th.pending_node.reset();
+    if (run.entry_code == 0) return;
+    update_context(p, th, e, true);
+    th.pending_node = e;
 }
 
 // An autograd node's class from its vtable ("torch::autograd::generated::MmBackward0"
@@ -206,6 +208,15 @@ void TraceModel::update_context(ProcessTree& p, ProcessTree::ThreadState& th, co
     while (keep < th.ctx.size() && keep < desired_.size() && same(th.ctx[keep], desired_[keep])) ++keep;
     for (size_t i = th.ctx.size(); i-- > keep;) p.end_link(th.ctx[i], e.ts_ns, true);
     th.ctx.resize(keep);
+    // A kept forward module whose parameters were not readable yet (FSDP2
+    // before its unshard) is asked again by each record inside it.
+    if (params_ && !p.params_retries_.empty())
+        for (const ProcessTree::CtxLink& l : th.ctx) {
+            if (l.scope || l.backward || l.rec == kNoRecord) continue;
+            const std::string fqn(p.context_name(p.records_[l.rec]));
+            if (p.params_tried_.count(fqn) == 0 && p.params_retries_.count(fqn) != 0)
+                read_parameters(p, e.tgid, fqn, l.key);
+        }
     if (entering) return;
     for (size_t i = keep; i < desired_.size(); ++i)
         if (!desired_[i].scope) open_module(p, th, e, desired_[i].idx);
@@ -252,7 +263,7 @@ void TraceModel::read_parameters(ProcessTree& p, uint32_t tgid, const std::strin
         std::optional<torch::ModuleParams> got = params_->module_parameters(tgid, m);
         if (!got) continue;
         if (got->retry && ++p.params_retries_[path] <= kMaxParamRetries) {
-            p.params_tried_.erase(path);  // asked again when a record of this module opens
+            p.params_tried_.erase(path);  // asked again by the next record in this module
             continue;
         }
         if (depth < kMaxParamDepth)
@@ -282,6 +293,17 @@ void TraceModel::on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const ca
         break;
     default: break;
     }
+}
+
+// Whether a SCOPE_BEGIN opens a scope record (begin_scope's test): a
+// USER_SCOPE RecordFunction with a label, or a record_function on its stack.
+bool TraceModel::opens_scope(const ProcessTree::ThreadState& th, const capture::CallEnter& e,
+                             const capture::SymbolInfo& info) const {
+    uint64_t v = 0;
+    if (!slot_value(e, info.slots.peer, v) || (v & 0xff) != kUserScope) return false;
+    if (th.has_label || !e.label.empty() || e.py_status == CD_PY_NONE) return true;
+    return std::any_of(frames_.begin(), frames_.end(),
+                       [](const auto* f) { return f->kind == python::PyFrameKind::RecordFunctionEnter; });
 }
 
 // The label: torch >= 2 sends it just before (record_function_enter_new);

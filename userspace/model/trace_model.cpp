@@ -134,7 +134,22 @@ void TraceModel::on_enter(const capture::CallEnter& e) {
         on_autograd_node(p, th, e, *info);
         return;
     }
-    if (py_stack_complete(e)) update_context(p, th, e);
+    // A call record after a node began: the node's modules open first, as
+    // that node event's stack shows them (this record's may show none).
+    if (th.pending_node && !is_scope_role(role)) {
+        capture::CallEnter node = std::move(*th.pending_node);
+        th.pending_node.reset();
+        if (!py_stack_complete(e)) {
+            resolve_frames(node);
+            update_context(p, th, node);
+            resolve_frames(e);
+        }
+    }
+    // In backward, a RecordFunction that opens no scope (the engine's around
+    // each node) changes no context: a node's modules open with its records.
+    if (py_stack_complete(e) &&
+        (role != CD_ROLE_SCOPE_BEGIN || th.backward.empty() || opens_scope(th, e, *info)))
+        update_context(p, th, e);
     bool collective = role == CD_ROLE_COLLECTIVE;
     if (collective && !th.stack.empty() && th.stack.back().collective) ++p.nested_collectives_;
 

@@ -779,7 +779,11 @@ TEST(ContextModel, BackwardCollectivesSitUnderTheModulesWhoseForwardMadeTheRunni
     c.made(kNodeB, kInBlock);
     c.made(kNodeC, kInEncoder);
     c.runs(kNodeB, kEngine, 0x5a0);
-    c.scope_begin(0x77, kEngine, 2);  // a RecordFunction of torch's own, with the stack: opens B's modules
+    c.scope_begin(0x77, kEngine, 1);  // the engine's own RecordFunction (BACKWARD_FUNCTION): opens nothing
+    c.scope_end(0x77);
+    EXPECT_EQ(c.of(RecordKind::Module).size(), 3u);
+    c.enter(c.mm, 0x6000);            // an op of B without a stack: B's modules open as B's event showed them
+    c.enter(c.add, 0x5000);
     c.runs(kNodeA, kEngine, 0x5b0);
     c.collective(kInEngineHook);
     c.runs(kNodeC, kEngine, 0x5a0);
@@ -796,12 +800,13 @@ TEST(ContextModel, BackwardCollectivesSitUnderTheModulesWhoseForwardMadeTheRunni
     EXPECT_EQ(counts["<root>"].backward, (Side{{"c10d.all_reduce", 2}}));
     EXPECT_EQ(c.tree().autograd_nodes_run(), 3u);
     EXPECT_EQ(c.tree().autograd_nodes_unmapped(), 0u);
-    // B's module record, opened by the RecordFunction, ended where A began: A's is its sibling.
+    // B's module record, opened for its op, ended where A began: A's is its sibling.
     std::vector<const Record*> blocks;
     for (const Record* m : c.of(RecordKind::Module))
         if (c.name(*m) == "encoder.blocks.1" && m->has(kBackward)) blocks.push_back(m);
     ASSERT_EQ(blocks.size(), 2u);
     EXPECT_EQ(c.tree().autograd_node(*blocks[0]), "MmBackward0");
+    EXPECT_EQ(c.parent_name(*c.find("aten::mm")), "encoder.blocks.1");
     EXPECT_EQ(blocks[0]->parent, blocks[1]->parent);
     // JSON and table name the node.
     ordered_json j = output::to_json(c.report(), c.t, 2);
