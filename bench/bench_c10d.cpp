@@ -45,16 +45,8 @@ int main(int argc, char** argv) {
     auto args = bench::bench_args(argc, argv, {{"calls", 20000, 100}, {"rounds", 5, 1}});
     const long n = args[0];
     const int rounds = static_cast<int>(args[1]);
-    if (geteuid() != 0) {
-        std::printf("bench_c10d: skipped — needs root to attach uprobes\n");
-        return 0;
-    }
     bench::TorchLoop py;
-    if (!py.start("/usr/bin/python3", kC10dLoop)) {
-        std::printf("bench_c10d: skipped — /usr/bin/python3 cannot run a gloo group (Debian: apt install python3-torch)\n");
-        return 0;
-    }
-    bench::round_seconds(py, n / 10, nullptr);  // warm-up
+    if (!bench::start_or_skip(py, "bench_c10d", kC10dLoop, n, "cannot run a gloo group (Debian: apt install python3-torch)")) return 0;
     auto traced = [](bool tensors) {
         session::SessionOptions so;
         so.probes = {"torch-c10d"};

@@ -44,22 +44,9 @@ int main(int argc, char** argv) {
     auto args = bench::bench_args(argc, argv, {{"forwards", 5000, 10}, {"rounds", 5, 1}});
     const long n = args[0];
     const int rounds = static_cast<int>(args[1]);
-    if (geteuid() != 0) {
-        std::printf("bench_module_enter: skipped — needs root to attach uprobes\n");
-        return 0;
-    }
     bench::TorchLoop py;
-    if (!py.start("/usr/bin/python3", kModuleLoop)) {
-        std::printf("bench_module_enter: skipped — /usr/bin/python3 does not import torch (apt install python3-torch)\n");
-        return 0;
-    }
-    bench::round_seconds(py, n / 10, nullptr);  // warm-up
-    auto traced = [](std::vector<std::string> specs, bool records) {
-        session::SessionOptions so;
-        so.probes = std::move(specs);
-        so.records = records;
-        return so;
-    };
+    if (!bench::start_or_skip(py, "bench_module_enter", kModuleLoop, n, "does not import torch (apt install python3-torch)")) return 0;
+    auto traced = bench::traced_specs;
     std::vector<bench::Mode> modes = {
         {"unprobed", std::nullopt, {}, {}, {}},
         {"torch-scopes", traced({"torch-scopes"}, true), {}, {}, {}},

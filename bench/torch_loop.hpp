@@ -184,4 +184,28 @@ inline Ratio ratio_to_first(const std::vector<Mode>& modes, const Mode& m) {
     return {median(r), *lo, *hi};
 }
 
+// A traced mode's options: these specs, with records or counters only.
+inline session::SessionOptions traced_specs(std::vector<std::string> specs, bool records) {
+    session::SessionOptions so;
+    so.probes = std::move(specs);
+    so.records = records;
+    return so;
+}
+
+// The start every torch benchmark shares: root, `script` running under
+// Debian's python3, one warm-up of n / 10.  False, with the reason printed
+// as `name: skipped — ...`, when it cannot run here.
+inline bool start_or_skip(TorchLoop& py, const char* name, const char* script, long n, const char* needs) {
+    if (geteuid() != 0) {
+        std::printf("%s: skipped — needs root to attach uprobes\n", name);
+        return false;
+    }
+    if (!py.start("/usr/bin/python3", script)) {
+        std::printf("%s: skipped — /usr/bin/python3 %s\n", name, needs);
+        return false;
+    }
+    round_seconds(py, n / 10, nullptr);  // warm-up
+    return true;
+}
+
 }  // namespace commdbg::bench

@@ -5,7 +5,8 @@
 // saw, with every c10d collective op's tensor arguments as the dispatcher
 // passed them; commdbg traces the same job from outside.  CommDebugMode's
 // numbers are the expected values: collective counts, per-module forward
-// counts, the c10d records' tensors, and parameter_info / sharding_info.
+// (and, tensor-parallel, backward) counts, the c10d records' tensors, and
+// parameter_info / sharding_info.
 // Module paths differ only in their root: CommDebugMode's start with the
 // root's class name ("TPModel.blocks.0.up"), commdbg's below the root
 // ("blocks.0.up").
@@ -77,20 +78,21 @@ void expect_counts_match(const json& rank, const json& p) {
     for (const auto& [k, n] : want) EXPECT_GE(p["comm_counts"].value(k, uint64_t{0}), n) << k;
 }
 
-void expect_module_counts_match(const json& rank, const json& p) {
+void expect_module_counts_match(const json& rank, const json& p, const std::string& side) {
+    SCOPED_TRACE(side);
     std::map<std::string, std::map<std::string, uint64_t>> want;
     for (const auto& step : rank["steps"])
         for (const auto& [fqn, sides] : step["module_counts"].items()) {
-            if (fqn == "Global" || !sides.contains("forward")) continue;
-            for (const auto& [op, n] : sides["forward"].items())
+            if (fqn == "Global" || !sides.contains(side)) continue;
+            for (const auto& [op, n] : sides[side].items())
                 want[commdbg_path(fqn)]["c10d." + collective_of(op)] += n.get<uint64_t>();
         }
     ASSERT_FALSE(want.empty());
     std::map<std::string, std::map<std::string, uint64_t>> got;
     const json counts = p.value("module_comm_counts", json::object());
     for (const auto& [fqn, sides] : counts.items())
-        if (sides.contains("forward"))
-            for (const auto& [k, n] : sides["forward"].items()) got[fqn][k] = n.get<uint64_t>();
+        if (sides.contains(side))
+            for (const auto& [k, n] : sides[side].items()) got[fqn][k] = n.get<uint64_t>();
     EXPECT_EQ(got, want);
 }
 
@@ -185,7 +187,11 @@ TEST(CommDebugModeSideBySide, TensorParallelJobCountsTensorsParametersAndShardin
     for_each_rank_process(processes_of(t.dump), t.ranks, [&](const json& rank, const json& p) {
         ASSERT_FALSE(rank["steps"][0]["sharding_info"].empty()) << "CommDebugMode saw no DTensor parameter";
         expect_counts_match(rank, p);
-        expect_module_counts_match(rank, p);
+        expect_module_counts_match(rank, p, "forward");
+        // The backward all-reduces (the Colwise modules' input gradients,
+        // issued by DTensor's autograd functions) under the modules whose
+        // forward made their nodes.
+        expect_module_counts_match(rank, p, "backward");
         expect_records_carry_the_tensors(rank, p);
         expect_parameter_info_matches(rank, p, true);
         expect_sharding_info_matches(rank, p);
@@ -206,7 +212,12 @@ TEST(CommDebugModeSideBySide, Fsdp2JobCountsTensorsParametersAndShardingEqualCom
         ASSERT_EQ(t.ranks.size(), 2u);
         for_each_rank_process(processes_of(t.dump), t.ranks, [&](const json& rank, const json& p) {
             expect_counts_match(rank, p);
-            expect_module_counts_match(rank, p);
+            // Forward only: in backward CommDebugMode credits each collective
+            // to the module whose full-backward pre-hook ran last (the root's
+            // and blocks.0's reduce-scatters to blocks.0.up, a unit's
+            // pre-backward all-gather to the unit), commdbg to the module
+            // whose forward made the running node (docs/design/backward.md).
+            expect_module_counts_match(rank, p, "forward");
             expect_records_carry_the_tensors(rank, p);
             expect_parameter_info_matches(rank, p, true);
             expect_sharding_info_matches(rank, p);
