@@ -150,9 +150,12 @@ void TraceModel::on_autograd_node(ProcessTree& p, ProcessTree::ThreadState& th, 
     // Runs under entries this stack does not hold, or under this same one, are over.
     backward_runs(th, e);
     auto& runs = th.backward;
-    if (run.entry_code == 0) runs.clear();  // a worker: one run at a time
-    std::erase_if(runs, [](const auto& r) { return r.entry_code == 0; });
-    while (!runs.empty() && runs.back().entry_depth >= run.entry_depth) runs.pop_back();
+    if (run.entry_code == 0) {
+        runs.clear();  // a worker: one run at a time
+    } else {
+        std::erase_if(runs, [](const auto& r) { return r.entry_code == 0; });
+        while (!runs.empty() && runs.back().entry_depth >= run.entry_depth) runs.pop_back();
+    }
     if (runs.size() < CD_MAX_PY_FRAMES) runs.push_back(run);
     // The last node's modules end here; this one's open with its first
     // record (a node that records nothing shows none), under the context of
@@ -208,15 +211,6 @@ void TraceModel::update_context(ProcessTree& p, ProcessTree::ThreadState& th, co
     while (keep < th.ctx.size() && keep < desired_.size() && same(th.ctx[keep], desired_[keep])) ++keep;
     for (size_t i = th.ctx.size(); i-- > keep;) p.end_link(th.ctx[i], e.ts_ns, true);
     th.ctx.resize(keep);
-    // A kept forward module whose parameters were not readable yet (FSDP2
-    // before its unshard) is asked again by each record inside it.
-    if (params_ && !p.params_retries_.empty())
-        for (const ProcessTree::CtxLink& l : th.ctx) {
-            if (l.scope || l.backward || l.rec == kNoRecord) continue;
-            const std::string fqn(p.context_name(p.records_[l.rec]));
-            if (p.params_tried_.count(fqn) == 0 && p.params_retries_.count(fqn) != 0)
-                read_parameters(p, e.tgid, fqn, l.key);
-        }
     if (entering) return;
     for (size_t i = keep; i < desired_.size(); ++i)
         if (!desired_[i].scope) open_module(p, th, e, desired_[i].idx);
@@ -263,7 +257,7 @@ void TraceModel::read_parameters(ProcessTree& p, uint32_t tgid, const std::strin
         std::optional<torch::ModuleParams> got = params_->module_parameters(tgid, m);
         if (!got) continue;
         if (got->retry && ++p.params_retries_[path] <= kMaxParamRetries) {
-            p.params_tried_.erase(path);  // asked again by the next record in this module
+            p.params_tried_.erase(path);  // asked again when a record of this module opens
             continue;
         }
         if (depth < kMaxParamDepth)
@@ -285,8 +279,7 @@ void TraceModel::on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const ca
         th.has_label = true;
         break;
     case CD_ROLE_SCOPE_BEGIN:
-        // RecordScope is a uint8_t enum: only the register's low byte is the argument.
-        if (slot_value(e, info.slots.peer, v) && (v & 0xff) == kUserScope) begin_scope(p, th, e, info);
+        if (opens_scope(th, e, info)) begin_scope(p, th, e, info);
         break;
     case CD_ROLE_SCOPE_END:
         if (slot_value(e, info.slots.count, v)) end_scope(p, th, v, e.ts_ns);
@@ -295,11 +288,14 @@ void TraceModel::on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const ca
     }
 }
 
-// Whether a SCOPE_BEGIN opens a scope record (begin_scope's test): a
-// USER_SCOPE RecordFunction with a label, or a record_function on its stack.
+// Whether a SCOPE_BEGIN opens a scope record: a USER_SCOPE RecordFunction
+// with a label, or a record_function on its stack, or one whose stack is not
+// known.  With a stack, no label and no record_function, it is a
+// RecordFunction of torch's own (c10d's Work around each collective).
 bool TraceModel::opens_scope(const ProcessTree::ThreadState& th, const capture::CallEnter& e,
                              const capture::SymbolInfo& info) const {
     uint64_t v = 0;
+    // RecordScope is a uint8_t enum: only the register's low byte is the argument.
     if (!slot_value(e, info.slots.peer, v) || (v & 0xff) != kUserScope) return false;
     if (th.has_label || !e.label.empty() || e.py_status == CD_PY_NONE) return true;
     return std::any_of(frames_.begin(), frames_.end(),
@@ -327,10 +323,6 @@ void TraceModel::begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const
         // Read at ingest from the record_function object: its own only if the
         // scope is still open now (see set_scope_check).
         if (!enter->label.empty() && (!scope_open_ || scope_open_(e.tgid, self))) label = enter->label;
-    } else if (e.py_status != CD_PY_NONE) {
-        // No label and no record_function on the stack: a RecordFunction of
-        // torch's own (c10d's Work around each collective), not a user scope.
-        return;
     }
     uint32_t depth = th.ctx.empty() ? 0 : th.ctx.back().depth;  // no usable stack: innermost
     if (py_stack_complete(e)) depth = static_cast<uint32_t>(enter ? frames_.size() - at : frames_.size());
