@@ -131,7 +131,7 @@ int main(int argc, char** argv) {
     const auto args = commdbg::bench::bench_args(argc, argv, {{"rounds", 3, 1}}, "trixie-root", &root);
     const int rounds = static_cast<int>(args[0]);
     const fs::path bin = fs::canonical("/proc/self/exe").parent_path();
-    const fs::path src = bin.parent_path().parent_path();  // build/bin -> the source tree
+    const fs::path src = SOURCE_DIR;
     if (geteuid() != 0 || !fs::exists(root + "/.commdbg-trixie-root")) {
         std::fprintf(stderr, "bench_fsdp_watch: needs root and the trixie root at %s (make trixie-root)\n",
                      root.c_str());

@@ -4,7 +4,7 @@
 it, the ground truth commdbg's tensor and parameter records are compared
 with (torch 2.6 on CPU + gloo, run in the trixie root).
 
-    tp_commdebug.py [--steps N] [--fsdp]
+    tp_commdebug.py [--steps N] [--fsdp] [--timed N [--with-commdebug]]
 
 2 ranks (torch.multiprocessing.spawn) on 127.0.0.1, a 1-D device mesh.
 The model: `blocks`, three MLP blocks (up: Linear(16, 32), down:
@@ -25,6 +25,9 @@ Module names are CommDebugMode's ("Global", "TPModel.blocks.0.up") and
 ops its keys (str(op)); "collectives" lists, in issue order, each c10d
 collective op's tensor arguments as the dispatcher saw them (what the job
 passed to c10d).  After the steps the ranks meet in one dist.barrier().
+With --timed N (bench_tp) each rank instead times N steps after 3 untimed
+ones, alone or each in its own CommDebugMode, and prints {"rank", "pid",
+"step_s"}: the median.
 """
 import argparse
 import json
@@ -113,7 +116,31 @@ def step_account(mode):
             "collectives": mode.collectives}
 
 
-def rank_main(rank, world, port, steps, fsdp):
+def run_timed(rank, model, opt, x, timed, with_commdebug):
+    """bench_tp: `timed` steps after 3 untimed, each alone or inside its own
+    CommDebugMode; one line {"rank", "pid", "step_s": median step seconds}."""
+    import contextlib
+    import statistics
+    import time
+
+    import torch.distributed as dist
+
+    times = []
+    for i in range(3 + timed):
+        t0 = time.perf_counter()
+        with make_mode() if with_commdebug else contextlib.nullcontext():
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    emit({"rank": rank, "pid": os.getpid(), "step_s": statistics.median(times)})
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def rank_main(rank, world, port, steps, fsdp, timed=0, with_commdebug=False):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -140,6 +167,8 @@ def rank_main(rank, world, port, steps, fsdp):
         parallelize_module(model, mesh, plan)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(8, DIM)
+    if timed:
+        run_timed(rank, model, opt, x, timed, with_commdebug)
     out = []
     for _ in range(steps):
         mode = make_mode()
@@ -160,6 +189,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--fsdp", action="store_true")
+    ap.add_argument("--timed", type=int, default=0, help="bench_tp: time this many steps, no accounting")
+    ap.add_argument("--with-commdebug", action="store_true", help="bench_tp: each timed step in CommDebugMode")
     a = ap.parse_args()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -167,7 +198,7 @@ def main():
     emit({"mode": "fsdp2" if a.fsdp else "tp", "pid": os.getpid(), "torch": torch.__version__})
     import torch.multiprocessing as mp
 
-    mp.spawn(rank_main, args=(WORLD, port, a.steps, a.fsdp), nprocs=WORLD, join=True)
+    mp.spawn(rank_main, args=(WORLD, port, a.steps, a.fsdp, a.timed, a.with_commdebug), nprocs=WORLD, join=True)
     return 0
 
 
