@@ -78,22 +78,53 @@ void expect_counts_match(const json& rank, const json& p) {
     for (const auto& [k, n] : want) EXPECT_GE(p["comm_counts"].value(k, uint64_t{0}), n) << k;
 }
 
-void expect_module_counts_match(const json& rank, const json& p, const std::string& side) {
-    SCOPED_TRACE(side);
+// Per module, per collective: CommDebugMode's counts of one side (forward,
+// backward) against commdbg's; `only`: that collective only ("c10d.all_gather").
+void expect_module_counts_match(const json& rank, const json& p, const std::string& side,
+                                const std::string& only = "") {
+    SCOPED_TRACE(side + " " + only);
     std::map<std::string, std::map<std::string, uint64_t>> want;
     for (const auto& step : rank["steps"])
         for (const auto& [fqn, sides] : step["module_counts"].items()) {
             if (fqn == "Global" || !sides.contains(side)) continue;
             for (const auto& [op, n] : sides[side].items())
-                want[commdbg_path(fqn)]["c10d." + collective_of(op)] += n.get<uint64_t>();
+                if (only.empty() || "c10d." + collective_of(op) == only)
+                    want[commdbg_path(fqn)]["c10d." + collective_of(op)] += n.get<uint64_t>();
         }
     ASSERT_FALSE(want.empty());
     std::map<std::string, std::map<std::string, uint64_t>> got;
     const json counts = p.value("module_comm_counts", json::object());
     for (const auto& [fqn, sides] : counts.items())
         if (sides.contains(side))
-            for (const auto& [k, n] : sides[side].items()) got[fqn][k] = n.get<uint64_t>();
+            for (const auto& [k, n] : sides[side].items())
+                if (only.empty() || k == only) got[fqn][k] = n.get<uint64_t>();
     EXPECT_EQ(got, want);
+}
+
+// FSDP2's gradient reductions, by FSDP's own account: each backward
+// reduce-scatter (outermost collective) sits in a "FSDP::post_backward_reduce
+// (unit)" scope ("FSDP::post_backward_reduce": the root) and under the
+// backward record of that unit's module, the innermost module record around it.
+// Returns how many were checked.
+size_t expect_reductions_under_their_unit(const json& records, const std::string& unit = "",
+                                          const std::string& module = "", bool in_collective = false) {
+    static const std::string kReduce = "FSDP::post_backward_reduce";
+    size_t n = 0;
+    for (const auto& r : records) {
+        std::string u = unit, m = module;
+        const std::string type = r.value("type", ""), name = r.value("name", "");
+        if (type == "scope" && name.rfind(kReduce, 0) == 0)
+            u = name == kReduce ? "<root>" : name.substr(kReduce.size() + 2, name.size() - kReduce.size() - 3);
+        if (type == "module") m = r.value("event_type", "") == "backward" ? r.value("module_fqn", "") : "";
+        const bool collective = type == "collective";
+        if (collective && !in_collective && r.value("collective_type", "") == "reduce_scatter" && !m.empty()) {
+            EXPECT_EQ(m, u) << "a backward reduce-scatter under " << m << ", FSDP reduces for " << u << ": "
+                            << r.value("start_ns", uint64_t{0});
+            ++n;
+        }
+        n += expect_reductions_under_their_unit(r.value("children", json::array()), u, m, in_collective || collective);
+    }
+    return n;
 }
 
 // Each c10d record holds exactly the tensors the job passed to that collective.
@@ -212,12 +243,28 @@ TEST(CommDebugModeSideBySide, Fsdp2JobCountsTensorsParametersAndShardingEqualCom
         ASSERT_EQ(t.ranks.size(), 2u);
         for_each_rank_process(processes_of(t.dump), t.ranks, [&](const json& rank, const json& p) {
             expect_counts_match(rank, p);
-            // Forward only: in backward CommDebugMode credits each collective
-            // to the module whose full-backward pre-hook ran last (the root's
-            // and blocks.0's reduce-scatters to blocks.0.up, a unit's
-            // pre-backward all-gather to the unit), commdbg to the module
-            // whose forward made the running node (docs/design/backward.md).
             expect_module_counts_match(rank, p, "forward");
+            // Backward: a unit's all-gathers (its pre-backward, the prefetch
+            // of the next) under the unit, as CommDebugMode counts them.
+            expect_module_counts_match(rank, p, "backward", "c10d.all_gather");
+            // Its reduce-scatters under the unit FSDP's labels name; in total
+            // as many as CommDebugMode's.  CommDebugMode credits each to the
+            // module whose full-backward pre-hook ran last: a unit's first
+            // submodule (blocks.N.up), and blocks.0.up for the root's and
+            // blocks.0's, reduced from the root's final callback
+            // (docs/design/backward.md).
+            const size_t reductions = expect_reductions_under_their_unit(p["records"]);
+            uint64_t want_total = 0;
+            for (const auto& step : rank["steps"]) {
+                const json global = step["module_counts"].value("Global", json::object());
+                const json backward = global.value("backward", json::object());
+                for (const auto& [op, n] : backward.items())
+                    if (collective_of(op) == "reduce_scatter") want_total += n.get<uint64_t>();
+            }
+            EXPECT_GT(want_total, 0u);
+            EXPECT_EQ(reductions, want_total);
+            const json root = p.value("module_comm_counts", json::object()).value("<root>", json::object());
+            EXPECT_EQ(root.value("backward", json::object()).value("c10d.reduce_scatter", uint64_t{0}), want_total);
             expect_records_carry_the_tensors(rank, p);
             expect_parameter_info_matches(rank, p, true);
             expect_sharding_info_matches(rank, p);

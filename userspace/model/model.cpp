@@ -110,6 +110,8 @@ size_t ProcessTree::memory_bytes() const {
         for (const ChainModule& m : c) n += m.fqn.capacity() + m.cls.capacity();
     }
     for (const auto& [key, id] : chain_index_) n += key.capacity() + sizeof(id) + kNode;
+    n += module_chains_.bucket_count() * sizeof(void*);
+    for (const auto& [fqn, at] : module_chains_) n += sizeof(fqn) + fqn.capacity() + sizeof(at) + kNode;
     for (const auto& [vt, name] : node_names_) n += sizeof(vt) + name.capacity() + kNode;
     for (const auto& [fqn, m] : params_) {
         n += fqn.capacity() + m.params.capacity() * sizeof(torch::ParamInfo);
@@ -294,13 +296,22 @@ uint32_t ProcessTree::intern_chain(Chain c) {
     if (chains_.size() >= kMaxChains) {
         chains_.clear();
         chain_index_.clear();
+        module_chains_.clear();
         nodes_.clear();
         node_order_.clear();
     }
     auto id = static_cast<uint32_t>(chains_.size());
+    for (uint32_t k = 0; k < c.size(); ++k) module_chains_.insert_or_assign(c[k].fqn, std::pair{id, k + 1});
     chains_.push_back(std::move(c));
     chain_index_.emplace(std::move(key), id);
     return id;
+}
+
+const ProcessTree::ChainModule* ProcessTree::module_chain(std::string_view fqn, uint32_t& len) const {
+    auto it = module_chains_.find(std::string(fqn));
+    if (it == module_chains_.end()) return nullptr;
+    len = it->second.second;
+    return chains_[it->second.first].data();
 }
 
 void ProcessTree::remember_node(uint64_t node, uint32_t chain) {

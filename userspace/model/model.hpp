@@ -272,6 +272,7 @@ private:
         bool scope;
         bool backward;
         uint64_t node = 0;    // a backward module's innermost link: the node it runs
+        uint32_t unit = kNoCtx;  // a backward scope naming the module it runs for (text id)
     };
     // The autograd engine running a node on a thread: from its evaluate_function
     // until a record's stack no longer holds the engine's Python entry below it.
@@ -319,6 +320,9 @@ private:
     uint32_t intern_stack(std::span<const python::PyFrameInfo* const> frames, uint16_t status, uint16_t flags);
     uint32_t intern_module(std::string_view fqn, std::string_view cls, std::string_view node = {});
     uint32_t intern_chain(Chain c);
+    // The chain of modules a module ran in, ending with it (from the chains
+    // nodes were made under), or nullptr; `len` its length.
+    const ChainModule* module_chain(std::string_view fqn, uint32_t& len) const;
     void remember_node(uint64_t node, uint32_t chain);
     uint32_t intern_tensors(const cd_tensors& t, const torch::TensorLayout* layout);
     bool nested_in_collective(const Record& r) const;
@@ -364,6 +368,7 @@ private:
     // may fall in two), bounded.
     std::vector<Chain> chains_;
     std::map<std::string, uint32_t> chain_index_;
+    std::unordered_map<std::string, std::pair<uint32_t, uint32_t>> module_chains_;  // fqn -> (chain, length)
     std::unordered_map<uint64_t, uint32_t> nodes_;  // Node* -> chain
     std::deque<uint64_t> node_order_;               // insertion order, for eviction
     std::unordered_map<uint64_t, std::string> node_names_;  // vtable -> class, bounded by kMaxChains
@@ -392,6 +397,9 @@ public:
     // Names an autograd node's class from its vtable in a process ("MmBackward0");
     // unset or "": the record shows none.
     void set_node_namer(std::function<std::string(uint32_t, uint64_t)> f) { node_namer_ = std::move(f); }
+    // The module a record_function label says backward runs for (FSDP's
+    // "FSDP::post_backward_reduce (blocks.0)": the unit's FQN), or nullopt.
+    void set_unit_namer(std::function<std::optional<std::string>(std::string_view)> f) { unit_namer_ = std::move(f); }
 
     void on_event(const capture::Event& ev);
     // Window reset: records, counts and drops are cleared and exited processes
@@ -428,6 +436,10 @@ private:
                   const capture::SymbolInfo& info);
     bool opens_scope(const ProcessTree::ThreadState& th, const capture::CallEnter& e,
                      const capture::SymbolInfo& info) const;
+    std::string scope_label(const ProcessTree::ThreadState& th, const capture::CallEnter& e, uint64_t self,
+                            size_t* enter_at = nullptr) const;
+    uint32_t scope_depth(const ProcessTree::ThreadState& th, const capture::CallEnter& e, size_t enter_at) const;
+    void unit_modules(ProcessTree& p, const ProcessTree::ThreadState& th, uint32_t entry_depth);
     void begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
                      const capture::SymbolInfo& info);
     void end_scope(ProcessTree& p, ProcessTree::ThreadState& th, uint64_t self, uint64_t ts);
@@ -456,10 +468,16 @@ private:
     std::function<const torch::TensorLayout*(uint32_t)> layouts_;
     torch::ParameterSource* params_ = nullptr;
     std::function<std::string(uint32_t, uint64_t)> node_namer_;
+    std::function<std::optional<std::string>(std::string_view)> unit_namer_;
     // Scratch of on_enter, kept for its capacity.
     std::vector<const python::PyFrameInfo*> frames_;  // the record's frames, resolved, innermost first
     std::vector<WantModule> want_;
     std::vector<Desired> desired_;
+    // Of the current event: the unit the scope it begins names (empty: none),
+    // and whether its stack runs backward (want_modules).
+    std::string begin_unit_;
+    uint32_t begin_depth_ = 0;
+    bool in_backward_ = false;
     std::unordered_map<uint32_t, std::unique_ptr<ProcessTree>> procs_;
     uint32_t last_tgid_ = 0;
     ProcessTree* last_proc_ = nullptr;

@@ -73,11 +73,13 @@ void TraceModel::want_modules(ProcessTree& p, ProcessTree::ThreadState& th, cons
         if (!forward) in_backward = true, node_known = add_chain(runs.front(), 0);
     }
     size_t r = 0;
+    uint32_t entry_depth = 0;
     for (size_t i = n; i-- > 0;) {
         const python::PyFrameInfo& f = *frames_[i];
         if (f.kind == python::PyFrameKind::BackwardEntry) {
             in_backward = true;
             const auto depth = static_cast<uint32_t>(n - i);
+            entry_depth = depth;
             while (r < runs.size() && (runs[r].entry_code == 0 || runs[r].entry_depth < depth)) ++r;
             node_known = r < runs.size() && runs[r].entry_depth == depth && add_chain(runs[r], depth);
             continue;
@@ -90,7 +92,37 @@ void TraceModel::want_modules(ProcessTree& p, ProcessTree::ThreadState& th, cons
         want_.push_back({f.module, static_cast<uint32_t>(n - i), in_backward, &f, nullptr,
                          in_backward && f.kind == python::PyFrameKind::ModuleCall && node_known});
     }
+    in_backward_ = in_backward;
+    if (in_backward) unit_modules(p, th, entry_depth);
     if (!want_.empty() && !want_.front().backward) p.last_root_ = want_.front().module;
+}
+
+// Inside a backward scope that names the module it runs for (FSDP's
+// pre-backward, post-backward and gradient reduction of a unit, the
+// lifecycle profiles' labels), the outermost such scope's module and those it
+// ran in take the place of what the node or the frames say: what runs there
+// is that unit's backward, whichever node's hook or callback (the root's final
+// callback, after the last node) runs it.  They sit just outside that scope.
+void TraceModel::unit_modules(ProcessTree& p, const ProcessTree::ThreadState& th, uint32_t entry_depth) {
+    if (!unit_namer_) return;
+    std::string_view unit;
+    uint32_t depth = 0;
+    for (const ProcessTree::CtxLink& l : th.ctx)
+        if (l.scope && l.unit != kNoCtx) {
+            unit = p.text(l.unit), depth = l.depth;
+            break;
+        }
+    if (unit.empty() && !begin_unit_.empty()) unit = begin_unit_, depth = begin_depth_;
+    if (unit.empty() || depth < entry_depth) return;
+    uint32_t len = 0;
+    const ProcessTree::ChainModule* chain = p.module_chain(unit, len);
+    if (!chain) return;
+    std::erase_if(want_, [](const WantModule& m) { return m.backward; });
+    size_t at = 0;
+    while (at < want_.size() && want_[at].depth <= depth) ++at;
+    std::vector<WantModule> units;
+    for (uint32_t k = 0; k < len; ++k) units.push_back({chain[k].module, depth, true, nullptr, &chain[k]});
+    want_.insert(want_.begin() + static_cast<std::ptrdiff_t>(at), units.begin(), units.end());
 }
 
 // The thread's runs that a stack is inside: those whose engine entry frame
@@ -302,30 +334,14 @@ bool TraceModel::opens_scope(const ProcessTree::ThreadState& th, const capture::
                        [](const auto* f) { return f->kind == python::PyFrameKind::RecordFunctionEnter; });
 }
 
-// The label: torch >= 2 sends it just before (record_function_enter_new);
-// torch 1.13 only shows it as the name of the record_function whose
-// __enter__ is on the stack.  The scope's depth is that of the frame that
-// entered it: the frames outside the innermost __enter__.
 void TraceModel::begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
                              const capture::SymbolInfo& info) {
-    const python::PyFrameInfo* enter = nullptr;
-    size_t at = 0;
-    for (; at < frames_.size() && !enter; ++at)
-        if (frames_[at]->kind == python::PyFrameKind::RecordFunctionEnter) enter = frames_[at];
     uint64_t self = 0;
     slot_value(e, info.slots.count, self);
-    std::string label = "<unnamed>";
-    if (th.has_label) {
-        label = std::move(th.pending_label), th.has_label = false;
-    } else if (!e.label.empty()) {
-        label = e.label;  // read by the kernel from the record_function object (torch 1.13)
-    } else if (enter) {
-        // Read at ingest from the record_function object: its own only if the
-        // scope is still open now (see set_scope_check).
-        if (!enter->label.empty() && (!scope_open_ || scope_open_(e.tgid, self))) label = enter->label;
-    }
-    uint32_t depth = th.ctx.empty() ? 0 : th.ctx.back().depth;  // no usable stack: innermost
-    if (py_stack_complete(e)) depth = static_cast<uint32_t>(enter ? frames_.size() - at : frames_.size());
+    size_t at = 0;
+    std::string label = scope_label(th, e, self, &at);
+    th.pending_label.clear(), th.has_label = false;
+    const uint32_t depth = scope_depth(th, e, at);
     if (th.ctx.size() >= kMaxCtxLinks) return;
 
     uint32_t rec = kNoRecord;
@@ -339,7 +355,33 @@ void TraceModel::begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const
         if (e.py_status != CD_PY_NONE) r.stack = p.intern_stack(frames_, e.py_status, e.ctx_flags);
         rec = p.append(r, th);
     }
-    th.ctx.push_back({self, depth, rec, kNoRecord, true, false});
+    const uint32_t unit = in_backward_ && !begin_unit_.empty() ? p.intern_text(begin_unit_) : kNoCtx;
+    th.ctx.push_back({self, depth, rec, kNoRecord, true, false, 0, unit});
+}
+
+// A scope's label: torch >= 2 sends it just before (record_function_enter_new);
+// torch 1.13 only shows it as the name of the record_function whose
+// __enter__ is on the stack.  `enter_at`: past that frame (0: none).
+std::string TraceModel::scope_label(const ProcessTree::ThreadState& th, const capture::CallEnter& e, uint64_t self,
+                                    size_t* enter_at) const {
+    const python::PyFrameInfo* enter = nullptr;
+    size_t at = 0;
+    for (; at < frames_.size() && !enter; ++at)
+        if (frames_[at]->kind == python::PyFrameKind::RecordFunctionEnter) enter = frames_[at];
+    if (enter_at) *enter_at = enter ? at : 0;
+    if (th.has_label) return th.pending_label;
+    if (!e.label.empty()) return e.label;  // read by the kernel from the record_function object (torch 1.13)
+    // Read at ingest from the record_function object: its own only if the
+    // scope is still open now (see set_scope_check).
+    if (enter && !enter->label.empty() && (!scope_open_ || scope_open_(e.tgid, self))) return enter->label;
+    return "<unnamed>";
+}
+
+// The depth of the frame that entered a scope: the frames outside the
+// innermost __enter__ (`enter_at` past it, 0: none: all of them).
+uint32_t TraceModel::scope_depth(const ProcessTree::ThreadState& th, const capture::CallEnter& e, size_t enter_at) const {
+    if (!py_stack_complete(e)) return th.ctx.empty() ? 0 : th.ctx.back().depth;  // no usable stack: innermost
+    return static_cast<uint32_t>(enter_at ? frames_.size() - enter_at : frames_.size());
 }
 
 // An end of a scope this thread opened closes it and what it still holds

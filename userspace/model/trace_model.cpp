@@ -147,9 +147,18 @@ void TraceModel::on_enter(const capture::CallEnter& e) {
     }
     // In backward, a RecordFunction that opens no scope (the engine's around
     // each node) changes no context: a node's modules open with its records.
-    if (py_stack_complete(e) &&
-        (role != CD_ROLE_SCOPE_BEGIN || th.backward.empty() || opens_scope(th, e, *info)))
+    // One that names the module backward runs for opens that module first.
+    begin_unit_.clear();
+    if (py_stack_complete(e) && (role != CD_ROLE_SCOPE_BEGIN || th.backward.empty() || opens_scope(th, e, *info))) {
+        if (role == CD_ROLE_SCOPE_BEGIN && unit_namer_ && !th.backward.empty()) {
+            uint64_t self = 0;
+            slot_value(e, info->slots.count, self);
+            size_t at = 0;
+            if (auto unit = unit_namer_(scope_label(th, e, self, &at)))
+                begin_unit_ = std::move(*unit), begin_depth_ = scope_depth(th, e, at);
+        }
         update_context(p, th, e);
+    }
     bool collective = role == CD_ROLE_COLLECTIVE;
     if (collective && !th.stack.empty() && th.stack.back().collective) ++p.nested_collectives_;
 

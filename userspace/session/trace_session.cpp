@@ -79,6 +79,21 @@ TraceSession::TraceSession(std::unique_ptr<capture::ResumeGuard> guard, std::uni
     }
     model_.set_tensor_layouts([this](uint32_t pid) { return torch_.layout(pid); });
     model_.set_node_namer([this](uint32_t pid, uint64_t vtable) { return torch_.class_of_vtable(pid, vtable); });
+    // FSDP's backward labels name the unit their collectives belong to.
+    model_.set_unit_namer([this](std::string_view label) -> std::optional<std::string> {
+        auto names = [&](const fsdp::Profile& prof) -> std::optional<std::string> {
+            auto m = prof.match(label);
+            if (m && (m->kind == fsdp::EventKind::PreBackward || m->kind == fsdp::EventKind::PostBackward ||
+                      m->kind == fsdp::EventKind::GradReduce))
+                return m->unit;
+            return std::nullopt;
+        };
+        for (const auto& prof : opts_.lifecycle_profiles)
+            if (auto u = names(prof)) return u;
+        for (const auto& prof : fsdp::builtin_profiles())
+            if (auto u = names(prof)) return u;
+        return std::nullopt;
+    });
     model_.set_scope_check([this](uint32_t tgid, uint64_t self) { return bpf_->scope_open(tgid, self); });
 }
 

@@ -826,6 +826,57 @@ TEST(ContextModel, ANodesAttributionEndsWithItsEngineEntry) {
     EXPECT_EQ(collective_chains(c), (Chains{{"<root>", "encoder", "encoder.blocks.1"}, {}, {}}));
 }
 
+// Inside a backward scope whose label names the module it runs for (FSDP's
+// pre-backward and gradient reduction of a unit), that module's backward
+// holds what the scope issues: in place of the running node's modules (a
+// unit's hook in its last op's node), and where no node is known (the root's
+// final callback, after an AccumulateGrad).  Past the scope, the node says again.
+TEST(ContextModel, ABackwardScopeNamingAUnitPutsItsCollectivesUnderThatUnit) {
+    Ctx c;
+    c.model.set_unit_namer([](std::string_view l) -> std::optional<std::string> {
+        constexpr std::string_view kReduce = "FSDP::post_backward_reduce";
+        if (l == kReduce) return "<root>";
+        if (l.rfind(kReduce, 0) == 0) return std::string(l.substr(kReduce.size() + 2, l.size() - kReduce.size() - 3));
+        return std::nullopt;
+    });
+    const Stack in_scope = kInEngineHook + Stack{F(kRfEnter), F(kOpsCall)};
+    auto reduce = [&](const std::string& label, uint64_t self) {
+        c.scope_label(label, in_scope);
+        c.scope_begin(self, in_scope);
+        c.collective(kInEngineHook);
+        c.scope_end(self);
+    };
+    c.collective(kInBlock);
+    c.made(kNodeA, kInBlock);
+    c.runs(kNodeA, kEngine);
+    reduce("FSDP::post_backward_reduce (encoder)", 0x81);
+    c.collective(kInEngineHook);
+    c.runs(kNodeC, kEngine);  // unknown
+    reduce("FSDP::post_backward_reduce", 0x82);
+    c.scope_label("FSDP::something_else (encoder)", in_scope);  // names no unit
+    c.scope_begin(0x83, in_scope);
+    c.collective(kInEngineHook);
+    c.scope_end(0x83);
+
+    using Chains = std::vector<std::vector<std::string>>;
+    EXPECT_EQ(collective_chains(c), (Chains{{"<root>", "encoder", "encoder.blocks.1"},
+                                            {"<root>:bw", "encoder:bw"},
+                                            {"<root>:bw", "encoder:bw", "encoder.blocks.1:bw"},
+                                            {"<root>:bw"},
+                                            {}}));
+    std::vector<std::string> parents;
+    for (const Record& r : c.recs())
+        if (c.name(r) == "c10d::ProcessGroupNCCL::allreduce") parents.emplace_back(c.parent_name(r));
+    EXPECT_EQ(parents, (std::vector<std::string>{"encoder.blocks.1", "FSDP::post_backward_reduce (encoder)",
+                                                 "encoder.blocks.1", "FSDP::post_backward_reduce",
+                                                 "FSDP::something_else (encoder)"}));
+    auto counts = c.tree().module_comm_counts();
+    using Side = std::map<std::string, uint64_t>;
+    EXPECT_EQ(counts["encoder"].backward, (Side{{"c10d.all_reduce", 2}}));
+    EXPECT_EQ(counts["encoder.blocks.1"].backward, (Side{{"c10d.all_reduce", 1}}));
+    EXPECT_EQ(counts["<root>"].backward, (Side{{"c10d.all_reduce", 3}}));
+}
+
 // A node no forward record made (AccumulateGrad, made lazily) is counted
 // unmapped; frames of a module inside the entry still say what they can.
 TEST(ContextModel, AnUnknownNodeFallsBackToTheModuleBoundFrames) {
