@@ -36,6 +36,7 @@ int attach_in_process(std::string_view verb, int pid, double duration, bool foll
 
 void register_attach(CLI::App& app);
 void register_check(CLI::App& app);
+void register_hang(CLI::App& app);
 void register_run(CLI::App& app);
 void register_probes(CLI::App& app);
 void register_daemon_commands(CLI::App& app);  // status, counts, sessions, detach

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
     register_attach(app);
     register_run(app);
     register_check(app);
+    register_hang(app);
     register_probes(app);
     register_daemon_commands(app);
     try {

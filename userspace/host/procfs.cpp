@@ -244,6 +244,8 @@ Result<ProcStat> read_stat(int pid, const std::string& proc_root) {
     if (fields[0].size() != 1 || !parse_num(fields[1], st.ppid, 10) || !parse_num(fields[6], st.flags, 10))
         return R::fail(stat_file + ": malformed (cannot parse state/ppid/flags)");
     if (!fields[19].empty()) (void)parse_num(fields[19], st.start_time, 10);
+    uint64_t utime = 0, stime = 0;
+    if (parse_num(fields[11], utime, 10) && parse_num(fields[12], stime, 10)) st.cpu_ticks = utime + stime;
     st.state = fields[0][0];
     return st;
 }

@@ -73,6 +73,7 @@ struct ProcStat {
     int ppid = 0;
     uint64_t flags = 0;       // the kernel's PF_* flags (field 9)
     uint64_t start_time = 0;  // clock ticks after boot (field 22); 0 when the line is cut short
+    uint64_t cpu_ticks = 0;   // user + system time in clock ticks (fields 14, 15): of the thread for /proc/TID
     bool kernel_thread() const { return (flags & 0x00200000) != 0; }  // PF_KTHREAD
     bool exiting() const { return (flags & 0x4) != 0; }               // PF_EXITING: past the start of do_exit
 };

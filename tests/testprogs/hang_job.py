@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""A 3-rank gloo job that hangs, for `commdbg hang` (torch 1.13 and 2.x, CPU).
+
+    hang_job.py MODE
+
+torch.multiprocessing.spawn starts 3 ranks on 127.0.0.1; each runs steps of
+load_batch() then step(), which all-reduces the batch.  At step 2 rank 2
+does not reach the all-reduce, and ranks 0 and 1 wait in it (gloo's timeout
+is 600 s: the test ends the job first):
+
+  loader   rank 2 gets stuck in its data loader: load_batch() sleeps.
+  spin     rank 2 spins in pure Python, holding the GIL: spin().
+  atexit   rank 2 leaves its loop and, at interpreter teardown, blocks in an
+           atexit handler: wait_at_exit().
+
+Stdout, one write per line: the plan ({"mode", "pid", "world", "stuck_rank",
+"hang_at"}), each rank's {"rank", "pid"} once its process group is up, and
+{"stuck": RANK, "pid", "function"} just before the stuck rank blocks.
+"""
+import argparse
+import atexit
+import json
+import os
+import socket
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WORLD, STUCK, HANG_AT, STEPS = 3, 2, 2, 4
+MODES = ("loader", "spin", "atexit")
+
+
+def say(obj):
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def load_batch(rank, step, mode):
+    if rank == STUCK and step == HANG_AT and mode == "loader":
+        say({"stuck": rank, "pid": os.getpid(), "function": "load_batch"})
+        time.sleep(3600)
+    return torch.ones(16) * (rank + step)
+
+
+def spin():
+    n = 0
+    while True:
+        n = (n + 1) % 1000003
+
+
+def wait_at_exit():
+    say({"stuck": STUCK, "pid": os.getpid(), "function": "wait_at_exit"})
+    time.sleep(3600)
+
+
+def step(batch):
+    dist.all_reduce(batch)
+    return batch
+
+
+def worker(rank, port, mode):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=600))
+    say({"rank": rank, "pid": os.getpid()})
+    for s in range(STEPS):
+        if rank == STUCK and s == HANG_AT and mode == "spin":
+            say({"stuck": rank, "pid": os.getpid(), "function": "spin"})
+            spin()
+        if rank == STUCK and s == HANG_AT and mode == "atexit":
+            atexit.register(wait_at_exit)
+            return
+        step(load_batch(rank, s, mode))
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=MODES)
+    args = ap.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    say({"mode": args.mode, "pid": os.getpid(), "world": WORLD, "stuck_rank": STUCK, "hang_at": HANG_AT})
+    mp.spawn(worker, args=(port, args.mode), nprocs=WORLD, join=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,467 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "hang.hpp"
+
+#include <dirent.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <ostream>
+#include <set>
+#include <thread>
+
+#include "procfs.hpp"
+#include "py_objects.hpp"
+#include "py_threads.hpp"
+#include "python_runtime.hpp"
+
+namespace commdbg::hang {
+
+namespace {
+
+bool ends_with(std::string_view s, std::string_view tail) {
+    return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
+}
+
+std::vector<int> numeric_entries(const std::string& dir) {
+    std::vector<int> out;
+    DIR* d = opendir(dir.c_str());
+    if (!d) return out;
+    while (dirent* e = readdir(d)) {
+        char* end = nullptr;
+        long v = std::strtol(e->d_name, &end, 10);
+        if (end && *end == '\0' && v > 0) out.push_back(static_cast<int>(v));
+    }
+    closedir(d);
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+// A process that can run collectives: it maps torch's CPU library or NCCL.
+bool loads_collectives(int pid, const std::string& proc_root) {
+    auto maps = host::read_maps(pid, proc_root);
+    if (!maps) return false;
+    return std::any_of(maps->begin(), maps->end(), [](const host::MapEntry& m) {
+        std::string_view base = host::basename_of(m.path);
+        return base.rfind("libtorch_cpu.so", 0) == 0 || host::is_libnccl_path(m.path);
+    });
+}
+
+// "train.py:42"
+std::string location(const Frame& f) {
+    return (f.file.empty() ? std::string("?") : f.file) + (f.line ? ":" + std::to_string(f.line) : std::string());
+}
+
+// "step at train.py:42"
+std::string frame_text(const Frame& f) { return f.function + " at " + location(f); }
+
+// The innermost frame of `stack` from `from` outward that is the job's own
+// (not the interpreter's, torch's or an installed package's), else stack[from].
+Frame callers_frame(const std::vector<Frame>& stack, size_t from) {
+    for (size_t i = from; i < stack.size(); ++i)
+        if (!stack[i].library) return stack[i];
+    return stack[from];
+}
+
+}  // namespace
+
+std::string RankSample::name() const {
+    if (!rank.empty()) return "rank " + rank + " (pid " + std::to_string(pid) + ")";
+    return "pid " + std::to_string(pid);
+}
+
+std::string_view to_string(Verdict::Kind k) {
+    switch (k) {
+    case Verdict::Kind::missing: return "missing_ranks";
+    case Verdict::Kind::mismatch: return "collective_mismatch";
+    case Verdict::Kind::below_host: return "below_host";
+    case Verdict::Kind::progressing: return "progressing";
+    case Verdict::Kind::stuck: return "stuck";
+    }
+    return "?";
+}
+
+int Verdict::exit_code() const {
+    switch (kind) {
+    case Kind::missing:
+    case Kind::mismatch: return 3;
+    case Kind::progressing: return 0;
+    default: return 1;
+    }
+}
+
+std::optional<std::string> collective_of_api(std::string_view f) {
+    // torch/distributed/distributed_c10d.py's collectives (torch 1.13 .. 2.6).
+    static const std::map<std::string_view, std::string_view> kApi = {
+        {"all_reduce", "all_reduce"},
+        {"all_reduce_coalesced", "all_reduce"},
+        {"all_reduce_multigpu", "all_reduce"},
+        {"all_gather", "all_gather"},
+        {"all_gather_into_tensor", "all_gather"},
+        {"_all_gather_base", "all_gather"},
+        {"all_gather_coalesced", "all_gather"},
+        {"all_gather_object", "all_gather"},
+        {"all_gather_multigpu", "all_gather"},
+        {"reduce_scatter", "reduce_scatter"},
+        {"reduce_scatter_tensor", "reduce_scatter"},
+        {"_reduce_scatter_base", "reduce_scatter"},
+        {"reduce_scatter_multigpu", "reduce_scatter"},
+        {"broadcast", "broadcast"},
+        {"broadcast_object_list", "broadcast"},
+        {"broadcast_multigpu", "broadcast"},
+        {"reduce", "reduce"},
+        {"reduce_multigpu", "reduce"},
+        {"all_to_all", "all_to_all"},
+        {"all_to_all_single", "all_to_all"},
+        {"gather", "gather"},
+        {"gather_object", "gather"},
+        {"scatter", "scatter"},
+        {"scatter_object_list", "scatter"},
+        {"barrier", "barrier"},
+        {"monitored_barrier", "barrier"},
+        {"send", "send"},
+        {"recv", "recv"},
+        {"isend", "send"},
+        {"irecv", "recv"},
+        {"batch_isend_irecv", "send_recv"},
+    };
+    auto it = kApi.find(f);
+    if (it == kApi.end()) return std::nullopt;
+    return std::string(it->second);
+}
+
+Result<std::vector<int>> find_ranks(const std::vector<int>& pids, const std::string& proc_root) {
+    using R = Result<std::vector<int>>;
+    std::map<int, std::vector<int>> children;
+    for (int p : numeric_entries(proc_root)) {
+        auto st = host::read_stat(p, proc_root);
+        if (st && !st->kernel_thread()) children[st->ppid].push_back(p);
+    }
+    std::set<int> out;
+    for (int pid : pids) {
+        if (auto st = host::read_stat(pid, proc_root); !st) return R::fail(std::to_string(pid) + ": " + st.error());
+        // Depth first; a process is a rank when it loads the libraries and
+        // no process below it does.
+        std::set<int> found;
+        std::function<bool(int, int)> visit = [&](int p, int depth) {
+            bool below = false;
+            if (depth < 64)
+                for (int c : children[p]) below |= visit(c, depth + 1);
+            if (below) return true;
+            if (loads_collectives(p, proc_root)) {
+                found.insert(p);
+                return true;
+            }
+            return false;
+        };
+        visit(pid, 0);
+        if (found.empty())
+            return R::fail(std::to_string(pid) + ": neither it nor a process it started loads libtorch_cpu or "
+                                                 "libnccl — give the pids of the job's ranks, or of their launcher");
+        out.insert(found.begin(), found.end());
+    }
+    return std::vector<int>(out.begin(), out.end());
+}
+
+RankSample sample_rank(int pid, const std::string& proc_root) {
+    RankSample r;
+    r.pid = pid;
+    auto info = host::read_process(pid, proc_root);
+    if (!info || info->state == 'Z') {
+        r.exited = true;
+        r.python_note = info ? "the process has exited (a zombie)" : info.error();
+        return r;
+    }
+    r.command = info->cmdline;
+    auto env = host::read_environ(pid, {"RANK", "LOCAL_RANK"}, proc_root);
+    if (auto it = env.find("RANK"); it != env.end()) r.rank = it->second;
+    if (auto it = env.find("LOCAL_RANK"); it != env.end()) r.local_rank = it->second;
+
+    std::map<uint32_t, ThreadSample> threads;
+    for (int tid : numeric_entries(proc_root + "/" + std::to_string(pid) + "/task")) {
+        ThreadSample t;
+        t.tid = static_cast<uint32_t>(tid);
+        t.name = host::read_thread_name(pid, tid, proc_root);
+        // The thread's own: /proc/PID/stat sums every thread's times.
+        if (auto st = host::read_stat(tid, proc_root + "/" + std::to_string(pid) + "/task"))
+            t.state = st->state, t.cpu_ticks = st->cpu_ticks;
+        threads.emplace(t.tid, std::move(t));
+    }
+
+    python::PyDiscovery d = python::discover_python(pid, proc_root);
+    if (!d.ok()) {
+        r.python_note = d.reason.empty() ? "no CPython found in the process" : d.reason;
+    } else {
+        // One resolver per look: code objects are named from this process now.
+        python::LivePyResolver res(proc_root);
+        res.adopt(static_cast<uint32_t>(pid), d);
+        host::ProcessMemory mem(pid);
+        auto stacks = python::read_thread_stacks(mem, d.layout);
+        if (!stacks) {
+            r.python_note = stacks.error();
+        } else {
+            uint32_t unnamed = 0;
+            for (const python::PyThreadStack& s : *stacks) {
+                // A thread state with no kernel thread id (3.10) is shown apart.
+                uint32_t tid = s.native_tid ? s.native_tid : 0x80000000u + unnamed++;
+                ThreadSample& t = threads[tid];
+                t.tid = s.native_tid;
+                t.python = true;
+                t.truncated = s.truncated, t.fault = s.fault;
+                for (const cd_py_frame& f : s.frames) {
+                    const python::PyFrameInfo& fi = res.frame(static_cast<uint32_t>(pid), f);
+                    t.stack.push_back({fi.qualname, fi.file, fi.line, fi.library});
+                    t.where.push_back(f.code);
+                    t.where.push_back(f.instr);
+                }
+            }
+        }
+    }
+    // The main thread first, then by thread id.
+    if (auto it = threads.find(static_cast<uint32_t>(pid)); it != threads.end()) {
+        r.threads.push_back(std::move(it->second));
+        threads.erase(it);
+    }
+    for (auto& [tid, t] : threads) r.threads.push_back(std::move(t));
+
+    for (const ThreadSample& t : r.threads) {
+        for (size_t i = 0; i < t.stack.size() && !r.collective; ++i) {
+            const Frame& f = t.stack[i];
+            if (!ends_with(f.file, "torch/distributed/distributed_c10d.py")) continue;
+            if (auto kind = collective_of_api(f.function))
+                r.collective = InCollective{*kind, f.function, t.tid, callers_frame(t.stack, i)};
+        }
+        if (r.collective) break;
+    }
+    if (!r.threads.empty() && !r.threads.front().stack.empty())
+        r.at = callers_frame(r.threads.front().stack, 0);
+    return r;
+}
+
+Report examine(const std::vector<int>& ranks, double interval_s, const std::string& proc_root) {
+    Report rep;
+    rep.interval_s = interval_s;
+    std::vector<RankSample> first;
+    for (int pid : ranks) first.push_back(sample_rank(pid, proc_root));
+    std::this_thread::sleep_for(std::chrono::duration<double>(interval_s));
+    for (size_t i = 0; i < ranks.size(); ++i) {
+        RankSample now = sample_rank(ranks[i], proc_root);
+        const RankSample& was = first[i];
+        // A Python thread moved: its frames changed, or it ran (a loop in
+        // one frame may show the same instruction twice; a thread blocked
+        // in a collective uses no CPU).
+        std::map<uint32_t, const ThreadSample*> before;
+        for (const ThreadSample& t : was.threads) before[t.tid] = &t;
+        for (const ThreadSample& t : now.threads) {
+            if (!t.python) continue;
+            auto it = before.find(t.tid);
+            now.moved |= it == before.end() || it->second->where != t.where || it->second->cpu_ticks != t.cpu_ticks;
+        }
+        now.moved |= now.exited != was.exited;
+        rep.ranks.push_back(std::move(now));
+    }
+    decide(rep);
+    return rep;
+}
+
+void decide(Report& r) {
+    Verdict& v = r.verdict;
+    v = {};
+    // Where each rank is, grouped.
+    std::map<std::string, std::vector<int>> places;
+    for (const RankSample& s : r.ranks) {
+        std::string what;
+        if (s.exited)
+            what = "exited";
+        else if (s.collective)
+            what = s.collective->kind + " at " + location(s.collective->called_from) + " in " +
+                   s.collective->called_from.function;
+        else if (s.at)
+            what = frame_text(*s.at);
+        else
+            what = "no Python stack" + (s.python_note.empty() ? std::string() : ": " + s.python_note);
+        places[what].push_back(s.pid);
+    }
+    r.groups.clear();
+    for (auto& [what, pids] : places) r.groups.push_back({pids, what});
+    std::stable_sort(r.groups.begin(), r.groups.end(),
+                     [](const Group& a, const Group& b) { return a.pids.size() > b.pids.size(); });
+
+    std::map<std::string, std::vector<const RankSample*>> by_kind;
+    std::vector<const RankSample*> outside, waiting;
+    bool any_moved = false;
+    for (const RankSample& s : r.ranks) {
+        any_moved |= s.moved;
+        if (s.collective) {
+            by_kind[s.collective->kind].push_back(&s);
+            if (!s.moved) waiting.push_back(&s);
+        } else {
+            outside.push_back(&s);
+        }
+    }
+    auto names = [](const std::vector<const RankSample*>& v) {
+        std::string s;
+        for (const RankSample* x : v) s += (s.empty() ? "" : ", ") + x->name();
+        return s;
+    };
+    const bool all_still_in_collectives = !by_kind.empty() && waiting.size() == r.ranks.size() - outside.size();
+    if (!waiting.empty() && all_still_in_collectives && by_kind.size() == 1 && !outside.empty()) {
+        v.kind = Verdict::Kind::missing;
+        v.collective = by_kind.begin()->first;
+        v.message = names(outside) + " never issued " + v.collective +
+                    ", which " + names(waiting) + " wait" + (waiting.size() == 1 ? "s" : "") + " in";
+        for (const RankSample* s : outside) {
+            v.culprits.push_back(s->pid);
+            v.message += "; " + s->name() + (s->exited ? " has exited" : s->at ? " is in " + frame_text(*s->at)
+                                                                                : " shows no Python stack");
+        }
+    } else if (!waiting.empty() && all_still_in_collectives && by_kind.size() > 1) {
+        v.kind = Verdict::Kind::mismatch;
+        // The most common kind is what the job meant; the others differ.
+        auto most = std::max_element(by_kind.begin(), by_kind.end(),
+                                     [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+        v.collective = most->first;
+        v.message = "ranks wait in different collectives:";
+        for (const auto& [kind, ranks] : by_kind) {
+            v.message += " " + kind + " (" + names(ranks) + ")";
+            if (kind != most->first)
+                for (const RankSample* s : ranks) v.culprits.push_back(s->pid);
+        }
+    } else if (!waiting.empty() && all_still_in_collectives && outside.empty()) {
+        v.kind = Verdict::Kind::below_host;
+        v.collective = by_kind.begin()->first;
+        v.message = "every rank waits in " + v.collective +
+                    " and none moved: no rank is missing and none issued another kind; the hang is below the "
+                    "host (GPU, network), or in a difference of count or shape stacks do not show";
+    } else if (any_moved) {
+        v.kind = Verdict::Kind::progressing;
+        v.message = "ranks are moving: their stacks changed within " + std::to_string(r.interval_s).substr(0, 4) + " s";
+    } else {
+        v.kind = Verdict::Kind::stuck;
+        v.message = "no rank moved and none is in a collective";
+    }
+}
+
+void render_table(const Report& r, std::ostream& out) {
+    out << "commdbg hang: " << r.ranks.size() << " rank" << (r.ranks.size() == 1 ? "" : "s") << ", sampled twice "
+        << r.interval_s << " s apart\n";
+    out << "verdict (" << to_string(r.verdict.kind) << "): " << r.verdict.message << "\n\n";
+    for (const Group& g : r.groups) {
+        std::string who;
+        for (int pid : g.pids) {
+            auto it = std::find_if(r.ranks.begin(), r.ranks.end(), [&](const RankSample& s) { return s.pid == pid; });
+            who += (who.empty() ? "" : ", ") + (it != r.ranks.end() ? it->name() : std::to_string(pid));
+        }
+        out << "  " << who << ": " << g.what << "\n";
+    }
+    for (const RankSample& s : r.ranks) {
+        out << "\n" << s.name() << (s.local_rank.empty() ? "" : " LOCAL_RANK=" + s.local_rank)
+            << (s.moved ? " (moving)" : " (still)") << ": " << s.command << "\n";
+        if (!s.python_note.empty()) out << "  no Python stacks: " << s.python_note << "\n";
+        for (const ThreadSample& t : s.threads) {
+            if (!t.python) continue;  // native threads: counted below
+            out << "  thread " << t.tid << " " << t.name << " [" << t.state << "]"
+                << (s.collective && s.collective->tid == t.tid ? " in " + s.collective->kind : "") << "\n";
+            for (const Frame& f : t.stack) out << "    " << frame_text(f) << "\n";
+            if (t.truncated) out << "    ... (more frames)\n";
+            if (t.fault) out << "    ... (a frame could not be read)\n";
+        }
+        size_t native = std::count_if(s.threads.begin(), s.threads.end(), [](const ThreadSample& t) { return !t.python; });
+        if (native) out << "  " << native << " thread" << (native == 1 ? "" : "s") << " without Python\n";
+    }
+}
+
+namespace {
+
+nlohmann::ordered_json frame_json(const Frame& f) {
+    return {{"function", f.function}, {"file", f.file}, {"line", f.line}, {"library", f.library}};
+}
+
+Frame frame_from(const nlohmann::json& j) {
+    return {j.value("function", ""), j.value("file", ""), j.value("line", 0u), j.value("library", false)};
+}
+
+}  // namespace
+
+nlohmann::ordered_json to_json(const Report& r) {
+    using J = nlohmann::ordered_json;
+    J ranks = J::array();
+    for (const RankSample& s : r.ranks) {
+        J threads = J::array();
+        for (const ThreadSample& t : s.threads) {
+            J stack = J::array();
+            for (const Frame& f : t.stack) stack.push_back(frame_json(f));
+            J th = {{"tid", t.tid}, {"name", t.name}, {"state", std::string(1, t.state)}, {"python", t.python}};
+            if (t.python) th["stack"] = stack;
+            if (t.truncated) th["truncated"] = true;
+            if (t.fault) th["fault"] = true;
+            threads.push_back(th);
+        }
+        J rank = {{"pid", s.pid}, {"command", s.command}, {"moved", s.moved}, {"exited", s.exited}};
+        if (!s.rank.empty()) rank["rank"] = s.rank;
+        if (!s.local_rank.empty()) rank["local_rank"] = s.local_rank;
+        if (!s.python_note.empty()) rank["python_note"] = s.python_note;
+        if (s.at) rank["at"] = frame_json(*s.at);
+        if (s.collective)
+            rank["collective"] = {{"kind", s.collective->kind},
+                                  {"function", s.collective->api},
+                                  {"tid", s.collective->tid},
+                                  {"called_from", frame_json(s.collective->called_from)}};
+        rank["threads"] = threads;
+        ranks.push_back(rank);
+    }
+    J groups = J::array();
+    for (const Group& g : r.groups) groups.push_back({{"pids", g.pids}, {"what", g.what}});
+    J verdict = {{"kind", std::string(to_string(r.verdict.kind))},
+                 {"message", r.verdict.message},
+                 {"culprits", r.verdict.culprits},
+                 {"exit_code", r.verdict.exit_code()}};
+    if (!r.verdict.collective.empty()) verdict["collective"] = r.verdict.collective;
+    return J{{"interval_s", r.interval_s}, {"verdict", verdict}, {"groups", groups}, {"ranks", ranks}};
+}
+
+Result<Report> from_json(const nlohmann::json& j) {
+    using R = Result<Report>;
+    if (!j.is_object() || !j.contains("ranks") || !j["ranks"].is_array())
+        return R::fail("not a report of commdbg hang --json (no \"ranks\" list)");
+    Report r;
+    r.interval_s = j.value("interval_s", 0.0);
+    try {
+        for (const auto& x : j["ranks"]) {
+            RankSample s;
+            s.pid = x.at("pid").get<int>();
+            s.command = x.value("command", "");
+            s.moved = x.value("moved", false);
+            s.exited = x.value("exited", false);
+            s.rank = x.value("rank", "");
+            s.local_rank = x.value("local_rank", "");
+            s.python_note = x.value("python_note", "");
+            if (x.contains("at")) s.at = frame_from(x["at"]);
+            if (x.contains("collective")) {
+                const auto& c = x["collective"];
+                s.collective = InCollective{c.value("kind", ""), c.value("function", ""), c.value("tid", 0u),
+                                            frame_from(c.value("called_from", nlohmann::json::object()))};
+            }
+            for (const auto& t : x.value("threads", nlohmann::json::array())) {
+                ThreadSample ts;
+                ts.tid = t.value("tid", 0u);
+                ts.name = t.value("name", "");
+                std::string st = t.value("state", "?");
+                ts.state = st.empty() ? '?' : st[0];
+                ts.python = t.value("python", false);
+                ts.truncated = t.value("truncated", false);
+                ts.fault = t.value("fault", false);
+                for (const auto& f : t.value("stack", nlohmann::json::array())) ts.stack.push_back(frame_from(f));
+                s.threads.push_back(std::move(ts));
+            }
+            r.ranks.push_back(std::move(s));
+        }
+    } catch (const nlohmann::json::exception& e) {
+        return R::fail(std::string("a rank is malformed: ") + e.what());
+    }
+    return r;
+}
+
+}  // namespace commdbg::hang

@@ -1,0 +1,118 @@
+// SPDX-License-Identifier: Apache-2.0
+// `commdbg hang`: where each rank of a job is now, and which rank the others
+// wait for — from outside, with nothing set at launch, never stopping or
+// signalling the job.  Per rank every thread's Python stack is read from
+// userspace (python/py_threads.hpp) twice, an interval apart; a rank blocked
+// in a collective shows it as the frame of torch.distributed's own function
+// (`all_reduce` in distributed_c10d.py) on its stack.  The verdict is the
+// flight recorder analyzer's, on what stacks can tell: ranks that never
+// issued the collective the others wait in (missing), ranks waiting in
+// collectives of different kinds (mismatch), every rank waiting in the same
+// one (the hang is below the host), or ranks still moving (progressing).
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "result.hpp"
+
+namespace commdbg::hang {
+
+struct Frame {
+    std::string function, file;  // co_qualname, co_filename
+    uint32_t line = 0;           // 0: unknown
+    bool library = false;        // the interpreter's or an installed package's file
+    bool operator==(const Frame&) const = default;
+};
+
+struct ThreadSample {
+    uint32_t tid = 0;
+    std::string name;       // /proc/PID/task/TID/comm
+    char state = '?';       // R, S, D, ... as the kernel says
+    uint64_t cpu_ticks = 0; // user + system time so far
+    bool python = false;    // a Python thread state names this thread
+    std::vector<Frame> stack;  // innermost first
+    std::vector<uint64_t> where;  // per frame: code object and instruction, to see it move
+    bool truncated = false, fault = false;
+};
+
+// A collective a thread is inside: torch.distributed's function on its stack.
+struct InCollective {
+    std::string kind;  // as commdbg's other outputs name it: "all_reduce"
+    std::string api;   // the function: "all_reduce", "all_gather_into_tensor"
+    uint32_t tid = 0;
+    Frame called_from;  // the innermost frame outside torch (the job's line)
+};
+
+struct RankSample {
+    int pid = 0;
+    std::string rank, local_rank;  // RANK / LOCAL_RANK from its environment; empty: not set
+    std::string command;
+    std::string python_note;       // why there are no Python stacks (empty: there are)
+    std::vector<ThreadSample> threads;  // the main thread first
+    std::optional<InCollective> collective;
+    bool moved = false;            // a Python thread's stack changed or it ran between the two samples
+    bool exited = false;
+    // The main thread's place: the innermost frame outside torch and the
+    // interpreter's own library, else its innermost frame.
+    std::optional<Frame> at;
+    std::string name() const;  // "rank 2 (pid 4242)" or "pid 4242"
+};
+
+struct Verdict {
+    enum class Kind {
+        missing,      // ranks never issued the collective the others wait in
+        mismatch,     // ranks wait in collectives of different kinds
+        below_host,   // every rank waits in the same collective, none moves
+        progressing,  // stacks move between the samples
+        stuck,        // nothing moves and no rank is in a collective
+    };
+    Kind kind = Kind::progressing;
+    std::string message;
+    std::vector<int> culprits;  // pids
+    std::string collective;     // the one the others wait in (missing, below_host)
+    int exit_code() const;      // 3: culprit named, 0: progressing, 1: stuck without a culprit
+};
+std::string_view to_string(Verdict::Kind k);
+
+struct Group {
+    std::vector<int> pids;
+    std::string what;  // "all_reduce at train.py:42 in step", "fetch_shard at data.py:88"
+};
+
+struct Report {
+    std::vector<RankSample> ranks;
+    std::vector<Group> groups;  // ranks with the same place, largest first
+    Verdict verdict;
+    double interval_s = 0;
+};
+
+// The ranks under the given pids: each pid and its descendants that map
+// libtorch_cpu or libnccl, keeping those with no such descendant (a
+// launcher's workers, not the launcher).  Fails naming a pid that does not
+// exist or has no such process under it.
+Result<std::vector<int>> find_ranks(const std::vector<int>& pids, const std::string& proc_root = "/proc");
+
+// The kind of collective a torch.distributed function issues ("all_reduce"
+// for all_reduce, "all_gather" for all_gather_into_tensor, ...), or nullopt.
+std::optional<std::string> collective_of_api(std::string_view function);
+
+// One look at a rank, now.
+RankSample sample_rank(int pid, const std::string& proc_root = "/proc");
+// Two looks at each rank `interval_s` apart, and the verdict on the second.
+Report examine(const std::vector<int>& ranks, double interval_s, const std::string& proc_root = "/proc");
+// The verdict and groups of samples already taken (examine, or dumps merged).
+void decide(Report& r);
+
+void render_table(const Report& r, std::ostream& out);
+nlohmann::ordered_json to_json(const Report& r);
+// A report --json wrote; ranks of several merge in decide().
+Result<Report> from_json(const nlohmann::json& j);
+
+}  // namespace commdbg::hang
