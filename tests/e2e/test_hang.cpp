@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "e2e_util.hpp"
+#include "hang.hpp"
 
 namespace commdbg::e2e {
 namespace {
@@ -204,6 +205,68 @@ TEST(Hang, BadTargetsAndDumpsAreUsageErrorsThatSayWhatToGive) {
     EXPECT_EQ(missing.status, 2);
     EXPECT_NE(missing.err.find("cannot read"), std::string::npos) << missing.err;
 }
+
+}  // namespace
+}  // namespace commdbg::e2e
+
+namespace commdbg::e2e {
+namespace {
+
+// Every thread's stack of a real CPython build, read from outside: the
+// image's pyenv builds 3.10-3.13 and Debian's 3.11, each named and placed
+// at the line the script marks.
+class HangStacks : public ::testing::TestWithParam<std::string> {};
+
+std::map<std::string, uint32_t> marked_lines(const std::string& path) {
+    std::map<std::string, uint32_t> out;
+    std::ifstream in(path);
+    std::string line;
+    for (uint32_t n = 1; std::getline(in, line); ++n)
+        if (auto at = line.find("# here: "); at != std::string::npos) out[line.substr(at + 8)] = n;
+    return out;
+}
+
+TEST_P(HangStacks, EveryThreadsStackIsReadFromOutside) {
+    REQUIRE_OR_SKIP(geteuid() == 0, "reading another process's memory from a sibling needs root");
+    const std::string exe = GetParam();
+    if (!std::filesystem::exists(exe)) GTEST_SKIP() << exe << " is not installed on this machine";
+    const std::string script = std::string(SOURCE_DIR) + "/tests/testprogs/py_threads_workload.py";
+    const auto lines = marked_lines(script);
+    Background py({exe, script});
+    auto ready = json::parse(py.wait_for_line("worker_tid", 30), nullptr, false);
+    ASSERT_TRUE(ready.is_object()) << "the workload did not start";
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // from its print into sleep
+    hang::RankSample s = hang::sample_rank(ready["pid"].get<int>());
+    ASSERT_TRUE(s.python_note.empty()) << s.python_note;
+    std::map<std::string, const hang::ThreadSample*> by_top;
+    for (const auto& t : s.threads)
+        if (t.python && !t.stack.empty()) by_top[t.stack.front().function] = &t;
+    ASSERT_EQ(by_top.size(), 2u) << "two Python threads";
+    ASSERT_TRUE(by_top.count("inner") && by_top.count("worker_loop"));
+    const hang::ThreadSample& main = *by_top["inner"];
+    std::vector<std::pair<std::string, uint32_t>> got;
+    for (const auto& f : main.stack) got.emplace_back(f.function, f.line);
+    EXPECT_EQ(got, (std::vector<std::pair<std::string, uint32_t>>{
+                       {"inner", lines.at("inner")}, {"outer", lines.at("outer")}, {"<module>", lines.at("<module>")}}));
+    EXPECT_EQ(main.stack.front().file, script);
+    const hang::ThreadSample& worker = *by_top["worker_loop"];
+    EXPECT_EQ(worker.stack.front().line, lines.at("worker_loop"));
+    EXPECT_TRUE(worker.stack.back().function.ends_with("_bootstrap"))  // 3.10 has no qualname
+        << worker.stack.back().function;
+    // The thread ids the kernel knows, where the build's thread state has one.
+    if (main.tid != 0) {
+        EXPECT_EQ(main.tid, static_cast<uint32_t>(ready["pid"].get<int>()));
+        EXPECT_EQ(worker.tid, ready["worker_tid"].get<uint32_t>());
+        EXPECT_EQ(s.threads.front().tid, main.tid) << "the main thread first";
+    }
+    EXPECT_FALSE(main.fault || worker.fault || main.truncated || worker.truncated);
+}
+
+INSTANTIATE_TEST_SUITE_P(Interpreters, HangStacks,
+                         ::testing::Values("/usr/bin/python3.11", "/root/.pyenv/versions/3.10.13/bin/python3",
+                                           "/root/.pyenv/versions/3.11.7/bin/python3",
+                                           "/root/.pyenv/versions/3.12.1/bin/python3",
+                                           "/root/.pyenv/versions/3.13.0/bin/python3"));
 
 }  // namespace
 }  // namespace commdbg::e2e

@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+// commdbg hang's verdict on samples of ranks (the e2e tests take them from
+// hung jobs; here each verdict is made to order).
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "hang.hpp"
+
+namespace commdbg::hang {
+namespace {
+
+const Frame kStep{"step", "/job/train.py", 42, false};
+const Frame kLoader{"fetch_shard", "/job/data.py", 88, false};
+
+RankSample waiting(int pid, const std::string& kind, bool moved = false) {
+    RankSample s;
+    s.pid = pid;
+    s.collective = InCollective{kind, kind, static_cast<uint32_t>(pid), kStep};
+    s.at = Frame{kind, "/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py", 2811, true};
+    s.moved = moved;
+    return s;
+}
+
+RankSample elsewhere(int pid, bool moved = false, const std::string& rank = "") {
+    RankSample s;
+    s.pid = pid;
+    s.rank = rank;
+    s.at = kLoader;
+    s.moved = moved;
+    return s;
+}
+
+Verdict verdict_of(std::vector<RankSample> ranks) {
+    Report r;
+    r.interval_s = 1;
+    r.ranks = std::move(ranks);
+    decide(r);
+    return r.verdict;
+}
+
+TEST(HangVerdict, RanksOutsideTheCollectiveTheOthersWaitInAreMissing) {
+    Verdict v = verdict_of({waiting(10, "all_reduce"), waiting(11, "all_reduce"), elsewhere(12, true, "2")});
+    EXPECT_EQ(v.kind, Verdict::Kind::missing);
+    EXPECT_EQ(v.culprits, std::vector<int>{12});
+    EXPECT_EQ(v.collective, "all_reduce");
+    EXPECT_EQ(v.exit_code(), 3);
+    EXPECT_EQ(v.message, "rank 2 (pid 12) never issued all_reduce, which pid 10, pid 11 wait in; rank 2 (pid 12) is "
+                         "in fetch_shard at /job/data.py:88");
+}
+
+TEST(HangVerdict, RanksWaitingInDifferentKindsAreAMismatchNamingTheFewer) {
+    Verdict v = verdict_of({waiting(10, "all_reduce"), waiting(11, "all_reduce"), waiting(12, "broadcast")});
+    EXPECT_EQ(v.kind, Verdict::Kind::mismatch);
+    EXPECT_EQ(v.culprits, std::vector<int>{12});
+    EXPECT_EQ(v.exit_code(), 3);
+    EXPECT_NE(v.message.find("broadcast (pid 12)"), std::string::npos) << v.message;
+}
+
+TEST(HangVerdict, EveryRankStillInTheSameCollectiveIsBelowTheHost) {
+    Verdict v = verdict_of({waiting(10, "all_gather"), waiting(11, "all_gather")});
+    EXPECT_EQ(v.kind, Verdict::Kind::below_host);
+    EXPECT_TRUE(v.culprits.empty());
+    EXPECT_EQ(v.exit_code(), 1);
+}
+
+// A rank in a collective that moved between the looks is not waiting: a
+// healthy job caught mid-collective names no culprit.
+TEST(HangVerdict, RanksThatMoveAreProgressingNotCulprits) {
+    Verdict v = verdict_of({waiting(10, "all_reduce", true), elsewhere(11, true)});
+    EXPECT_EQ(v.kind, Verdict::Kind::progressing);
+    EXPECT_EQ(v.exit_code(), 0);
+    Verdict still = verdict_of({elsewhere(10), elsewhere(11)});
+    EXPECT_EQ(still.kind, Verdict::Kind::stuck);
+    EXPECT_EQ(still.exit_code(), 1);
+}
+
+TEST(HangVerdict, GroupsMergeRanksByPlaceLargestFirstAndJsonRoundTrips) {
+    Report r;
+    r.interval_s = 0.5;
+    r.ranks = {waiting(10, "all_reduce"), elsewhere(12), waiting(11, "all_reduce")};
+    decide(r);
+    ASSERT_EQ(r.groups.size(), 2u);
+    EXPECT_EQ(r.groups[0].pids, (std::vector<int>{10, 11}));
+    EXPECT_EQ(r.groups[0].what, "all_reduce at /job/train.py:42 in step");
+    EXPECT_EQ(r.groups[1].what, "fetch_shard at /job/data.py:88");
+    auto back = from_json(nlohmann::json::parse(to_json(r).dump()));
+    ASSERT_TRUE(back) << back.error();
+    decide(*back);
+    EXPECT_EQ(to_json(*back), to_json(r));
+    std::ostringstream table;
+    render_table(r, table);
+    EXPECT_NE(table.str().find("pid 10, pid 11: all_reduce at /job/train.py:42 in step"), std::string::npos)
+        << table.str();
+}
+
+TEST(HangVerdict, TorchDistributedFunctionsNameTheirCollectiveKinds) {
+    EXPECT_EQ(collective_of_api("all_reduce"), "all_reduce");
+    EXPECT_EQ(collective_of_api("all_gather_into_tensor"), "all_gather");
+    EXPECT_EQ(collective_of_api("_reduce_scatter_base"), "reduce_scatter");
+    EXPECT_EQ(collective_of_api("monitored_barrier"), "barrier");
+    EXPECT_EQ(collective_of_api("init_process_group"), std::nullopt);
+    EXPECT_FALSE(from_json(nlohmann::json::array()));
+}
+
+}  // namespace
+}  // namespace commdbg::hang
