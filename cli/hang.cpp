@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "commands.hpp"
+#include "daemon_client.hpp"
 #include "hang.hpp"
 
 namespace commdbg::cli {
@@ -26,6 +27,7 @@ struct HangOptions {
     std::vector<std::string> from;
     double interval = 1.0;
     std::string json_file;
+    std::string socket;
 };
 
 int write_and_render(const hang::Report& r, const HangOptions& o) {
@@ -84,7 +86,19 @@ int run_hang(const HangOptions& o) {
     }
     if (geteuid() != 0)
         std::cerr << "commdbg: hang: not root — the stacks of processes of other users cannot be read\n";
-    return write_and_render(hang::examine(*ranks, o.interval), o);
+    // commdbgd's exact counts per communicator, when it answers.
+    if (!DaemonClient::connect(socket_path(o.socket)))
+        std::cerr << "commdbg: hang: note: commdbgd does not answer at " << socket_path(o.socket)
+                  << ": judged by stacks alone, with no collective numbers per communicator (start commdbgd, "
+                     "or give --socket)\n";
+    hang::CommCounts counts = [&o]() -> std::optional<nlohmann::json> {
+        auto client = DaemonClient::connect(socket_path(o.socket));
+        if (!client) return std::nullopt;
+        auto reply = client->call({{"op", "counts"}, {"by_comm", true}});
+        if (!reply) return std::nullopt;
+        return *reply;
+    };
+    return write_and_render(hang::examine(*ranks, o.interval, counts), o);
 }
 
 }  // namespace
@@ -104,9 +118,13 @@ void register_hang(CLI::App& app) {
     sub->add_option("-i,--interval", opts->interval, "Seconds between the two looks at each rank (default 1)")
         ->check(CLI::Range(0.05, 60.0));
     sub->add_option("--json", opts->json_file, "Write the report as JSON to FILE ('-': stdout, no table)");
+    sub->add_option("--socket", opts->socket,
+                    "commdbgd control socket (default $COMMDBG_SOCKET or /run/commdbg/commdbgd.sock): when it "
+                    "answers, its exact counts per communicator say which rank is behind and at which collective");
     sub->footer("Each rank's threads and their Python stacks are read from the process's memory (root, or the "
                 "ranks' owner), twice; a thread inside torch.distributed's collective function (all_reduce, ...) "
-                "waits in that collective. Verdicts: missing_ranks (ranks never issued the collective the others "
+                "waits in that collective. When commdbgd answers, its exact counts per communicator name a rank "
+                "that issued fewer collectives than the others, and the number it never issued. Verdicts: missing_ranks (ranks never issued the collective the others "
                 "wait in), collective_mismatch (ranks wait in different kinds), below_host (all wait in the same "
                 "one), progressing, stuck. Exit status: 3 when a culprit is named, 0 when the ranks are moving, 1 "
                 "when they are stuck with no culprit, 2 for a usage error. The job is never stopped or signalled.");

@@ -240,15 +240,39 @@ RankSample sample_rank(int pid, const std::string& proc_root) {
     return r;
 }
 
-Report examine(const std::vector<int>& ranks, double interval_s, const std::string& proc_root) {
+std::map<int, std::vector<CommSeq>> comm_seqs(const nlohmann::json& j) {
+    std::map<int, std::vector<CommSeq>> out;
+    if (!j.is_object() || !j.contains("communicators") || !j["communicators"].is_array()) return out;
+    for (const auto& c : j["communicators"]) {
+        if (!c.is_object()) continue;
+        const std::string id = c.value("comm_id", "");
+        const int nranks = c.value("nranks", -1);
+        const nlohmann::json ranks = c.value("ranks", nlohmann::json::array());
+        for (const auto& r : ranks)
+            if (r.is_object())
+                out[r.value("pid", 0)].push_back({id, r.value("rank", -1), nranks, r.value("calls", uint64_t{0})});
+    }
+    return out;
+}
+
+Report examine(const std::vector<int>& ranks, double interval_s, const CommCounts& counts,
+               const std::string& proc_root) {
     Report rep;
     rep.interval_s = interval_s;
+    auto daemon = [&] {
+        std::optional<nlohmann::json> j = counts ? counts() : std::nullopt;
+        return j ? comm_seqs(*j) : std::map<int, std::vector<CommSeq>>{};
+    };
     std::vector<RankSample> first;
     for (int pid : ranks) first.push_back(sample_rank(pid, proc_root));
+    auto comms_first = daemon();
     std::this_thread::sleep_for(std::chrono::duration<double>(interval_s));
+    auto comms_now = daemon();
     for (size_t i = 0; i < ranks.size(); ++i) {
         RankSample now = sample_rank(ranks[i], proc_root);
         const RankSample& was = first[i];
+        now.comms = comms_now[ranks[i]];
+        now.moved |= now.comms != comms_first[ranks[i]];
         // A Python thread moved: its frames changed, or it ran (a loop in
         // one frame may show the same instruction twice; a thread blocked
         // in a collective uses no CPU).
@@ -307,6 +331,32 @@ void decide(Report& r) {
         return s;
     };
     const bool all_still_in_collectives = !by_kind.empty() && waiting.size() == r.ranks.size() - outside.size();
+    // commdbgd's exact counts per communicator first: a rank that issued
+    // fewer collectives there than the others never issued the next one.
+    std::map<std::string, std::vector<std::pair<const RankSample*, const CommSeq*>>> comms;
+    for (const RankSample& s : r.ranks)
+        for (const CommSeq& c : s.comms) comms[c.comm_id].emplace_back(&s, &c);
+    for (const auto& [id, members] : comms) {
+        if (members.size() < 2) continue;
+        uint64_t most = 0, least = UINT64_MAX;
+        for (const auto& [s, c] : members) most = std::max(most, c->issued), least = std::min(least, c->issued);
+        if (most == least) continue;
+        std::vector<const RankSample*> behind, ahead;
+        for (const auto& [s, c] : members) (c->issued < most ? behind : ahead).push_back(s);
+        // The ranks ahead wait for the others: still, or the job moves on.
+        if (std::any_of(ahead.begin(), ahead.end(), [](const RankSample* s) { return s->moved; })) continue;
+        v.kind = Verdict::Kind::missing;
+        v.comm_id = id;
+        v.seq = least + 1;
+        v.collective = by_kind.size() == 1 ? by_kind.begin()->first : "";
+        v.message = names(behind) + " never issued collective #" + std::to_string(least + 1) + " of communicator " +
+                    id + ", which " + names(ahead) + " issued (" + std::to_string(most) + " there)";
+        for (const RankSample* s : behind) {
+            v.culprits.push_back(s->pid);
+            if (s->at) v.message += "; " + s->name() + " is in " + frame_text(*s->at);
+        }
+        return;
+    }
     if (!waiting.empty() && all_still_in_collectives && by_kind.size() == 1 && !outside.empty()) {
         v.kind = Verdict::Kind::missing;
         v.collective = by_kind.begin()->first;
@@ -335,6 +385,11 @@ void decide(Report& r) {
         v.message = "every rank waits in " + v.collective +
                     " and none moved: no rank is missing and none issued another kind; the hang is below the "
                     "host (GPU, network), or in a difference of count or shape stacks do not show";
+    } else if (!any_moved && !comms.empty()) {
+        v.kind = Verdict::Kind::below_host;
+        v.message = "every rank issued as many collectives as the others on each communicator and none moved: no "
+                    "rank is missing; the hang is below the host (GPU, network), or in a difference of signature "
+                    "counts do not show";
     } else if (any_moved) {
         v.kind = Verdict::Kind::progressing;
         v.message = "ranks are moving: their stacks changed within " + std::to_string(r.interval_s).substr(0, 4) + " s";
@@ -360,6 +415,9 @@ void render_table(const Report& r, std::ostream& out) {
         out << "\n" << s.name() << (s.local_rank.empty() ? "" : " LOCAL_RANK=" + s.local_rank)
             << (s.moved ? " (moving)" : " (still)") << ": " << s.command << "\n";
         if (!s.python_note.empty()) out << "  no Python stacks: " << s.python_note << "\n";
+        for (const CommSeq& c : s.comms)
+            out << "  communicator " << c.comm_id << ": rank " << c.rank << " of " << c.nranks << ", " << c.issued
+                << " collectives issued\n";
         for (const ThreadSample& t : s.threads) {
             if (!t.python) continue;  // native threads: counted below
             out << "  thread " << t.tid << " " << t.name << " [" << t.state << "]"
@@ -404,6 +462,12 @@ nlohmann::ordered_json to_json(const Report& r) {
         if (!s.local_rank.empty()) rank["local_rank"] = s.local_rank;
         if (!s.python_note.empty()) rank["python_note"] = s.python_note;
         if (s.at) rank["at"] = frame_json(*s.at);
+        if (!s.comms.empty()) {
+            J comms = J::array();
+            for (const CommSeq& c : s.comms)
+                comms.push_back({{"comm_id", c.comm_id}, {"rank", c.rank}, {"nranks", c.nranks}, {"issued", c.issued}});
+            rank["communicators"] = comms;
+        }
         if (s.collective)
             rank["collective"] = {{"kind", s.collective->kind},
                                   {"function", s.collective->api},
@@ -419,6 +483,7 @@ nlohmann::ordered_json to_json(const Report& r) {
                  {"culprits", r.verdict.culprits},
                  {"exit_code", r.verdict.exit_code()}};
     if (!r.verdict.collective.empty()) verdict["collective"] = r.verdict.collective;
+    if (!r.verdict.comm_id.empty()) verdict["comm_id"] = r.verdict.comm_id, verdict["seq"] = r.verdict.seq;
     return J{{"interval_s", r.interval_s}, {"verdict", verdict}, {"groups", groups}, {"ranks", ranks}};
 }
 
@@ -439,6 +504,9 @@ Result<Report> from_json(const nlohmann::json& j) {
             s.local_rank = x.value("local_rank", "");
             s.python_note = x.value("python_note", "");
             if (x.contains("at")) s.at = frame_from(x["at"]);
+            for (const auto& c : x.value("communicators", nlohmann::json::array()))
+                s.comms.push_back({c.value("comm_id", ""), c.value("rank", -1), c.value("nranks", -1),
+                                   c.value("issued", uint64_t{0})});
             if (x.contains("collective")) {
                 const auto& c = x["collective"];
                 s.collective = InCollective{c.value("kind", ""), c.value("function", ""), c.value("tid", 0u),

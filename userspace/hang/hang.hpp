@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <map>
 #include <optional>
@@ -50,6 +51,15 @@ struct InCollective {
     Frame called_from;  // the innermost frame outside torch (the job's line)
 };
 
+// What commdbgd counted of a rank on one communicator: its collectives
+// issued there so far, i.e. the sequence number of its last one.
+struct CommSeq {
+    std::string comm_id;  // NCCL's commHash (the same on every rank), as commdbg counts names it
+    int rank = -1, nranks = -1;
+    uint64_t issued = 0;
+    bool operator==(const CommSeq&) const = default;
+};
+
 struct RankSample {
     int pid = 0;
     std::string rank, local_rank;  // RANK / LOCAL_RANK from its environment; empty: not set
@@ -57,7 +67,8 @@ struct RankSample {
     std::string python_note;       // why there are no Python stacks (empty: there are)
     std::vector<ThreadSample> threads;  // the main thread first
     std::optional<InCollective> collective;
-    bool moved = false;            // a Python thread's stack changed or it ran between the two samples
+    std::vector<CommSeq> comms;    // from commdbgd, when it answers
+    bool moved = false;            // a Python thread's stack changed or it ran, or it issued, between the samples
     bool exited = false;
     // The main thread's place: the innermost frame outside torch and the
     // interpreter's own library, else its innermost frame.
@@ -75,6 +86,8 @@ struct Verdict {
     };
     Kind kind = Kind::progressing;
     std::string message;
+    std::string comm_id;        // the communicator the verdict is about (from commdbgd's counts)
+    uint64_t seq = 0;           // missing: the collective number the culprits never issued
     std::vector<int> culprits;  // pids
     std::string collective;     // the one the others wait in (missing, below_host)
     int exit_code() const;      // 3: culprit named, 0: progressing, 1: stuck without a culprit
@@ -103,10 +116,17 @@ Result<std::vector<int>> find_ranks(const std::vector<int>& pids, const std::str
 // for all_reduce, "all_gather" for all_gather_into_tensor, ...), or nullopt.
 std::optional<std::string> collective_of_api(std::string_view function);
 
+// commdbgd's `counts --by-comm` reply (nullopt: no daemon answered).
+using CommCounts = std::function<std::optional<nlohmann::json>()>;
+// Each rank's communicators in such a reply.
+std::map<int, std::vector<CommSeq>> comm_seqs(const nlohmann::json& by_comm);
+
 // One look at a rank, now.
 RankSample sample_rank(int pid, const std::string& proc_root = "/proc");
-// Two looks at each rank `interval_s` apart, and the verdict on the second.
-Report examine(const std::vector<int>& ranks, double interval_s, const std::string& proc_root = "/proc");
+// Two looks at each rank `interval_s` apart (and at commdbgd's counts, when
+// `counts` is given and answers), and the verdict on the second.
+Report examine(const std::vector<int>& ranks, double interval_s, const CommCounts& counts = {},
+               const std::string& proc_root = "/proc");
 // The verdict and groups of samples already taken (examine, or dumps merged).
 void decide(Report& r);
 
