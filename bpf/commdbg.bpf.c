@@ -23,6 +23,7 @@
 #include "lib/counters.h"
 #include "lib/emit.h"
 #include "lib/entry.h"
+#include "lib/flight.h"
 #include "lib/loader.h"
 #include "lib/process.h"
 #include "lib/scopes.h"
@@ -62,6 +63,8 @@ int call_enter(struct pt_regs *ctx)
 	if (st && wants_frames(&en))
 		track_frames(st, &en);
 	counted = count_entry(&en, &key);
+	if (en.role == CD_ROLE_COLLECTIVE && key.comm && (en.flags & CD_TRACE_COUNT))
+		flight_record(&en, &key);
 	/* A return-probed call is recorded at its return, in one record; but a
 	 * thread's first record goes out now (see events.h, cd_call). */
 	first = st && wants_records(&en) && !st->announced;

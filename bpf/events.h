@@ -602,7 +602,38 @@ enum cd_drop_cause {
 	CD_DROP_UNCOUNTED = 9,	    /* call not counted: no fine key and no coarse slot */
 	CD_DROP_PY_CONTEXT = 10,    /* record sent without its label / Python stack: no scratch buffer */
 	CD_DROP_FILE_SHARE = 11,    /* new library file not stopped for: its user holds its share of probed files */
-	CD_DROP_MAX = 12,
+	CD_DROP_FLIGHT_FULL = 12,   /* collective not in the flight recorder: its map is full */
+	CD_DROP_MAX = 13,
+};
+
+/* The flight recorder: per traced process and communicator (the comm slot's
+ * value: ncclComm_t, a c10d process group's `this`), the last
+ * CD_FLIGHT_SLOTS collectives entered, kept in the kernel whatever happens
+ * to records, so that a job that hangs can be asked afterwards (commdbg
+ * hang through commdbgd).  Slot (seq - 1) % CD_FLIGHT_SLOTS holds collective
+ * number seq, counted from the communicator's first collective seen. */
+#define CD_FLIGHT_SLOTS 256
+#define CD_FLIGHT_COMMS 4096
+
+struct cd_flight_key {
+	__u32 tgid;
+	__u32 pad;
+	__u64 comm;
+};
+
+struct cd_flight_entry {
+	__u64 seq;	/* 0: not written yet; else written last */
+	__u64 enter_ns; /* bpf_ktime_get_ns at entry */
+	__u64 count;	/* the count argument (elements) */
+	__u32 tid;
+	__u32 sym;	/* symbol id: the kind, as for counters */
+	__u32 dtype;	/* CD_DTYPE_NONE: none */
+	__u32 pad;
+};
+
+struct cd_flight {
+	__u64 seq; /* collectives entered on the communicator so far */
+	struct cd_flight_entry e[CD_FLIGHT_SLOTS];
 };
 
 #define CD_MAX_INFLIGHT 8
@@ -686,6 +717,9 @@ CD_STATIC_ASSERT(sizeof(struct cd_comm_key) == 16, "cd_comm_key");
 CD_STATIC_ASSERT(sizeof(struct cd_comm_val) == 48 + CD_UNIQUE_ID_BYTES, "cd_comm_val");
 CD_STATIC_ASSERT(sizeof(struct cd_inflight) == 8 * 5 + 8 * CD_NUM_ARGS + 24 + 24, "cd_inflight");
 CD_STATIC_ASSERT(sizeof(struct cd_py_frame) == 32, "cd_py_frame");
+CD_STATIC_ASSERT(sizeof(struct cd_flight_entry) == 40, "cd_flight_entry");
+CD_STATIC_ASSERT(sizeof(struct cd_flight) == 8 + CD_FLIGHT_SLOTS * 40, "cd_flight");
+CD_STATIC_ASSERT((CD_FLIGHT_SLOTS & (CD_FLIGHT_SLOTS - 1)) == 0, "CD_FLIGHT_SLOTS: a power of two");
 CD_STATIC_ASSERT(sizeof(struct cd_scope_key) == 16, "cd_scope_key");
 CD_STATIC_ASSERT(sizeof(struct cd_context) == 8 + CD_LABEL_MAX, "cd_context");
 CD_STATIC_ASSERT(sizeof(struct cd_py_cfg) == 16 + 4 * 17 + 4 + 8 + 16 + 16, "cd_py_cfg");

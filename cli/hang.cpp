@@ -94,7 +94,7 @@ int run_hang(const HangOptions& o) {
     hang::CommCounts counts = [&o]() -> std::optional<nlohmann::json> {
         auto client = DaemonClient::connect(socket_path(o.socket));
         if (!client) return std::nullopt;
-        auto reply = client->call({{"op", "counts"}, {"by_comm", true}});
+        auto reply = client->call({{"op", "counts"}, {"by_comm", true}, {"flight", true}});
         if (!reply) return std::nullopt;
         return *reply;
     };

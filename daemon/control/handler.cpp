@@ -75,7 +75,7 @@ std::optional<std::string> RequestHandler::answer(const protocol::Request& req, 
 std::string RequestHandler::counts(const protocol::Request& req, const NodeCounter::ProcessFilter& may_see) {
     std::optional<uint32_t> pid;
     if (req.pid) pid = static_cast<uint32_t>(*req.pid);
-    nlohmann::json reply = counter_.counts(pid, req.by_comm, may_see);
+    nlohmann::json reply = counter_.counts(pid, req.by_comm, may_see, req.flight);
     if (!pid || !reply.value("processes", nlohmann::json::array()).empty())
         return protocol::ok_response(std::move(reply));
     const std::string who = "counts --pid " + std::to_string(*pid);
@@ -88,7 +88,7 @@ std::string RequestHandler::counts(const protocol::Request& req, const NodeCount
         "--scope-cgroup; `commdbg counts` lists the processes it counts";
     if (static_cast<uint32_t>(tgid) != *pid) {
         const std::string t = std::to_string(tgid);
-        nlohmann::json of_process = counter_.counts(static_cast<uint32_t>(tgid), req.by_comm, may_see);
+        nlohmann::json of_process = counter_.counts(static_cast<uint32_t>(tgid), req.by_comm, may_see, req.flight);
         if (of_process.value("processes", nlohmann::json::array()).empty())
             return protocol::error_response(who + ": " + p + " is a thread of pid " + t + ", which is not counted: it" +
                                   not_counted);

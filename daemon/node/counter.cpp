@@ -306,11 +306,12 @@ void NodeCounter::publish(const capture::CounterSnapshot& snapshot, std::vector<
     series_->export_counts(snapshot, comms_, procs_, now);
 }
 
-nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, const ProcessFilter& may_see) {
+nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, const ProcessFilter& may_see,
+                                   bool flight) {
     {
         std::lock_guard lock(mu_);
         if (!pid || procs_.count(*pid))
-            return counts_from({procs_, counters_, counter_loss_, comms_}, pid, by_comm, may_see);
+            return counts_from({procs_, counters_, counter_loss_, comms_}, pid, by_comm, may_see, flight);
     }
     // Not adopted (yet: the main thread may be behind, or the filter full):
     // its kernel counters read now, so a live process is never answered
@@ -326,11 +327,30 @@ nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, co
             comms = bpf_->comms();
         }
     }
-    return counts_from({one, snap.entries, snap.loss, comms}, pid, by_comm, may_see);
+    return counts_from({one, snap.entries, snap.loss, comms}, pid, by_comm, may_see, flight);
+}
+
+// A communicator's last collectives from the flight recorder, oldest first,
+// named as the counters name them.
+nlohmann::json NodeCounter::flight_entries(const std::vector<cd_flight_entry>& last) const {
+    nlohmann::json out = nlohmann::json::array();
+    for (const cd_flight_entry& e : last) {
+        const capture::SymbolInfo* s = symbols_.find(e.sym);
+        nlohmann::json j = {{"seq", e.seq},
+                            {"collective", s ? std::string(capture::coll_name(s->coll)) : std::string("?")},
+                            {"name", s ? s->name : std::string("?")},
+                            {"count", e.count},
+                            {"tid", e.tid},
+                            {"enter_ns", e.enter_ns}};
+        if (e.dtype != CD_DTYPE_NONE)
+            if (auto n = capture::nccl_datatype_name(e.dtype); n && s && s->layer == "nccl") j["dtype"] = *n;
+        out.push_back(std::move(j));
+    }
+    return out;
 }
 
 nlohmann::json NodeCounter::counts_from(const CountsSource& src, std::optional<uint32_t> pid, bool by_comm,
-                                        const ProcessFilter& may_see) const {
+                                        const ProcessFilter& may_see, bool flight) const {
     nlohmann::json procs = nlohmann::json::array();
     nlohmann::json by = nlohmann::json::object();  // comm id -> nranks, ranks
     for (const auto& [p, info] : src.procs) {
@@ -363,11 +383,16 @@ nlohmann::json NodeCounter::counts_from(const CountsSource& src, std::optional<u
                          {"counter_breakdown_lost", lost.breakdown_lost},
                          {"counter_calls_lost", lost.uncounted}});
         if (!by_comm) continue;
+        std::vector<capture::BpfSession::FlightComm> recorded;
+        if (flight) recorded = bpf_->flight(p);
         for (const snapshot::CommInfo& ci : snap.comms) {
             std::string id = ci.id ? hex16(*ci.id) : "ptr:" + hex16(ci.ptr);
             auto& entry = by[id];
             if (ci.nranks >= 0) entry["nranks"] = ci.nranks;
-            entry["ranks"].push_back({{"rank", ci.rank}, {"pid", p}, {"calls", calls_by_comm[ci.ptr]}});
+            nlohmann::json rank = {{"rank", ci.rank}, {"pid", p}, {"calls", calls_by_comm[ci.ptr]}};
+            for (const auto& fc : recorded)
+                if (fc.comm == ci.ptr) rank["flight"] = {{"seq", fc.seq}, {"last", flight_entries(fc.last)}};
+            entry["ranks"].push_back(std::move(rank));
         }
     }
     nlohmann::json out = {{"host", host_}, {"processes", procs}};

@@ -77,7 +77,7 @@ public:
     // Which counted processes a caller may see; empty: all of them.
     using ProcessFilter = std::function<bool(uint32_t pid)>;
     // {"processes": [...]} for `commdbg counts`, of the processes may_see passes.
-    nlohmann::json counts(std::optional<uint32_t> pid, bool by_comm, const ProcessFilter& may_see);
+    nlohmann::json counts(std::optional<uint32_t> pid, bool by_comm, const ProcessFilter& may_see, bool flight = false);
     nlohmann::json status();
     MetricsRegistry& metrics() { return metrics_; }
 
@@ -114,7 +114,8 @@ private:
         const std::vector<capture::CommEntry>& comms;
     };
     nlohmann::json counts_from(const CountsSource& src, std::optional<uint32_t> pid, bool by_comm,
-                               const ProcessFilter& may_see) const;
+                               const ProcessFilter& may_see, bool flight = false) const;
+    nlohmann::json flight_entries(const std::vector<cd_flight_entry>& last) const;
 
     NodeCounterOptions opts_;
     CgroupScope scope_;

@@ -33,6 +33,7 @@ TEST(HangDaemon, ARankOneCollectiveShortIsNamedWithTheNumberItNeverIssued) {
             "all_reduce=" + std::to_string(calls)}));
         pids.push_back(ranks.back()->pid());
     }
+    for (auto& w : ranks) ASSERT_STALLED(*w);
     for (int r = 0; r < 3; ++r) {
         const std::map<std::string, long> want = {{"nccl.all_reduce", r == 2 ? kCalls - 1 : kCalls}};
         ASSERT_EQ(daemon_counts_settled(d, pids[r], want), want) << "rank " << r;
@@ -61,6 +62,48 @@ TEST(HangDaemon, ARankOneCollectiveShortIsNamedWithTheNumberItNeverIssued) {
     }
     // The ranks are as they were: blocked, never stopped.
     for (int pid : pids) EXPECT_EQ(proc_state(pid), 'S') << pid;
+}
+
+// The flight recorder in the kernel keeps each communicator's last
+// collectives: rank 2's last all-reduce passes another count, and hang names
+// that collective's number with both signatures.
+TEST(HangDaemon, ARankWhoseLastCollectiveDiffersIsAMismatchWithBothSignatures) {
+    REQUIRE_BPF();
+    SharedDir tmp;
+    START_DAEMON(d, tmp, {});
+    const int kCalls = 6;
+    std::vector<std::unique_ptr<StalledWorkload>> ranks;
+    std::vector<int> pids;
+    for (int r = 0; r < 3; ++r) {
+        std::vector<std::string> argv = {testprog("nccl_workload"), "--init-seed", "7", "--nranks", "3", "--rank",
+                                         std::to_string(r), "--calls", "all_reduce=" + std::to_string(kCalls)};
+        if (r == 2) argv.insert(argv.end(), {"--last-count", "512"});
+        ranks.push_back(std::make_unique<StalledWorkload>(argv));
+        pids.push_back(ranks.back()->pid());
+    }
+    for (auto& w : ranks) ASSERT_STALLED(*w);
+    const std::map<std::string, long> want = {{"nccl.all_reduce", kCalls}};
+    for (int r = 0; r < 3; ++r) ASSERT_EQ(daemon_counts_settled(d, pids[r], want), want) << "rank " << r;
+    auto out = tmp.path("hang.json");
+    auto r = run({commdbg_bin(), "hang", "--socket", d.socket(), "--json", out, std::to_string(pids[0]),
+                  std::to_string(pids[1]), std::to_string(pids[2])});
+    ASSERT_EQ(r.status, 3) << r.out << r.err;
+    const json v = read_json(out)["verdict"];
+    EXPECT_EQ(v["kind"], "collective_mismatch") << v.dump();
+    EXPECT_EQ(v["seq"], kCalls) << v.dump();
+    EXPECT_EQ(v["culprits"], json::array({pids[2]})) << v.dump();
+    EXPECT_EQ(v["signatures"], json::parse("[{\"signature\": \"all_reduce count 1024 float32\", \"pids\": [" +
+                                           std::to_string(pids[0]) + ", " + std::to_string(pids[1]) +
+                                           "]}, {\"signature\": \"all_reduce count 512 float32\", \"pids\": [" +
+                                           std::to_string(pids[2]) + "]}]"))
+        << v.dump();
+    // Every rank's recorder holds its 6, numbered from 1, as the daemon answers it.
+    const json report = read_json(out);
+    for (const auto& rank : report["ranks"]) {
+        const json last = rank["communicators"][0]["last"];
+        ASSERT_EQ(last.size(), static_cast<size_t>(kCalls)) << rank.dump();
+        for (int i = 0; i < kCalls; ++i) EXPECT_EQ(last[i]["seq"], i + 1);
+    }
 }
 
 }  // namespace

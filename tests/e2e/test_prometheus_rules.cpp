@@ -45,6 +45,7 @@ TEST(PrometheusRules, CheckAndUnitTestsOnADaemonsSeriesFindTheRankBehind) {
             "all_reduce=" + std::to_string(r == 2 ? kCalls - 1 : kCalls)}));
         pids.push_back(ranks.back()->pid());
     }
+    for (auto& w : ranks) ASSERT_STALLED(*w);
     for (int r = 0; r < 3; ++r) {
         const std::map<std::string, long> want = {{"nccl.all_reduce", r == 2 ? kCalls - 1 : kCalls}};
         ASSERT_EQ(daemon_counts_settled(d, pids[r], want), want) << "rank " << r;

@@ -74,10 +74,11 @@ static struct {
   const char *wait_file;
   long start_delay_ms;
   long duration_ms; // <0: one round
+  long last_count;  // <0: none; else the count of each thread's last call of a round
   int forks;
   int no_nccl;
 } opt = {.threads = 1, .count = 1024, .dtype = ncclFloat32, .nranks = 1,
-         .duration_ms = -1};
+         .duration_ms = -1, .last_count = -1};
 
 static ncclComm_t comm; // what the calls use
 static char sendbuf[64], recvbuf[64];
@@ -116,6 +117,7 @@ static void usage(FILE *f) {
           "  --wait-file PATH     once NCCL is loaded print 'ready pid=P', wait for PATH\n"
           "  --start-delay-ms M   sleep M ms before loading/starting\n"
           "  --duration-ms D      repeat the pattern until D ms have passed\n"
+          "  --last-count C       each thread's last call of a round passes count C\n"
           "  --fork N             run the pattern in N forked children (with --wait-file\n"
           "                       the parent waits for PATH before it forks)\n"
           "  --no-nccl            never load or call NCCL (with the linked build libnccl\n"
@@ -155,7 +157,7 @@ static void parse_calls(char *spec) {
 static void parse_args(int argc, char **argv) {
   enum { O_CALLS = 256, O_THREADS, O_COUNT, O_DTYPE, O_GROUP, O_SEED, O_NRANKS,
          O_RANK, O_CONFIG, O_SPLIT, O_HASH, O_FAKE, O_DLOPEN, O_WAIT, O_DELAY,
-         O_DURATION, O_FORK, O_NONCCL, O_HELP };
+         O_DURATION, O_FORK, O_NONCCL, O_LAST, O_HELP };
   static const struct option longopts[] = {
       {"calls", required_argument, 0, O_CALLS}, {"threads", required_argument, 0, O_THREADS},
       {"count", required_argument, 0, O_COUNT}, {"dtype", required_argument, 0, O_DTYPE},
@@ -165,7 +167,7 @@ static void parse_args(int argc, char **argv) {
       {"print-id-hash", no_argument, 0, O_HASH}, {"fake-comm", no_argument, 0, O_FAKE},
       {"dlopen", required_argument, 0, O_DLOPEN}, {"wait-file", required_argument, 0, O_WAIT},
       {"start-delay-ms", required_argument, 0, O_DELAY},
-      {"duration-ms", required_argument, 0, O_DURATION},
+      {"duration-ms", required_argument, 0, O_DURATION}, {"last-count", required_argument, 0, O_LAST},
       {"fork", required_argument, 0, O_FORK}, {"no-nccl", no_argument, 0, O_NONCCL},
       {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
   int c;
@@ -193,6 +195,7 @@ static void parse_args(int argc, char **argv) {
     case O_WAIT: opt.wait_file = optarg; break;
     case O_DELAY: opt.start_delay_ms = parse_long(optarg, 0, "--start-delay-ms"); break;
     case O_DURATION: opt.duration_ms = parse_long(optarg, 0, "--duration-ms"); break;
+    case O_LAST: opt.last_count = parse_long(optarg, 0, "--last-count"); break;
     case O_FORK: opt.forks = (int)parse_long(optarg, 1, "--fork"); break;
     case O_NONCCL: opt.no_nccl = 1; break;
     case O_HELP: usage(stdout); exit(0);
@@ -256,8 +259,7 @@ static uint64_t id_hash(const ncclUniqueId *id) {
   return h;
 }
 
-static ncclResult_t call_one(int k, ncclDataType_t dt) {
-  size_t n = opt.count;
+static ncclResult_t call_one(int k, ncclDataType_t dt, size_t n) {
   int peer = opt.nranks > 1 ? (opt.rank + 1) % opt.nranks : 0;
   switch (k) {
   case ALL_REDUCE: return api.AllReduce(sendbuf, recvbuf, n, dt, ncclSum, comm, NULL);
@@ -275,8 +277,9 @@ static ncclResult_t call_one(int k, ncclDataType_t dt) {
 }
 
 static void run_round(struct worker *w) {
-  uint64_t left[NKINDS];
+  uint64_t left[NKINDS], remaining = 0;
   memcpy(left, w->share, sizeof left);
+  for (int k = 0; k < NKINDS; k++) remaining += left[k];
   if (opt.group) api.GroupStart();
   for (int more = 1; more;) {
     more = 0;
@@ -284,7 +287,8 @@ static void run_round(struct worker *w) {
       int k = opt.order[i];
       if (!left[k]) continue;
       ncclDataType_t dt = (ncclDataType_t)(opt.dtype < 0 ? (int)(w->seq % ncclNumTypes) : opt.dtype);
-      if (call_one(k, dt) != ncclSuccess) w->errors++;
+      size_t n = remaining-- == 1 && opt.last_count >= 0 ? (size_t)opt.last_count : opt.count;
+      if (call_one(k, dt, n) != ncclSuccess) w->errors++;
       w->done[k]++;
       w->seq++;
       more |= --left[k] != 0;

@@ -36,6 +36,7 @@ const char* drop_cause_name(uint32_t cause) {
     case CD_DROP_UNCOUNTED: return "call_not_counted";
     case CD_DROP_PY_CONTEXT: return "py_context_lost";
     case CD_DROP_FILE_SHARE: return "file_share_per_uid";
+    case CD_DROP_FLIGHT_FULL: return "flight_recorder_full";
     default: return "unknown";
     }
 }
@@ -355,7 +356,35 @@ uint64_t BpfSession::ringbuf_drops_of(uint32_t tgid) const {
     return v;
 }
 
+std::vector<BpfSession::FlightComm> BpfSession::flight(uint32_t tgid) const {
+    std::vector<FlightComm> out;
+    cd_flight_key key{}, next{};
+    const cd_flight_key* prev = nullptr;
+    auto value = std::make_unique<cd_flight>();  // 10 KiB: not on the stack
+    while (bpf_map__get_next_key(skel_->maps.flight, prev, &next, sizeof(next)) == 0) {
+        key = next;
+        prev = &key;
+        if (key.tgid != tgid ||
+            bpf_map__lookup_elem(skel_->maps.flight, &key, sizeof(key), value.get(), sizeof(cd_flight), 0) != 0)
+            continue;
+        FlightComm c;
+        c.comm = key.comm;
+        c.seq = value->seq;
+        // Oldest first: the slots after the newest one's, then up to it.
+        for (uint64_t s = c.seq > CD_FLIGHT_SLOTS ? c.seq - CD_FLIGHT_SLOTS + 1 : 1; s <= c.seq; ++s) {
+            const cd_flight_entry& e = value->e[(s - 1) % CD_FLIGHT_SLOTS];
+            if (e.seq == s) c.last.push_back(e);  // else overwritten or being written: not shown
+        }
+        out.push_back(std::move(c));
+    }
+    return out;
+}
+
 void BpfSession::forget_process(uint32_t tgid) {
+    for (const FlightComm& c : flight(tgid)) {
+        cd_flight_key k{tgid, 0, c.comm};
+        bpf_map__delete_elem(skel_->maps.flight, &k, sizeof(k), 0);
+    }
     bpf_map__delete_elem(skel_->maps.proc_drops, &tgid, sizeof(tgid), 0);
     bpf_map__delete_elem(skel_->maps.proc_counts, &tgid, sizeof(tgid), 0);
     for (auto& [k, v] : dump_map<cd_count_key, cd_count_val>(skel_->maps.counters))

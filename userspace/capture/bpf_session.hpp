@@ -117,6 +117,14 @@ public:
     std::vector<CounterEntry> counters() const { return counter_snapshot().entries; }
     CounterSnapshot counter_snapshot() const;
     std::vector<CommEntry> comms() const;
+    // The flight recorder of `tgid`: per communicator (its comm slot's
+    // value), the last CD_FLIGHT_SLOTS collectives, oldest first.
+    struct FlightComm {
+        uint64_t comm = 0;
+        uint64_t seq = 0;  // collectives entered there so far
+        std::vector<cd_flight_entry> last;
+    };
+    std::vector<FlightComm> flight(uint32_t tgid) const;
     // Recorded return-probed calls still in flight (their one record is sent
     // at the return), as entries, oldest first: read once a window closes.
     std::vector<CallEnter> open_calls() const;

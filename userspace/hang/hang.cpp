@@ -67,6 +67,10 @@ Frame callers_frame(const std::vector<Frame>& stack, size_t from) {
 
 }  // namespace
 
+std::string Issued::signature() const {
+    return collective + " count " + std::to_string(count) + (dtype.empty() ? "" : " " + dtype);
+}
+
 std::string RankSample::name() const {
     if (!rank.empty()) return "rank " + rank + " (pid " + std::to_string(pid) + ")";
     return "pid " + std::to_string(pid);
@@ -248,9 +252,16 @@ std::map<int, std::vector<CommSeq>> comm_seqs(const nlohmann::json& j) {
         const std::string id = c.value("comm_id", "");
         const int nranks = c.value("nranks", -1);
         const nlohmann::json ranks = c.value("ranks", nlohmann::json::array());
-        for (const auto& r : ranks)
-            if (r.is_object())
-                out[r.value("pid", 0)].push_back({id, r.value("rank", -1), nranks, r.value("calls", uint64_t{0})});
+        for (const auto& r : ranks) {
+            if (!r.is_object()) continue;
+            CommSeq cs{id, r.value("rank", -1), nranks, r.value("calls", uint64_t{0}), {}};
+            const nlohmann::json fl = r.value("flight", nlohmann::json::object());
+            for (const auto& e : fl.value("last", nlohmann::json::array()))
+                if (e.is_object())
+                    cs.last.push_back({e.value("seq", uint64_t{0}), e.value("collective", ""),
+                                       e.value("count", uint64_t{0}), e.value("dtype", "")});
+            out[r.value("pid", 0)].push_back(std::move(cs));
+        }
     }
     return out;
 }
@@ -290,12 +301,21 @@ Report examine(const std::vector<int>& ranks, double interval_s, const CommCount
     return rep;
 }
 
-void decide(Report& r) {
-    Verdict& v = r.verdict;
-    v = {};
-    // Where each rank is, grouped.
+namespace {
+
+using Ranks = std::vector<const RankSample*>;
+using CommMembers = std::map<std::string, std::vector<std::pair<const RankSample*, const CommSeq*>>>;
+
+std::string names(const Ranks& v) {
+    std::string s;
+    for (const RankSample* x : v) s += (s.empty() ? "" : ", ") + x->name();
+    return s;
+}
+
+// Ranks grouped by where they are, the largest group first.
+std::vector<Group> groups_of(const std::vector<RankSample>& ranks) {
     std::map<std::string, std::vector<int>> places;
-    for (const RankSample& s : r.ranks) {
+    for (const RankSample& s : ranks) {
         std::string what;
         if (s.exited)
             what = "exited";
@@ -308,89 +328,142 @@ void decide(Report& r) {
             what = "no Python stack" + (s.python_note.empty() ? std::string() : ": " + s.python_note);
         places[what].push_back(s.pid);
     }
-    r.groups.clear();
-    for (auto& [what, pids] : places) r.groups.push_back({pids, what});
-    std::stable_sort(r.groups.begin(), r.groups.end(),
-                     [](const Group& a, const Group& b) { return a.pids.size() > b.pids.size(); });
+    std::vector<Group> out;
+    for (auto& [what, pids] : places) out.push_back({pids, what});
+    std::stable_sort(out.begin(), out.end(), [](const Group& a, const Group& b) { return a.pids.size() > b.pids.size(); });
+    return out;
+}
 
-    std::map<std::string, std::vector<const RankSample*>> by_kind;
-    std::vector<const RankSample*> outside, waiting;
-    bool any_moved = false;
-    for (const RankSample& s : r.ranks) {
-        any_moved |= s.moved;
-        if (s.collective) {
-            by_kind[s.collective->kind].push_back(&s);
-            if (!s.moved) waiting.push_back(&s);
-        } else {
-            outside.push_back(&s);
+// The flight recorder's signatures: the first collective number at which a
+// communicator's ranks issued different things is where they diverged.
+bool signature_mismatch(const CommMembers& comms, Verdict& v) {
+    for (const auto& [id, members] : comms) {
+        std::map<uint64_t, std::map<std::string, std::vector<int>>> at;  // seq -> signature -> pids
+        for (const auto& [s, c] : members)
+            for (const Issued& e : c->last) at[e.seq][e.signature()].push_back(s->pid);
+        for (const auto& [seq, sigs] : at) {
+            if (sigs.size() < 2) continue;
+            v.kind = Verdict::Kind::mismatch;
+            v.comm_id = id;
+            v.seq = seq;
+            auto most = std::max_element(sigs.begin(), sigs.end(),
+                                         [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+            v.message = "collective #" + std::to_string(seq) + " of communicator " + id + " differs between ranks:";
+            for (const auto& [sig, pids] : sigs) {
+                v.signatures.emplace_back(sig, pids);
+                std::string who;
+                for (int p : pids) who += (who.empty() ? "pid " : ", pid ") + std::to_string(p);
+                v.message += " " + sig + " (" + who + ")";
+                if (sig != most->first) v.culprits.insert(v.culprits.end(), pids.begin(), pids.end());
+            }
+            return true;
         }
     }
-    auto names = [](const std::vector<const RankSample*>& v) {
-        std::string s;
-        for (const RankSample* x : v) s += (s.empty() ? "" : ", ") + x->name();
-        return s;
-    };
-    const bool all_still_in_collectives = !by_kind.empty() && waiting.size() == r.ranks.size() - outside.size();
-    // commdbgd's exact counts per communicator first: a rank that issued
-    // fewer collectives there than the others never issued the next one.
-    std::map<std::string, std::vector<std::pair<const RankSample*, const CommSeq*>>> comms;
-    for (const RankSample& s : r.ranks)
-        for (const CommSeq& c : s.comms) comms[c.comm_id].emplace_back(&s, &c);
+    return false;
+}
+
+// commdbgd's exact counts: a rank that issued fewer collectives on a
+// communicator than the others, still there, never issued the next one.
+bool counts_behind(const CommMembers& comms, const std::string& kind, Verdict& v) {
     for (const auto& [id, members] : comms) {
         if (members.size() < 2) continue;
         uint64_t most = 0, least = UINT64_MAX;
         for (const auto& [s, c] : members) most = std::max(most, c->issued), least = std::min(least, c->issued);
         if (most == least) continue;
-        std::vector<const RankSample*> behind, ahead;
+        Ranks behind, ahead;
         for (const auto& [s, c] : members) (c->issued < most ? behind : ahead).push_back(s);
         // The ranks ahead wait for the others: still, or the job moves on.
         if (std::any_of(ahead.begin(), ahead.end(), [](const RankSample* s) { return s->moved; })) continue;
         v.kind = Verdict::Kind::missing;
         v.comm_id = id;
         v.seq = least + 1;
-        v.collective = by_kind.size() == 1 ? by_kind.begin()->first : "";
+        v.collective = kind;
         v.message = names(behind) + " never issued collective #" + std::to_string(least + 1) + " of communicator " +
                     id + ", which " + names(ahead) + " issued (" + std::to_string(most) + " there)";
         for (const RankSample* s : behind) {
             v.culprits.push_back(s->pid);
             if (s->at) v.message += "; " + s->name() + " is in " + frame_text(*s->at);
         }
-        return;
+        return true;
     }
-    if (!waiting.empty() && all_still_in_collectives && by_kind.size() == 1 && !outside.empty()) {
-        v.kind = Verdict::Kind::missing;
-        v.collective = by_kind.begin()->first;
-        v.message = names(outside) + " never issued " + v.collective +
-                    ", which " + names(waiting) + " wait" + (waiting.size() == 1 ? "s" : "") + " in";
-        for (const RankSample* s : outside) {
-            v.culprits.push_back(s->pid);
-            v.message += "; " + s->name() + (s->exited ? " has exited" : s->at ? " is in " + frame_text(*s->at)
-                                                                                : " shows no Python stack");
+    return false;
+}
+
+// What the stacks say: ranks still in a collective, and the others.
+struct StackView {
+    std::map<std::string, Ranks> by_kind;
+    Ranks outside, waiting;
+    bool any_moved = false;
+    bool all_still_in_collectives() const {
+        size_t in = 0;
+        for (const auto& [kind, ranks] : by_kind) in += ranks.size();
+        return !by_kind.empty() && waiting.size() == in;
+    }
+};
+
+void missing_from_stacks(const StackView& st, Verdict& v) {
+    v.kind = Verdict::Kind::missing;
+    v.collective = st.by_kind.begin()->first;
+    v.message = names(st.outside) + " never issued " + v.collective + ", which " + names(st.waiting) + " wait" +
+                (st.waiting.size() == 1 ? "s" : "") + " in";
+    for (const RankSample* s : st.outside) {
+        v.culprits.push_back(s->pid);
+        v.message += "; " + s->name() + (s->exited ? " has exited" : s->at ? " is in " + frame_text(*s->at)
+                                                                            : " shows no Python stack");
+    }
+}
+
+void kinds_differ(const StackView& st, Verdict& v) {
+    v.kind = Verdict::Kind::mismatch;
+    // The most common kind is what the job meant; the others differ.
+    auto most = std::max_element(st.by_kind.begin(), st.by_kind.end(),
+                                 [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+    v.collective = most->first;
+    v.message = "ranks wait in different collectives:";
+    for (const auto& [kind, ranks] : st.by_kind) {
+        v.message += " " + kind + " (" + names(ranks) + ")";
+        if (kind != most->first)
+            for (const RankSample* s : ranks) v.culprits.push_back(s->pid);
+    }
+}
+
+}  // namespace
+
+void decide(Report& r) {
+    Verdict& v = r.verdict;
+    v = {};
+    r.groups = groups_of(r.ranks);
+    StackView st;
+    CommMembers comms;
+    for (const RankSample& s : r.ranks) {
+        st.any_moved |= s.moved;
+        if (s.collective) {
+            st.by_kind[s.collective->kind].push_back(&s);
+            if (!s.moved) st.waiting.push_back(&s);
+        } else {
+            st.outside.push_back(&s);
         }
-    } else if (!waiting.empty() && all_still_in_collectives && by_kind.size() > 1) {
-        v.kind = Verdict::Kind::mismatch;
-        // The most common kind is what the job meant; the others differ.
-        auto most = std::max_element(by_kind.begin(), by_kind.end(),
-                                     [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
-        v.collective = most->first;
-        v.message = "ranks wait in different collectives:";
-        for (const auto& [kind, ranks] : by_kind) {
-            v.message += " " + kind + " (" + names(ranks) + ")";
-            if (kind != most->first)
-                for (const RankSample* s : ranks) v.culprits.push_back(s->pid);
-        }
-    } else if (!waiting.empty() && all_still_in_collectives && outside.empty()) {
+        for (const CommSeq& c : s.comms) comms[c.comm_id].emplace_back(&s, &c);
+    }
+    // The exact evidence first (commdbgd's recorder and counts), then the stacks.
+    if (signature_mismatch(comms, v)) return;
+    if (counts_behind(comms, st.by_kind.size() == 1 ? st.by_kind.begin()->first : "", v)) return;
+    const bool still = !st.waiting.empty() && st.all_still_in_collectives();
+    if (still && st.by_kind.size() == 1 && !st.outside.empty()) {
+        missing_from_stacks(st, v);
+    } else if (still && st.by_kind.size() > 1) {
+        kinds_differ(st, v);
+    } else if (still && st.outside.empty()) {
         v.kind = Verdict::Kind::below_host;
-        v.collective = by_kind.begin()->first;
+        v.collective = st.by_kind.begin()->first;
         v.message = "every rank waits in " + v.collective +
                     " and none moved: no rank is missing and none issued another kind; the hang is below the "
                     "host (GPU, network), or in a difference of count or shape stacks do not show";
-    } else if (!any_moved && !comms.empty()) {
+    } else if (!st.any_moved && !comms.empty()) {
         v.kind = Verdict::Kind::below_host;
-        v.message = "every rank issued as many collectives as the others on each communicator and none moved: no "
-                    "rank is missing; the hang is below the host (GPU, network), or in a difference of signature "
-                    "counts do not show";
-    } else if (any_moved) {
+        v.message = "every rank issued the same collectives as the others on each communicator and none moved: no "
+                    "rank is missing; the hang is below the host (GPU, network)";
+    } else if (st.any_moved) {
         v.kind = Verdict::Kind::progressing;
         v.message = "ranks are moving: their stacks changed within " + std::to_string(r.interval_s).substr(0, 4) + " s";
     } else {
@@ -416,8 +489,13 @@ void render_table(const Report& r, std::ostream& out) {
             << (s.moved ? " (moving)" : " (still)") << ": " << s.command << "\n";
         if (!s.python_note.empty()) out << "  no Python stacks: " << s.python_note << "\n";
         for (const CommSeq& c : s.comms)
+        {
             out << "  communicator " << c.comm_id << ": rank " << c.rank << " of " << c.nranks << ", " << c.issued
                 << " collectives issued\n";
+            // The last few the flight recorder kept (--json has them all).
+            for (size_t i = c.last.size() > 4 ? c.last.size() - 4 : 0; i < c.last.size(); ++i)
+                out << "    #" << c.last[i].seq << " " << c.last[i].signature() << "\n";
+        }
         for (const ThreadSample& t : s.threads) {
             if (!t.python) continue;  // native threads: counted below
             out << "  thread " << t.tid << " " << t.name << " [" << t.state << "]"
@@ -464,8 +542,13 @@ nlohmann::ordered_json to_json(const Report& r) {
         if (s.at) rank["at"] = frame_json(*s.at);
         if (!s.comms.empty()) {
             J comms = J::array();
-            for (const CommSeq& c : s.comms)
-                comms.push_back({{"comm_id", c.comm_id}, {"rank", c.rank}, {"nranks", c.nranks}, {"issued", c.issued}});
+            for (const CommSeq& c : s.comms) {
+                J last = J::array();
+                for (const Issued& e : c.last)
+                    last.push_back({{"seq", e.seq}, {"collective", e.collective}, {"count", e.count}, {"dtype", e.dtype}});
+                comms.push_back({{"comm_id", c.comm_id}, {"rank", c.rank}, {"nranks", c.nranks}, {"issued", c.issued},
+                                 {"last", last}});
+            }
             rank["communicators"] = comms;
         }
         if (s.collective)
@@ -484,6 +567,11 @@ nlohmann::ordered_json to_json(const Report& r) {
                  {"exit_code", r.verdict.exit_code()}};
     if (!r.verdict.collective.empty()) verdict["collective"] = r.verdict.collective;
     if (!r.verdict.comm_id.empty()) verdict["comm_id"] = r.verdict.comm_id, verdict["seq"] = r.verdict.seq;
+    if (!r.verdict.signatures.empty()) {
+        J sigs = J::array();
+        for (const auto& [sig, pids] : r.verdict.signatures) sigs.push_back({{"signature", sig}, {"pids", pids}});
+        verdict["signatures"] = sigs;
+    }
     return J{{"interval_s", r.interval_s}, {"verdict", verdict}, {"groups", groups}, {"ranks", ranks}};
 }
 
@@ -504,9 +592,14 @@ Result<Report> from_json(const nlohmann::json& j) {
             s.local_rank = x.value("local_rank", "");
             s.python_note = x.value("python_note", "");
             if (x.contains("at")) s.at = frame_from(x["at"]);
-            for (const auto& c : x.value("communicators", nlohmann::json::array()))
-                s.comms.push_back({c.value("comm_id", ""), c.value("rank", -1), c.value("nranks", -1),
-                                   c.value("issued", uint64_t{0})});
+            for (const auto& c : x.value("communicators", nlohmann::json::array())) {
+                CommSeq cs{c.value("comm_id", ""), c.value("rank", -1), c.value("nranks", -1),
+                           c.value("issued", uint64_t{0}), {}};
+                for (const auto& e : c.value("last", nlohmann::json::array()))
+                    cs.last.push_back({e.value("seq", uint64_t{0}), e.value("collective", ""),
+                                       e.value("count", uint64_t{0}), e.value("dtype", "")});
+                s.comms.push_back(std::move(cs));
+            }
             if (x.contains("collective")) {
                 const auto& c = x["collective"];
                 s.collective = InCollective{c.value("kind", ""), c.value("function", ""), c.value("tid", 0u),

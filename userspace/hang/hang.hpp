@@ -53,10 +53,21 @@ struct InCollective {
 
 // What commdbgd counted of a rank on one communicator: its collectives
 // issued there so far, i.e. the sequence number of its last one.
+// One collective as the flight recorder kept it.
+struct Issued {
+    uint64_t seq = 0;        // its number on the communicator, from 1
+    std::string collective;  // "all_reduce"
+    uint64_t count = 0;      // the count argument (elements)
+    std::string dtype;       // "float32"; empty: not an NCCL call
+    bool operator==(const Issued&) const = default;
+    std::string signature() const;  // "all_reduce count 1024 float32"
+};
+
 struct CommSeq {
     std::string comm_id;  // NCCL's commHash (the same on every rank), as commdbg counts names it
     int rank = -1, nranks = -1;
     uint64_t issued = 0;
+    std::vector<Issued> last;  // the flight recorder's last collectives there, oldest first
     bool operator==(const CommSeq&) const = default;
 };
 
@@ -87,7 +98,9 @@ struct Verdict {
     Kind kind = Kind::progressing;
     std::string message;
     std::string comm_id;        // the communicator the verdict is about (from commdbgd's counts)
-    uint64_t seq = 0;           // missing: the collective number the culprits never issued
+    uint64_t seq = 0;           // missing: the collective number the culprits never issued; mismatch: the first
+                                // number whose signatures differ (from the flight recorder)
+    std::vector<std::pair<std::string, std::vector<int>>> signatures;  // mismatch: each signature and its pids
     std::vector<int> culprits;  // pids
     std::string collective;     // the one the others wait in (missing, below_host)
     int exit_code() const;      // 3: culprit named, 0: progressing, 1: stuck without a culprit

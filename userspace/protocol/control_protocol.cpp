@@ -116,7 +116,7 @@ struct OpFields {
 
 const OpFields kOpFields[] = {
     {"status", {}},
-    {"counts", {"pid", "by_comm"}},
+    {"counts", {"pid", "by_comm", "flight"}},
     {"attach", {"pid", "duration_s", "noise_level", "max_records", "max_depth", "probes",
                 "counts_only", "stack_args", "ringbuf_kb", "outputs", "follow", "py_stack", "py_depth"}},
     {"sessions", {}},
@@ -129,9 +129,10 @@ std::optional<std::string> fill_field(Request& r, const std::string& key, const 
         auto n = get_uint(v, 1, INT_MAX);
         if (!n) return field_error(op, key, "must be a positive integer");
         r.pid = static_cast<int>(*n);
-    } else if (key == "by_comm" || key == "counts_only" || key == "follow" || key == "stack_args") {
+    } else if (key == "by_comm" || key == "flight" || key == "counts_only" || key == "follow" || key == "stack_args") {
         if (!v.is_boolean()) return field_error(op, key, "must be true or false");
         bool& field = key == "by_comm"       ? r.by_comm
+                      : key == "flight"      ? r.flight
                       : key == "follow"      ? r.follow
                       : key == "stack_args"  ? r.stack_args
                                              : r.counts_only;

@@ -53,6 +53,7 @@ struct Request {
     std::string op;  // status | counts | attach | sessions | detach
     std::optional<int> pid;
     bool by_comm = false;
+    bool flight = false;  // counts, with by_comm: each rank's last collectives (the flight recorder)
     // 0: until detached or the process exits; limits::duration_problem() holds.
     double duration_s = 0;
     int noise_level = 1;

@@ -94,6 +94,41 @@ TEST(HangVerdict, GroupsMergeRanksByPlaceLargestFirstAndJsonRoundTrips) {
         << table.str();
 }
 
+// commdbgd's evidence: the flight recorder's entries and the counts.
+RankSample on_comm(int pid, int rank, uint64_t issued, uint64_t odd_count_at = 0) {
+    RankSample s = elsewhere(pid);
+    CommSeq c{"0x00000000000000ab", rank, 3, issued, {}};
+    for (uint64_t seq = 1; seq <= issued; ++seq)
+        c.last.push_back({seq, "all_reduce", seq == odd_count_at ? 512u : 1024u, "float32"});
+    s.comms.push_back(c);
+    return s;
+}
+
+TEST(HangVerdict, TheFirstCollectiveNumberWhoseSignaturesDifferIsTheMismatch) {
+    Verdict v = verdict_of({on_comm(10, 0, 6), on_comm(11, 1, 6, 4), on_comm(12, 2, 5)});
+    EXPECT_EQ(v.kind, Verdict::Kind::mismatch);
+    EXPECT_EQ(v.seq, 4u);
+    EXPECT_EQ(v.culprits, std::vector<int>{11});
+    using Sigs = std::vector<std::pair<std::string, std::vector<int>>>;
+    EXPECT_EQ(v.signatures, (Sigs{{"all_reduce count 1024 float32", {10, 12}}, {"all_reduce count 512 float32", {11}}}));
+    EXPECT_EQ(v.message, "collective #4 of communicator 0x00000000000000ab differs between ranks: all_reduce count "
+                         "1024 float32 (pid 10, pid 12) all_reduce count 512 float32 (pid 11)");
+}
+
+TEST(HangVerdict, ARankThatIssuedFewerWhileTheOthersWaitNeverIssuedTheNext) {
+    Verdict v = verdict_of({on_comm(10, 0, 6), on_comm(11, 1, 6), on_comm(12, 2, 5)});
+    EXPECT_EQ(v.kind, Verdict::Kind::missing);
+    EXPECT_EQ(v.seq, 6u);
+    EXPECT_EQ(v.culprits, std::vector<int>{12});
+    // Ranks ahead that still move: the job goes on, nobody is named.
+    RankSample ahead = on_comm(10, 0, 6);
+    ahead.moved = true;
+    Verdict moving = verdict_of({ahead, on_comm(11, 1, 6), on_comm(12, 2, 5)});
+    EXPECT_EQ(moving.kind, Verdict::Kind::progressing);
+    // The same numbers everywhere and nothing moves: below the host.
+    EXPECT_EQ(verdict_of({on_comm(10, 0, 6), on_comm(11, 1, 6)}).kind, Verdict::Kind::below_host);
+}
+
 TEST(HangVerdict, TorchDistributedFunctionsNameTheirCollectiveKinds) {
     EXPECT_EQ(collective_of_api("all_reduce"), "all_reduce");
     EXPECT_EQ(collective_of_api("all_gather_into_tensor"), "all_gather");

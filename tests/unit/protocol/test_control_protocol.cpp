@@ -110,6 +110,9 @@ TEST(ParseRequest, CountsDefaultsToAllProcessesWithoutComm) {
     r = parse_ok(R"({"op":"counts","pid":77,"by_comm":true})");
     EXPECT_EQ(r.pid, 77);
     EXPECT_TRUE(r.by_comm);
+    EXPECT_FALSE(r.flight);
+    EXPECT_TRUE(parse_ok(R"({"op":"counts","by_comm":true,"flight":true})").flight);
+    EXPECT_EQ(parse_err(R"({"op":"counts","flight":1})"), "counts: field \"flight\" must be true or false");
 }
 
 TEST(ParseRequest, AttachWithOnlyPidGetsTheDefaults) {
@@ -269,7 +272,7 @@ TEST(ParseRequest, MissingOrNonStringOpIsRefused) {
 
 TEST(ParseRequest, ExtraFieldIsRejectedNamingTheAllowedOnes) {
     EXPECT_EQ(parse_err(R"({"op":"counts","pid":1,"verbose":true})"),
-              "counts: unknown field \"verbose\" (allowed: pid, by_comm)");
+              "counts: unknown field \"verbose\" (allowed: pid, by_comm, flight)");
     // A field of another op is just as unknown.
     EXPECT_EQ(parse_err(R"({"op":"detach","id":1,"pid":2})"),
               "detach: unknown field \"pid\" (allowed: id)");

@@ -1,0 +1,61 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The flight recorder (events.h, cd_flight): the last CD_FLIGHT_SLOTS
+ * collectives of each traced process's communicators, kept in the kernel.
+ * Written at every counted collective's entry; read and cleared by userspace.
+ */
+#ifndef COMMDBG_LIB_FLIGHT_H
+#define COMMDBG_LIB_FLIGHT_H
+
+#include "lib/drops.h"
+#include "lib/entry.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CD_FLIGHT_COMMS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct cd_flight_key);
+	__type(value, struct cd_flight);
+} flight SEC(".maps");
+
+/* Never written: the zeroes a new communicator's recorder starts from (too
+ * large for the BPF stack). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cd_flight);
+} flight_zero SEC(".maps");
+
+FUNC_INLINE void flight_record(const struct entry *en, const struct cd_count_key *key)
+{
+	struct cd_flight_key fk = {.tgid = key->tgid, .comm = key->comm};
+	struct cd_flight_entry *e;
+	struct cd_flight *f;
+	__u32 zero = 0;
+	__u64 seq;
+
+	f = bpf_map_lookup_elem(&flight, &fk);
+	if (!f) {
+		const struct cd_flight *z = bpf_map_lookup_elem(&flight_zero, &zero);
+
+		if (!z)
+			return;
+		bpf_map_update_elem(&flight, &fk, z, BPF_NOEXIST);
+		f = bpf_map_lookup_elem(&flight, &fk);
+		if (!f) {
+			count_drop(CD_DROP_FLIGHT_FULL);
+			return;
+		}
+	}
+	seq = __sync_fetch_and_add(&f->seq, 1) + 1;
+	e = &f->e[(seq - 1) & (CD_FLIGHT_SLOTS - 1)];
+	e->enter_ns = en->ts ? en->ts : bpf_ktime_get_ns();
+	e->count = slot_arg(en->args, CD_COOKIE_COUNT(en->cookie));
+	e->tid = en->tid;
+	e->sym = key->sym;
+	e->dtype = key->dtype;
+	e->seq = seq;
+}
+
+#endif /* COMMDBG_LIB_FLIGHT_H */
