@@ -86,19 +86,22 @@ int run_hang(const HangOptions& o) {
     }
     if (geteuid() != 0)
         std::cerr << "commdbg: hang: not root — the stacks of processes of other users cannot be read\n";
-    // commdbgd's exact counts per communicator, when it answers.
-    if (!DaemonClient::connect(socket_path(o.socket)))
-        std::cerr << "commdbg: hang: note: commdbgd does not answer at " << socket_path(o.socket)
-                  << ": judged by stacks alone, with no collective numbers per communicator (start commdbgd, "
-                     "or give --socket)\n";
-    hang::CommCounts counts = [&o]() -> std::optional<nlohmann::json> {
+    // commdbgd's exact counts and flight recorder, asked at each look.
+    bool answered = false;
+    hang::CommCounts counts = [&o, &answered]() -> std::optional<nlohmann::json> {
         auto client = DaemonClient::connect(socket_path(o.socket));
         if (!client) return std::nullopt;
         auto reply = client->call({{"op", "counts"}, {"by_comm", true}, {"flight", true}});
         if (!reply) return std::nullopt;
+        answered = true;
         return *reply;
     };
-    return write_and_render(hang::examine(*ranks, o.interval, counts), o);
+    hang::Report report = hang::examine(*ranks, o.interval, counts);
+    if (!answered)
+        std::cerr << "commdbg: hang: note: commdbgd does not answer at " << socket_path(o.socket)
+                  << ": judged by stacks alone, with no collective numbers per communicator (start commdbgd, "
+                     "or give --socket)\n";
+    return write_and_render(report, o);
 }
 
 }  // namespace
@@ -123,10 +126,12 @@ void register_hang(CLI::App& app) {
                     "answers, its exact counts per communicator say which rank is behind and at which collective");
     sub->footer("Each rank's threads and their Python stacks are read from the process's memory (root, or the "
                 "ranks' owner), twice; a thread inside torch.distributed's collective function (all_reduce, ...) "
-                "waits in that collective. When commdbgd answers, its exact counts per communicator name a rank "
-                "that issued fewer collectives than the others, and the number it never issued. Verdicts: missing_ranks (ranks never issued the collective the others "
-                "wait in), collective_mismatch (ranks wait in different kinds), below_host (all wait in the same "
-                "one), progressing, stuck. Exit status: 3 when a culprit is named, 0 when the ranks are moving, 1 "
+                "waits in that collective. When commdbgd answers, its flight recorder names the first collective "
+                "number whose signature (kind, count, datatype) differs between ranks, and its exact counts per "
+                "communicator a rank that issued fewer collectives than the others, with the number it never "
+                "issued. Verdicts: missing_ranks (ranks never issued the collective the others wait in), "
+                "collective_mismatch (signatures or kinds differ), below_host (all wait in the same one), "
+                "progressing, stuck. Exit status: 3 when a culprit is named, 0 when the ranks are moving, 1 "
                 "when they are stuck with no culprit, 2 for a usage error. The job is never stopped or signalled.");
     sub->callback([opts] { throw CommandDone(run_hang(*opts)); });
 }
