@@ -381,10 +381,15 @@ std::vector<BpfSession::FlightComm> BpfSession::flight(uint32_t tgid) const {
 }
 
 void BpfSession::forget_process(uint32_t tgid) {
-    for (const FlightComm& c : flight(tgid)) {
-        cd_flight_key k{tgid, 0, c.comm};
-        bpf_map__delete_elem(skel_->maps.flight, &k, sizeof(k), 0);
+    // Keys only: a recorder's value is 10 KiB.
+    std::vector<cd_flight_key> recorders;
+    cd_flight_key key{}, next{};
+    for (const cd_flight_key* prev = nullptr;
+         bpf_map__get_next_key(skel_->maps.flight, prev, &next, sizeof(next)) == 0; prev = &key) {
+        key = next;
+        if (key.tgid == tgid) recorders.push_back(key);
     }
+    for (const cd_flight_key& k : recorders) bpf_map__delete_elem(skel_->maps.flight, &k, sizeof(k), 0);
     bpf_map__delete_elem(skel_->maps.proc_drops, &tgid, sizeof(tgid), 0);
     bpf_map__delete_elem(skel_->maps.proc_counts, &tgid, sizeof(tgid), 0);
     for (auto& [k, v] : dump_map<cd_count_key, cd_count_val>(skel_->maps.counters))
