@@ -482,6 +482,39 @@ private:
     ASSERT_TRUE((w).wait_stalled()) << "workload " << (w).pid() << " never finished its calls (state " \
                                     << proc_state((w).pid()) << "); stderr: " << (w).stderr_now()
 
+// ---- ranks of one stub-NCCL communicator ----------------------------------------
+
+// Ranks of one communicator (the stub's, from one unique id: --init-seed 7),
+// rank r making calls[r] all-reduces (with extra[r] added to its command
+// line), then held blocked writing its report: a job hung after its calls.
+struct CommRanks {
+    std::vector<std::unique_ptr<StalledWorkload>> workloads;
+    std::vector<int> pids;
+};
+
+inline CommRanks start_comm_ranks(const std::vector<int>& calls, const std::vector<std::vector<std::string>>& extra = {}) {
+    CommRanks out;
+    const auto n = std::to_string(calls.size());
+    for (size_t r = 0; r < calls.size(); ++r) {
+        std::vector<std::string> argv = {testprog("nccl_workload"), "--init-seed", "7", "--nranks", n, "--rank",
+                                         std::to_string(r), "--calls", "all_reduce=" + std::to_string(calls[r])};
+        if (r < extra.size()) argv.insert(argv.end(), extra[r].begin(), extra[r].end());
+        out.workloads.push_back(std::make_unique<StalledWorkload>(argv));
+        out.pids.push_back(out.workloads.back()->pid());
+    }
+    return out;
+}
+
+// Every rank made its calls, and the daemon counts each exactly (use with
+// ASSERT_NO_FATAL_FAILURE).
+inline void expect_comm_ranks_counted(const Daemon& d, CommRanks& ranks, const std::vector<int>& calls) {
+    for (auto& w : ranks.workloads) ASSERT_STALLED(*w);
+    for (size_t r = 0; r < calls.size(); ++r) {
+        const std::map<std::string, long> want = {{"nccl.all_reduce", calls[r]}};
+        ASSERT_EQ(daemon_counts_settled(d, ranks.pids[r], want), want) << "rank " << r;
+    }
+}
+
 // ---- BPF links and maps of a daemon ------------------------------------------------
 
 // "key:\tvalue" fields of /proc/PID/fdinfo/* that hold `key`.

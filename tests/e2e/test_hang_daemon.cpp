@@ -24,20 +24,10 @@ TEST(HangDaemon, ARankOneCollectiveShortIsNamedWithTheNumberItNeverIssued) {
     const std::string id_hash = m[1];
 
     const int kCalls = 6;
-    std::vector<std::unique_ptr<StalledWorkload>> ranks;
-    std::vector<int> pids;
-    for (int r = 0; r < 3; ++r) {
-        const int calls = r == 2 ? kCalls - 1 : kCalls;
-        ranks.push_back(std::make_unique<StalledWorkload>(std::vector<std::string>{
-            testprog("nccl_workload"), "--init-seed", "7", "--nranks", "3", "--rank", std::to_string(r), "--calls",
-            "all_reduce=" + std::to_string(calls)}));
-        pids.push_back(ranks.back()->pid());
-    }
-    for (auto& w : ranks) ASSERT_STALLED(*w);
-    for (int r = 0; r < 3; ++r) {
-        const std::map<std::string, long> want = {{"nccl.all_reduce", r == 2 ? kCalls - 1 : kCalls}};
-        ASSERT_EQ(daemon_counts_settled(d, pids[r], want), want) << "rank " << r;
-    }
+    const std::vector<int> calls = {kCalls, kCalls, kCalls - 1};
+    CommRanks ranks = start_comm_ranks(calls);
+    const std::vector<int>& pids = ranks.pids;
+    ASSERT_NO_FATAL_FAILURE(expect_comm_ranks_counted(d, ranks, calls));
     auto out = tmp.path("hang.json");
     auto r = run({commdbg_bin(), "hang", "--socket", d.socket(), "--json", out, std::to_string(pids[0]),
                   std::to_string(pids[1]), std::to_string(pids[2])});
@@ -72,18 +62,10 @@ TEST(HangDaemon, ARankWhoseLastCollectiveDiffersIsAMismatchWithBothSignatures) {
     SharedDir tmp;
     START_DAEMON(d, tmp, {});
     const int kCalls = 6;
-    std::vector<std::unique_ptr<StalledWorkload>> ranks;
-    std::vector<int> pids;
-    for (int r = 0; r < 3; ++r) {
-        std::vector<std::string> argv = {testprog("nccl_workload"), "--init-seed", "7", "--nranks", "3", "--rank",
-                                         std::to_string(r), "--calls", "all_reduce=" + std::to_string(kCalls)};
-        if (r == 2) argv.insert(argv.end(), {"--last-count", "512"});
-        ranks.push_back(std::make_unique<StalledWorkload>(argv));
-        pids.push_back(ranks.back()->pid());
-    }
-    for (auto& w : ranks) ASSERT_STALLED(*w);
-    const std::map<std::string, long> want = {{"nccl.all_reduce", kCalls}};
-    for (int r = 0; r < 3; ++r) ASSERT_EQ(daemon_counts_settled(d, pids[r], want), want) << "rank " << r;
+    const std::vector<int> calls = {kCalls, kCalls, kCalls};
+    CommRanks ranks = start_comm_ranks(calls, {{}, {}, {"--last-count", "512"}});
+    const std::vector<int>& pids = ranks.pids;
+    ASSERT_NO_FATAL_FAILURE(expect_comm_ranks_counted(d, ranks, calls));
     auto out = tmp.path("hang.json");
     auto r = run({commdbg_bin(), "hang", "--socket", d.socket(), "--json", out, std::to_string(pids[0]),
                   std::to_string(pids[1]), std::to_string(pids[2])});

@@ -37,19 +37,10 @@ TEST(PrometheusRules, CheckAndUnitTestsOnADaemonsSeriesFindTheRankBehind) {
     SharedDir tmp;
     START_DAEMON(d, tmp, {});
     const int kCalls = 6;
-    std::vector<std::unique_ptr<StalledWorkload>> ranks;
-    std::vector<int> pids;
-    for (int r = 0; r < 3; ++r) {
-        ranks.push_back(std::make_unique<StalledWorkload>(std::vector<std::string>{
-            testprog("nccl_workload"), "--init-seed", "7", "--nranks", "3", "--rank", std::to_string(r), "--calls",
-            "all_reduce=" + std::to_string(r == 2 ? kCalls - 1 : kCalls)}));
-        pids.push_back(ranks.back()->pid());
-    }
-    for (auto& w : ranks) ASSERT_STALLED(*w);
-    for (int r = 0; r < 3; ++r) {
-        const std::map<std::string, long> want = {{"nccl.all_reduce", r == 2 ? kCalls - 1 : kCalls}};
-        ASSERT_EQ(daemon_counts_settled(d, pids[r], want), want) << "rank " << r;
-    }
+    const std::vector<int> per_rank = {kCalls, kCalls, kCalls - 1};
+    CommRanks ranks = start_comm_ranks(per_rank);
+    const std::vector<int>& pids = ranks.pids;
+    ASSERT_NO_FATAL_FAILURE(expect_comm_ranks_counted(d, ranks, per_rank));
     // The daemon's own series of these ranks, as Prometheus would store them.
     const std::map<std::string, std::string> scraped = {{"job", "commdbg"}, {"instance", "node01:9464"}};
     std::vector<Sample> calls;
