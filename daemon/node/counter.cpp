@@ -6,8 +6,10 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <ctime>
 #include <iostream>
 
+#include "comm_registry.hpp"
 #include "files.hpp"
 #include "nccl.hpp"
 #include "procfs.hpp"
@@ -67,6 +69,8 @@ Result<std::unique_ptr<NodeCounter>> NodeCounter::create(const NodeCounterOption
     n->series_ = std::make_unique<SeriesExporter>(n->metrics_, n->symbols_, n->host_, opts.max_series,
                                                   opts.metric_label_sets_per_process);
     n->series_->describe();
+    n->flights_ = std::make_unique<FlightWatch>(n->metrics_, n->host_);
+    n->flights_->describe();
     n->scan_proc();
     n->refresh();
     return R(std::move(n));
@@ -276,7 +280,14 @@ void NodeCounter::refresh() {
     std::set<uint32_t> counted;
     for (const auto& c : snapshot.entries) counted.insert(c.key.tgid);
     for (uint32_t pid : counted) adopt(pid);
+    std::vector<RankRecorder> recorders = read_recorders(snapshot, comms);
     publish(snapshot, std::move(comms), now);
+    {
+        std::lock_guard lock(mu_);
+        timespec ts{};
+        clock_gettime(CLOCK_MONOTONIC, &ts);  // bpf_ktime_get_ns's clock
+        flights_->observe(recorders, static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + ts.tv_nsec, now);
+    }
     series_->export_node(bpf_->drops(), now);
     for (const ProcessKey& key : gone) retire(key);
     metrics_.expire(now);
@@ -335,16 +346,38 @@ nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, co
 nlohmann::json NodeCounter::flight_entries(const std::vector<cd_flight_entry>& last) const {
     nlohmann::json out = nlohmann::json::array();
     for (const cd_flight_entry& e : last) {
+        const hang::Issued is = issued_of(e, symbols_);
         const capture::SymbolInfo* s = symbols_.find(e.sym);
         nlohmann::json j = {{"seq", e.seq},
-                            {"collective", s ? std::string(capture::coll_name(s->coll)) : std::string("?")},
+                            {"collective", is.collective},
                             {"name", s ? s->name : std::string("?")},
                             {"count", e.count},
                             {"tid", e.tid},
                             {"enter_ns", e.enter_ns}};
-        if (e.dtype != CD_DTYPE_NONE)
-            if (auto n = capture::nccl_datatype_name(e.dtype); n && s && s->layer == "nccl") j["dtype"] = *n;
+        if (!is.dtype.empty()) j["dtype"] = is.dtype;
         out.push_back(std::move(j));
+    }
+    return out;
+}
+
+// Every adopted process's recorders of communicators with an id: those it
+// created while commdbgd watched, numbered from their first collective on
+// every rank alike.
+std::vector<RankRecorder> NodeCounter::read_recorders(const capture::CounterSnapshot& snapshot,
+                                                      const std::vector<capture::CommEntry>& comms) const {
+    std::vector<RankRecorder> out;
+    for (const auto& [pid, p] : procs_) {
+        size_t n = 0;
+        for (const snapshot::CommInfo& ci : snapshot::communicators_of(pid, comms, snapshot.entries)) {
+            if (!ci.id || n == kFlightCommsPerProcess) continue;
+            std::optional<capture::BpfSession::FlightComm> fc = bpf_->flight_of(pid, ci.ptr);
+            if (!fc) continue;
+            ++n;
+            RankRecorder r{{pid, p.start_time}, hex16(*ci.id), ci.rank, ci.nranks, fc->seq, 0, {}};
+            if (!fc->last.empty()) r.last_enter_ns = fc->last.back().enter_ns;
+            for (const cd_flight_entry& e : fc->last) r.last.push_back(issued_of(e, symbols_));
+            out.push_back(std::move(r));
+        }
     }
     return out;
 }
@@ -443,6 +476,7 @@ nlohmann::json NodeCounter::status() {
             {"series_overflow", metrics_.overflowed()},
             {"known_files", {{"used", known_files_.used}, {"capacity", known_files_.capacity}}},
             {"library_file_shares", shares_json_},
+            {"collective_mismatches", flights_->mismatches()},
             {"errors", status_errors()}};
 }
 

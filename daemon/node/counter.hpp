@@ -19,6 +19,7 @@
 #include "bpf_session.hpp"
 #include "events.hpp"
 #include "files.hpp"
+#include "flight_watch.hpp"
 #include "limits.hpp"
 #include "metrics.hpp"
 #include "probe_attach.hpp"
@@ -116,6 +117,8 @@ private:
     nlohmann::json counts_from(const CountsSource& src, std::optional<uint32_t> pid, bool by_comm,
                                const ProcessFilter& may_see, bool flight = false) const;
     nlohmann::json flight_entries(const std::vector<cd_flight_entry>& last) const;
+    std::vector<RankRecorder> read_recorders(const capture::CounterSnapshot& snapshot,
+                                             const std::vector<capture::CommEntry>& comms) const;
 
     NodeCounterOptions opts_;
     CgroupScope scope_;
@@ -134,6 +137,7 @@ private:
     std::vector<capture::CounterEntry> counters_;           // fine and coarse
     std::map<uint32_t, capture::CounterLoss> counter_loss_;  // by pid
     std::unique_ptr<SeriesExporter> series_;
+    std::unique_ptr<FlightWatch> flights_;  // the flight recorder compared across local ranks
     std::vector<capture::CommEntry> comms_;
     std::vector<capture::AttachedFile> files_;
     nlohmann::json shares_json_ = nlohmann::json::object();  // FileShares, as of the last publish

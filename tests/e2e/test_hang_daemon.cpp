@@ -13,6 +13,66 @@ namespace {
 
 using namespace daemon_util;
 
+uint64_t monotonic_ns() {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// When commdbg_collective_mismatch_total first showed in /metrics (polled
+// every 50 ms for 30 s); 0: never.
+uint64_t first_mismatch_seen(const Daemon& d) {
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    while (Clock::now() < deadline) {
+        for (const Sample& s : scrape(d.port()))
+            if (s.name == "commdbg_collective_mismatch_total" && s.value > 0) return monotonic_ns();
+        sleep_ms(50);
+    }
+    return 0;
+}
+
+// The daemon counted collective #seq of the ranks' communicator once, as
+// differing, within 2 s of the call that made it differ (the last rank's,
+// its time from the flight recorder), and says so in its status.
+void expect_mismatch_counted(const Daemon& d, const std::vector<int>& pids, int seq, uint64_t seen_ns) {
+    int fd = connect_unix(d.socket());
+    ASSERT_GE(fd, 0);
+    send_bytes(fd, "{\"op\": \"counts\", \"by_comm\": true, \"flight\": true}\n");
+    const std::vector<json> reply = reply_lines(read_reply(fd, 1).data);
+    close(fd);
+    ASSERT_EQ(reply.size(), 1u);
+    const json& comms = reply[0]["communicators"];
+    ASSERT_EQ(comms.size(), 1u) << reply[0].dump();
+    const std::string comm = comms[0]["comm_id"];
+    uint64_t call_ns = 0;
+    for (const json& r : comms[0]["ranks"])
+        if (r["pid"] == pids.back()) call_ns = r["flight"]["last"].back()["enter_ns"];
+    ASSERT_NE(call_ns, 0u) << reply[0].dump();
+    EXPECT_LT(seen_ns - call_ns, 2000000000ull) << "the counter moved " << (seen_ns - call_ns) / 1e6
+                                                << " ms after the mismatching call";
+    std::map<std::string, double> mismatches;
+    for (const Sample& s : scrape(d.port()))
+        if (s.name == "commdbg_collective_mismatch_total") mismatches[s.labels.at("comm")] = s.value;
+    EXPECT_EQ(mismatches, (std::map<std::string, double>{{comm, 1}}));
+    const json status = cli_json({"status", "--socket", d.socket()});
+    const json& m = status["collective_mismatches"];
+    ASSERT_EQ(m.size(), 1u) << status.dump();
+    EXPECT_EQ(m[0]["comm_id"], comm);
+    EXPECT_EQ(m[0]["first_seq"], seq);
+    EXPECT_EQ(m[0]["mismatches"], 1);
+    EXPECT_EQ(m[0]["signatures"].size(), 2u) << m.dump();
+    // Every rank's number and idle time are exported, labelled with its rank.
+    std::map<std::string, double> seqs, idle;
+    for (const Sample& s : scrape(d.port()))
+        if (s.labels.count("comm") && s.labels.at("comm") == comm) {
+            if (s.name == "commdbg_comm_rank_seq") seqs[s.labels.at("rank")] = s.value;
+            if (s.name == "commdbg_comm_rank_idle_seconds") idle[s.labels.at("rank")] = s.value;
+        }
+    EXPECT_EQ(seqs, (std::map<std::string, double>{{"0", seq}, {"1", seq}, {"2", seq}}));
+    ASSERT_EQ(idle.size(), 3u);
+    for (const auto& [rank, secs] : idle) EXPECT_GT(secs, 0) << "rank " << rank;
+}
+
 TEST(HangDaemon, ARankOneCollectiveShortIsNamedWithTheNumberItNeverIssued) {
     REQUIRE_BPF();
     SharedDir tmp;
@@ -65,6 +125,10 @@ TEST(HangDaemon, ARankWhoseLastCollectiveDiffersIsAMismatchWithBothSignatures) {
     const std::vector<int> calls = {kCalls, kCalls, kCalls};
     CommRanks ranks = start_comm_ranks(calls, {{}, {}, {"--last-count", "512"}});
     const std::vector<int>& pids = ranks.pids;
+    // commdbgd counts the mismatch as the calls arrive: when /metrics first
+    // shows it, on CLOCK_MONOTONIC (the recorder's clock).
+    const uint64_t seen_ns = first_mismatch_seen(d);
+    ASSERT_NE(seen_ns, 0u) << "commdbg_collective_mismatch_total never appeared";
     ASSERT_NO_FATAL_FAILURE(expect_comm_ranks_counted(d, ranks, calls));
     auto out = tmp.path("hang.json");
     auto r = run({commdbg_bin(), "hang", "--socket", d.socket(), "--json", out, std::to_string(pids[0]),
@@ -86,6 +150,7 @@ TEST(HangDaemon, ARankWhoseLastCollectiveDiffersIsAMismatchWithBothSignatures) {
         ASSERT_EQ(last.size(), static_cast<size_t>(kCalls)) << rank.dump();
         for (int i = 0; i < kCalls; ++i) EXPECT_EQ(last[i]["seq"], i + 1);
     }
+    ASSERT_NO_FATAL_FAILURE(expect_mismatch_counted(d, pids, kCalls, seen_ns));
 }
 
 }  // namespace

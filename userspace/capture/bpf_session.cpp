@@ -356,40 +356,43 @@ uint64_t BpfSession::ringbuf_drops_of(uint32_t tgid) const {
     return v;
 }
 
-std::vector<BpfSession::FlightComm> BpfSession::flight(uint32_t tgid) const {
-    std::vector<FlightComm> out;
-    cd_flight_key key{}, next{};
-    const cd_flight_key* prev = nullptr;
+std::optional<BpfSession::FlightComm> BpfSession::flight_of(uint32_t tgid, uint64_t comm) const {
+    const cd_flight_key key{tgid, 0, comm};
     auto value = std::make_unique<cd_flight>();  // 10 KiB: not on the stack
-    while (bpf_map__get_next_key(skel_->maps.flight, prev, &next, sizeof(next)) == 0) {
-        key = next;
-        prev = &key;
-        if (key.tgid != tgid ||
-            bpf_map__lookup_elem(skel_->maps.flight, &key, sizeof(key), value.get(), sizeof(cd_flight), 0) != 0)
-            continue;
-        FlightComm c;
-        c.comm = key.comm;
-        c.seq = value->seq;
-        // Oldest first: the slots after the newest one's, then up to it.
-        for (uint64_t s = c.seq > CD_FLIGHT_SLOTS ? c.seq - CD_FLIGHT_SLOTS + 1 : 1; s <= c.seq; ++s) {
-            const cd_flight_entry& e = value->e[(s - 1) % CD_FLIGHT_SLOTS];
-            if (e.seq == s) c.last.push_back(e);  // else overwritten or being written: not shown
-        }
-        out.push_back(std::move(c));
+    if (bpf_map__lookup_elem(skel_->maps.flight, &key, sizeof(key), value.get(), sizeof(cd_flight), 0) != 0)
+        return std::nullopt;
+    FlightComm c;
+    c.comm = comm;
+    c.seq = value->seq;
+    // Oldest first: the slots after the newest one's, then up to it.
+    for (uint64_t s = c.seq > CD_FLIGHT_SLOTS ? c.seq - CD_FLIGHT_SLOTS + 1 : 1; s <= c.seq; ++s) {
+        const cd_flight_entry& e = value->e[(s - 1) % CD_FLIGHT_SLOTS];
+        if (e.seq == s) c.last.push_back(e);  // else overwritten or being written: not shown
     }
-    return out;
+    return c;
 }
 
-void BpfSession::forget_process(uint32_t tgid) {
-    // Keys only: a recorder's value is 10 KiB.
-    std::vector<cd_flight_key> recorders;
+// Keys only: a recorder's value is 10 KiB.
+std::vector<cd_flight_key> BpfSession::flight_keys(uint32_t tgid) const {
+    std::vector<cd_flight_key> keys;
     cd_flight_key key{}, next{};
     for (const cd_flight_key* prev = nullptr;
          bpf_map__get_next_key(skel_->maps.flight, prev, &next, sizeof(next)) == 0; prev = &key) {
         key = next;
-        if (key.tgid == tgid) recorders.push_back(key);
+        if (key.tgid == tgid) keys.push_back(key);
     }
-    for (const cd_flight_key& k : recorders) bpf_map__delete_elem(skel_->maps.flight, &k, sizeof(k), 0);
+    return keys;
+}
+
+std::vector<BpfSession::FlightComm> BpfSession::flight(uint32_t tgid) const {
+    std::vector<FlightComm> out;
+    for (const cd_flight_key& k : flight_keys(tgid))
+        if (auto c = flight_of(k.tgid, k.comm)) out.push_back(std::move(*c));
+    return out;
+}
+
+void BpfSession::forget_process(uint32_t tgid) {
+    for (const cd_flight_key& k : flight_keys(tgid)) bpf_map__delete_elem(skel_->maps.flight, &k, sizeof(k), 0);
     bpf_map__delete_elem(skel_->maps.proc_drops, &tgid, sizeof(tgid), 0);
     bpf_map__delete_elem(skel_->maps.proc_counts, &tgid, sizeof(tgid), 0);
     for (auto& [k, v] : dump_map<cd_count_key, cd_count_val>(skel_->maps.counters))

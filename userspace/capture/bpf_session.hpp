@@ -125,6 +125,8 @@ public:
         std::vector<cd_flight_entry> last;
     };
     std::vector<FlightComm> flight(uint32_t tgid) const;
+    // One communicator's (one map lookup); nullopt: it recorded nothing.
+    std::optional<FlightComm> flight_of(uint32_t tgid, uint64_t comm) const;
     // Recorded return-probed calls still in flight (their one record is sent
     // at the return), as entries, oldest first: read once a window closes.
     std::vector<CallEnter> open_calls() const;
@@ -165,6 +167,7 @@ public:
     std::vector<ProgramStats> program_stats() const;
 
 private:
+    std::vector<cd_flight_key> flight_keys(uint32_t tgid) const;  // the flight recorders of tgid
     BpfSession() = default;
     void traced_changed();
     static int on_ring_record(void* ctx, void* data, size_t size) noexcept;

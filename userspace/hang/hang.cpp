@@ -71,6 +71,25 @@ std::string Issued::signature() const {
     return collective + " count " + std::to_string(count) + (dtype.empty() ? "" : " " + dtype);
 }
 
+std::vector<Divergence> divergences(const std::vector<RankIssued>& ranks) {
+    std::map<uint64_t, std::map<std::string, std::vector<int>>> at;  // seq -> signature -> who
+    for (const RankIssued& r : ranks)
+        for (const Issued& e : *r.last) at[e.seq][e.signature()].push_back(r.who);
+    std::vector<Divergence> out;
+    for (const auto& [seq, sigs] : at) {
+        if (sigs.size() < 2) continue;
+        Divergence d{seq, {}, {}};
+        auto most = std::max_element(sigs.begin(), sigs.end(),
+                                     [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+        for (const auto& [sig, who] : sigs) {
+            d.signatures.emplace_back(sig, who);
+            if (sig != most->first) d.odd.insert(d.odd.end(), who.begin(), who.end());
+        }
+        out.push_back(std::move(d));
+    }
+    return out;
+}
+
 std::string RankSample::name() const {
     if (!rank.empty()) return "rank " + rank + " (pid " + std::to_string(pid) + ")";
     return "pid " + std::to_string(pid);
@@ -338,26 +357,23 @@ std::vector<Group> groups_of(const std::vector<RankSample>& ranks) {
 // communicator's ranks issued different things is where they diverged.
 bool signature_mismatch(const CommMembers& comms, Verdict& v) {
     for (const auto& [id, members] : comms) {
-        std::map<uint64_t, std::map<std::string, std::vector<int>>> at;  // seq -> signature -> pids
-        for (const auto& [s, c] : members)
-            for (const Issued& e : c->last) at[e.seq][e.signature()].push_back(s->pid);
-        for (const auto& [seq, sigs] : at) {
-            if (sigs.size() < 2) continue;
-            v.kind = Verdict::Kind::mismatch;
-            v.comm_id = id;
-            v.seq = seq;
-            auto most = std::max_element(sigs.begin(), sigs.end(),
-                                         [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
-            v.message = "collective #" + std::to_string(seq) + " of communicator " + id + " differs between ranks:";
-            for (const auto& [sig, pids] : sigs) {
-                v.signatures.emplace_back(sig, pids);
-                std::string who;
-                for (int p : pids) who += (who.empty() ? "pid " : ", pid ") + std::to_string(p);
-                v.message += " " + sig + " (" + who + ")";
-                if (sig != most->first) v.culprits.insert(v.culprits.end(), pids.begin(), pids.end());
-            }
-            return true;
+        std::vector<RankIssued> ranks;
+        for (const auto& [s, c] : members) ranks.push_back({s->pid, &c->last});
+        const std::vector<Divergence> all = divergences(ranks);
+        if (all.empty()) continue;
+        const Divergence* d = &all.front();
+        v.kind = Verdict::Kind::mismatch;
+        v.comm_id = id;
+        v.seq = d->seq;
+        v.signatures = d->signatures;
+        v.culprits = d->odd;
+        v.message = "collective #" + std::to_string(d->seq) + " of communicator " + id + " differs between ranks:";
+        for (const auto& [sig, pids] : d->signatures) {
+            std::string who;
+            for (int p : pids) who += (who.empty() ? "pid " : ", pid ") + std::to_string(p);
+            v.message += " " + sig + " (" + who + ")";
         }
+        return true;
     }
     return false;
 }

@@ -63,6 +63,22 @@ struct Issued {
     std::string signature() const;  // "all_reduce count 1024 float32"
 };
 
+// One rank's recorded collectives on a communicator, oldest first.
+struct RankIssued {
+    int who = 0;  // pid
+    const std::vector<Issued>* last = nullptr;
+};
+// Where the ranks of one communicator diverged: the first collective number
+// two of them recorded with different signatures — the flight recorder
+// analyzer's mismatch (`commdbg hang`, and commdbgd as collectives arrive).
+struct Divergence {
+    uint64_t seq = 0;
+    std::vector<std::pair<std::string, std::vector<int>>> signatures;  // each signature and who issued it
+    std::vector<int> odd;  // who issued another than the most common one
+};
+// Every number at which two ranks recorded different signatures, in order.
+std::vector<Divergence> divergences(const std::vector<RankIssued>& ranks);
+
 struct CommSeq {
     std::string comm_id;  // NCCL's commHash (the same on every rank), as commdbg counts names it
     int rank = -1, nranks = -1;
