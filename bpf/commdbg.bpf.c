@@ -63,7 +63,7 @@ int call_enter(struct pt_regs *ctx)
 	if (st && wants_frames(&en))
 		track_frames(st, &en);
 	counted = count_entry(&en, &key);
-	if (en.role == CD_ROLE_COLLECTIVE && key.comm && (en.flags & CD_TRACE_COUNT))
+	if (en.role == CD_ROLE_COLLECTIVE && key.comm && (en.flags & CD_TRACE_COUNT) && flight_numbered(&en))
 		flight_record(&en, &key);
 	/* A return-probed call is recorded at its return, in one record; but a
 	 * thread's first record goes out now (see events.h, cd_call). */

@@ -611,9 +611,12 @@ enum cd_drop_cause {
  * CD_FLIGHT_SLOTS collectives entered, kept in the kernel whatever happens
  * to records, so that a job that hangs can be asked afterwards (commdbg
  * hang through commdbgd).  Slot (seq - 1) % CD_FLIGHT_SLOTS holds collective
- * number seq, counted from the communicator's first collective seen. */
+ * number seq, counted from the communicator's first collective seen.  Point-
+ * to-point calls (send, recv) take no number: every rank of a communicator
+ * issues its collectives in one order, not its sends and receives. */
 #define CD_FLIGHT_SLOTS 256
 #define CD_FLIGHT_COMMS 4096
+#define CD_FLIGHT_NONE 0xffffffffu
 
 struct cd_flight_key {
 	__u32 tgid;
@@ -628,6 +631,8 @@ struct cd_flight_entry {
 	__u32 tid;
 	__u32 sym;	/* symbol id: the kind, as for counters */
 	__u32 dtype;	/* CD_DTYPE_NONE: none */
+	__u32 op;	/* the reduce op argument; CD_FLIGHT_NONE: the call has none */
+	__u32 root;	/* the root argument (broadcast, reduce); CD_FLIGHT_NONE: none */
 	__u32 pad;
 };
 
@@ -717,8 +722,8 @@ CD_STATIC_ASSERT(sizeof(struct cd_comm_key) == 16, "cd_comm_key");
 CD_STATIC_ASSERT(sizeof(struct cd_comm_val) == 48 + CD_UNIQUE_ID_BYTES, "cd_comm_val");
 CD_STATIC_ASSERT(sizeof(struct cd_inflight) == 8 * 5 + 8 * CD_NUM_ARGS + 24 + 24, "cd_inflight");
 CD_STATIC_ASSERT(sizeof(struct cd_py_frame) == 32, "cd_py_frame");
-CD_STATIC_ASSERT(sizeof(struct cd_flight_entry) == 40, "cd_flight_entry");
-CD_STATIC_ASSERT(sizeof(struct cd_flight) == 8 + CD_FLIGHT_SLOTS * 40, "cd_flight");
+CD_STATIC_ASSERT(sizeof(struct cd_flight_entry) == 48, "cd_flight_entry");
+CD_STATIC_ASSERT(sizeof(struct cd_flight) == 8 + CD_FLIGHT_SLOTS * 48, "cd_flight");
 CD_STATIC_ASSERT((CD_FLIGHT_SLOTS & (CD_FLIGHT_SLOTS - 1)) == 0, "CD_FLIGHT_SLOTS: a power of two");
 CD_STATIC_ASSERT(sizeof(struct cd_scope_key) == 16, "cd_scope_key");
 CD_STATIC_ASSERT(sizeof(struct cd_context) == 8 + CD_LABEL_MAX, "cd_context");

@@ -27,6 +27,14 @@ struct {
 	__type(value, struct cd_flight);
 } flight_zero SEC(".maps");
 
+/* Whether the call takes a number: a collective, not a send or receive. */
+FUNC_INLINE bool flight_numbered(const struct entry *en)
+{
+	__u32 coll = CD_COOKIE_COLL(en->cookie);
+
+	return coll != CD_COLL_SEND && coll != CD_COLL_RECV;
+}
+
 FUNC_INLINE void flight_record(const struct entry *en, const struct cd_count_key *key)
 {
 	struct cd_flight_key fk = {.tgid = key->tgid, .comm = key->comm};
@@ -55,6 +63,10 @@ FUNC_INLINE void flight_record(const struct entry *en, const struct cd_count_key
 	e->tid = en->tid;
 	e->sym = key->sym;
 	e->dtype = key->dtype;
+	e->op = CD_COOKIE_REDOP(en->cookie) < CD_NUM_ARGS ? (__u32)slot_arg(en->args, CD_COOKIE_REDOP(en->cookie))
+							  : CD_FLIGHT_NONE;
+	e->root = CD_COOKIE_PEER(en->cookie) < CD_NUM_ARGS ? (__u32)slot_arg(en->args, CD_COOKIE_PEER(en->cookie))
+							   : CD_FLIGHT_NONE;
 	e->seq = seq;
 }
 

@@ -346,15 +346,11 @@ nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, co
 nlohmann::json NodeCounter::flight_entries(const std::vector<cd_flight_entry>& last) const {
     nlohmann::json out = nlohmann::json::array();
     for (const cd_flight_entry& e : last) {
-        const hang::Issued is = issued_of(e, symbols_);
         const capture::SymbolInfo* s = symbols_.find(e.sym);
-        nlohmann::json j = {{"seq", e.seq},
-                            {"collective", is.collective},
-                            {"name", s ? s->name : std::string("?")},
-                            {"count", e.count},
-                            {"tid", e.tid},
-                            {"enter_ns", e.enter_ns}};
-        if (!is.dtype.empty()) j["dtype"] = is.dtype;
+        nlohmann::json j = issued_of(e, symbols_).to_json();
+        j["name"] = s ? s->name : std::string("?");
+        j["tid"] = e.tid;
+        j["enter_ns"] = e.enter_ns;
         out.push_back(std::move(j));
     }
     return out;

@@ -9,9 +9,15 @@ namespace commdbg::daemon {
 
 hang::Issued issued_of(const cd_flight_entry& e, const capture::SymbolTable& symbols) {
     const capture::SymbolInfo* s = symbols.find(e.sym);
-    hang::Issued out{e.seq, s ? std::string(capture::coll_name(s->coll)) : std::string("?"), e.count, {}};
-    if (e.dtype != CD_DTYPE_NONE && s && s->layer == "nccl")
+    hang::Issued out{e.seq, s ? std::string(capture::coll_name(s->coll)) : std::string("?"), e.count, {}, {}, -1};
+    const bool nccl = s && s->layer == "nccl";
+    if (e.dtype != CD_DTYPE_NONE && nccl)
         if (auto n = capture::nccl_datatype_name(e.dtype)) out.dtype = *n;
+    if (e.op != CD_FLIGHT_NONE && nccl) {
+        auto n = capture::nccl_redop_name(e.op);
+        out.op = n ? std::string(*n) : "op" + std::to_string(e.op);  // one ncclRedOpCreatePreMulSum made
+    }
+    if (e.root != CD_FLIGHT_NONE) out.root = static_cast<int32_t>(e.root);
     return out;
 }
 

@@ -138,9 +138,9 @@ TEST(HangDaemon, ARankWhoseLastCollectiveDiffersIsAMismatchWithBothSignatures) {
     EXPECT_EQ(v["kind"], "collective_mismatch") << v.dump();
     EXPECT_EQ(v["seq"], kCalls) << v.dump();
     EXPECT_EQ(v["culprits"], json::array({pids[2]})) << v.dump();
-    EXPECT_EQ(v["signatures"], json::parse("[{\"signature\": \"all_reduce count 1024 float32\", \"pids\": [" +
+    EXPECT_EQ(v["signatures"], json::parse("[{\"signature\": \"all_reduce count 1024 float32 sum\", \"pids\": [" +
                                            std::to_string(pids[0]) + ", " + std::to_string(pids[1]) +
-                                           "]}, {\"signature\": \"all_reduce count 512 float32\", \"pids\": [" +
+                                           "]}, {\"signature\": \"all_reduce count 512 float32 sum\", \"pids\": [" +
                                            std::to_string(pids[2]) + "]}]"))
         << v.dump();
     // Every rank's recorder holds its 6, numbered from 1, as the daemon answers it.
@@ -151,6 +151,46 @@ TEST(HangDaemon, ARankWhoseLastCollectiveDiffersIsAMismatchWithBothSignatures) {
         for (int i = 0; i < kCalls; ++i) EXPECT_EQ(last[i]["seq"], i + 1);
     }
     ASSERT_NO_FATAL_FAILURE(expect_mismatch_counted(d, pids, kCalls, seen_ns));
+}
+
+// Sends and receives take no number (every rank issues its collectives in one
+// order, not its point-to-point calls), and a rooted collective's signature
+// has its root: rank 2 broadcasts from another root.
+TEST(HangDaemon, ARootThatDiffersIsAMismatchAndSendsTakeNoNumber) {
+    REQUIRE_BPF();
+    SharedDir tmp;
+    START_DAEMON(d, tmp, {});
+    // Per rank, round-robin: all_reduce, send, broadcast, all_reduce, send, all_reduce.
+    const std::vector<std::string> more = {"--calls", "send=2,broadcast=1"};
+    CommRanks ranks = start_comm_ranks({3, 3, 3}, {more, more, concat(more, {"--root", "1"})});
+    const std::map<std::string, long> want = {{"nccl.all_reduce", 3}, {"nccl.send", 2}, {"nccl.broadcast", 1}};
+    for (size_t r = 0; r < 3; ++r) {
+        ASSERT_STALLED(*ranks.workloads[r]);
+        ASSERT_EQ(daemon_counts_settled(d, ranks.pids[r], want), want) << "rank " << r;
+    }
+    const std::vector<int>& pids = ranks.pids;
+    auto out = tmp.path("hang.json");
+    auto r = run({commdbg_bin(), "hang", "--socket", d.socket(), "--json", out, std::to_string(pids[0]),
+                  std::to_string(pids[1]), std::to_string(pids[2])});
+    ASSERT_EQ(r.status, 3) << r.out << r.err;
+    const json report = read_json(out);
+    const json& v = report["verdict"];
+    EXPECT_EQ(v["kind"], "collective_mismatch") << v.dump();
+    EXPECT_EQ(v["seq"], 2) << v.dump();
+    EXPECT_EQ(v["culprits"], json::array({pids[2]})) << v.dump();
+    EXPECT_EQ(v["signatures"], json::parse("[{\"signature\": \"broadcast count 1024 float32 root 0\", \"pids\": [" +
+                                           std::to_string(pids[0]) + ", " + std::to_string(pids[1]) +
+                                           "]}, {\"signature\": \"broadcast count 1024 float32 root 1\", \"pids\": [" +
+                                           std::to_string(pids[2]) + "]}]"))
+        << v.dump();
+    for (const auto& rank : report["ranks"]) {
+        const json c = rank["communicators"][0];
+        EXPECT_EQ(c["issued"], 4) << "3 all-reduces and a broadcast, not the sends: " << rank.dump();
+        std::vector<std::string> kinds;
+        for (const auto& e : c["last"]) kinds.push_back(e["collective"]);
+        EXPECT_EQ(kinds, (std::vector<std::string>{"all_reduce", "broadcast", "all_reduce", "all_reduce"}));
+        EXPECT_EQ(c["last"][0]["op"], "sum");
+    }
 }
 
 }  // namespace

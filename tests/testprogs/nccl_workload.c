@@ -11,7 +11,7 @@
 // given to --calls, skipping kinds whose share is used up. With --dtype all,
 // call j of a thread (counted over its whole life) uses datatype j % 12, i.e.
 // the ncclDataType_t value; the names below are listed in that order.
-// Stream is NULL, op ncclSum, root 0, peer (rank+1) % nranks.
+// Stream is NULL, op ncclSum, root 0 (--root), peer (rank+1) % nranks.
 // Buffers are small static arrays: the stub never touches them and real NCCL
 // rejects the comm before it looks at them.
 //
@@ -75,6 +75,7 @@ static struct {
   long start_delay_ms;
   long duration_ms; // <0: one round
   long last_count;  // <0: none; else the count of each thread's last call of a round
+  int root;         // of broadcast, bcast, reduce, gather, scatter
   int forks;
   int no_nccl;
 } opt = {.threads = 1, .count = 1024, .dtype = ncclFloat32, .nranks = 1,
@@ -118,6 +119,7 @@ static void usage(FILE *f) {
           "  --start-delay-ms M   sleep M ms before loading/starting\n"
           "  --duration-ms D      repeat the pattern until D ms have passed\n"
           "  --last-count C       each thread's last call of a round passes count C\n"
+          "  --root R             the root of broadcast, bcast, reduce, gather, scatter (0)\n"
           "  --fork N             run the pattern in N forked children (with --wait-file\n"
           "                       the parent waits for PATH before it forks)\n"
           "  --no-nccl            never load or call NCCL (with the linked build libnccl\n"
@@ -157,7 +159,7 @@ static void parse_calls(char *spec) {
 static void parse_args(int argc, char **argv) {
   enum { O_CALLS = 256, O_THREADS, O_COUNT, O_DTYPE, O_GROUP, O_SEED, O_NRANKS,
          O_RANK, O_CONFIG, O_SPLIT, O_HASH, O_FAKE, O_DLOPEN, O_WAIT, O_DELAY,
-         O_DURATION, O_FORK, O_NONCCL, O_LAST, O_HELP };
+         O_DURATION, O_FORK, O_NONCCL, O_LAST, O_ROOT, O_HELP };
   static const struct option longopts[] = {
       {"calls", required_argument, 0, O_CALLS}, {"threads", required_argument, 0, O_THREADS},
       {"count", required_argument, 0, O_COUNT}, {"dtype", required_argument, 0, O_DTYPE},
@@ -168,6 +170,7 @@ static void parse_args(int argc, char **argv) {
       {"dlopen", required_argument, 0, O_DLOPEN}, {"wait-file", required_argument, 0, O_WAIT},
       {"start-delay-ms", required_argument, 0, O_DELAY},
       {"duration-ms", required_argument, 0, O_DURATION}, {"last-count", required_argument, 0, O_LAST},
+      {"root", required_argument, 0, O_ROOT},
       {"fork", required_argument, 0, O_FORK}, {"no-nccl", no_argument, 0, O_NONCCL},
       {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
   int c;
@@ -196,6 +199,7 @@ static void parse_args(int argc, char **argv) {
     case O_DELAY: opt.start_delay_ms = parse_long(optarg, 0, "--start-delay-ms"); break;
     case O_DURATION: opt.duration_ms = parse_long(optarg, 0, "--duration-ms"); break;
     case O_LAST: opt.last_count = parse_long(optarg, 0, "--last-count"); break;
+    case O_ROOT: opt.root = (int)parse_long(optarg, 0, "--root"); break;
     case O_FORK: opt.forks = (int)parse_long(optarg, 1, "--fork"); break;
     case O_NONCCL: opt.no_nccl = 1; break;
     case O_HELP: usage(stdout); exit(0);
@@ -265,14 +269,14 @@ static ncclResult_t call_one(int k, ncclDataType_t dt, size_t n) {
   case ALL_REDUCE: return api.AllReduce(sendbuf, recvbuf, n, dt, ncclSum, comm, NULL);
   case ALL_GATHER: return api.AllGather(sendbuf, recvbuf, n, dt, comm, NULL);
   case REDUCE_SCATTER: return api.ReduceScatter(sendbuf, recvbuf, n, dt, ncclSum, comm, NULL);
-  case BROADCAST: return api.Broadcast(sendbuf, recvbuf, n, dt, 0, comm, NULL);
-  case BCAST: return api.Bcast(recvbuf, n, dt, 0, comm, NULL);
-  case REDUCE: return api.Reduce(sendbuf, recvbuf, n, dt, ncclSum, 0, comm, NULL);
+  case BROADCAST: return api.Broadcast(sendbuf, recvbuf, n, dt, opt.root, comm, NULL);
+  case BCAST: return api.Bcast(recvbuf, n, dt, opt.root, comm, NULL);
+  case REDUCE: return api.Reduce(sendbuf, recvbuf, n, dt, ncclSum, opt.root, comm, NULL);
   case SEND: return api.Send(sendbuf, n, dt, peer, comm, NULL);
   case RECV: return api.Recv(recvbuf, n, dt, peer, comm, NULL);
   case ALL_TO_ALL: return api.AlltoAll(sendbuf, recvbuf, n, dt, comm, NULL);
-  case GATHER: return api.Gather(sendbuf, recvbuf, n, dt, 0, comm, NULL);
-  default: return api.Scatter(sendbuf, recvbuf, n, dt, 0, comm, NULL);
+  case GATHER: return api.Gather(sendbuf, recvbuf, n, dt, opt.root, comm, NULL);
+  default: return api.Scatter(sendbuf, recvbuf, n, dt, opt.root, comm, NULL);
   }
 }
 

@@ -358,7 +358,7 @@ uint64_t BpfSession::ringbuf_drops_of(uint32_t tgid) const {
 
 std::optional<BpfSession::FlightComm> BpfSession::flight_of(uint32_t tgid, uint64_t comm) const {
     const cd_flight_key key{tgid, 0, comm};
-    auto value = std::make_unique<cd_flight>();  // 10 KiB: not on the stack
+    auto value = std::make_unique<cd_flight>();  // 12 KiB: not on the stack
     if (bpf_map__lookup_elem(skel_->maps.flight, &key, sizeof(key), value.get(), sizeof(cd_flight), 0) != 0)
         return std::nullopt;
     FlightComm c;
@@ -372,7 +372,7 @@ std::optional<BpfSession::FlightComm> BpfSession::flight_of(uint32_t tgid, uint6
     return c;
 }
 
-// Keys only: a recorder's value is 10 KiB.
+// Keys only: a recorder's value is 12 KiB.
 std::vector<cd_flight_key> BpfSession::flight_keys(uint32_t tgid) const {
     std::vector<cd_flight_key> keys;
     cd_flight_key key{}, next{};

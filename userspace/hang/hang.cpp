@@ -68,7 +68,22 @@ Frame callers_frame(const std::vector<Frame>& stack, size_t from) {
 }  // namespace
 
 std::string Issued::signature() const {
-    return collective + " count " + std::to_string(count) + (dtype.empty() ? "" : " " + dtype);
+    return collective + " count " + std::to_string(count) + (dtype.empty() ? "" : " " + dtype) +
+           (op.empty() ? "" : " " + op) + (root < 0 ? "" : " root " + std::to_string(root));
+}
+
+nlohmann::json Issued::to_json() const {
+    nlohmann::json j = {{"seq", seq}, {"collective", collective}, {"count", count}};
+    if (!dtype.empty()) j["dtype"] = dtype;
+    if (!op.empty()) j["op"] = op;
+    if (root >= 0) j["root"] = root;
+    return j;
+}
+
+Issued Issued::from_json(const nlohmann::json& e) {
+    if (!e.is_object()) return {};
+    return {e.value("seq", uint64_t{0}), e.value("collective", ""), e.value("count", uint64_t{0}),
+            e.value("dtype", ""), e.value("op", ""), e.value("root", int64_t{-1})};
 }
 
 std::vector<Divergence> divergences(const std::vector<RankIssued>& ranks) {
@@ -273,12 +288,11 @@ std::map<int, std::vector<CommSeq>> comm_seqs(const nlohmann::json& j) {
         const nlohmann::json ranks = c.value("ranks", nlohmann::json::array());
         for (const auto& r : ranks) {
             if (!r.is_object()) continue;
-            CommSeq cs{id, r.value("rank", -1), nranks, r.value("calls", uint64_t{0}), {}};
+            // Issued: the recorder's number where it has one (collectives
+            // only, not sends and receives), else the counted calls.
             const nlohmann::json fl = r.value("flight", nlohmann::json::object());
-            for (const auto& e : fl.value("last", nlohmann::json::array()))
-                if (e.is_object())
-                    cs.last.push_back({e.value("seq", uint64_t{0}), e.value("collective", ""),
-                                       e.value("count", uint64_t{0}), e.value("dtype", "")});
+            CommSeq cs{id, r.value("rank", -1), nranks, fl.value("seq", r.value("calls", uint64_t{0})), {}};
+            for (const auto& e : fl.value("last", nlohmann::json::array())) cs.last.push_back(Issued::from_json(e));
             out[r.value("pid", 0)].push_back(std::move(cs));
         }
     }
@@ -560,8 +574,7 @@ nlohmann::ordered_json to_json(const Report& r) {
             J comms = J::array();
             for (const CommSeq& c : s.comms) {
                 J last = J::array();
-                for (const Issued& e : c.last)
-                    last.push_back({{"seq", e.seq}, {"collective", e.collective}, {"count", e.count}, {"dtype", e.dtype}});
+                for (const Issued& e : c.last) last.push_back(J(e.to_json()));
                 comms.push_back({{"comm_id", c.comm_id}, {"rank", c.rank}, {"nranks", c.nranks}, {"issued", c.issued},
                                  {"last", last}});
             }
@@ -611,9 +624,7 @@ Result<Report> from_json(const nlohmann::json& j) {
             for (const auto& c : x.value("communicators", nlohmann::json::array())) {
                 CommSeq cs{c.value("comm_id", ""), c.value("rank", -1), c.value("nranks", -1),
                            c.value("issued", uint64_t{0}), {}};
-                for (const auto& e : c.value("last", nlohmann::json::array()))
-                    cs.last.push_back({e.value("seq", uint64_t{0}), e.value("collective", ""),
-                                       e.value("count", uint64_t{0}), e.value("dtype", "")});
+                for (const auto& e : c.value("last", nlohmann::json::array())) cs.last.push_back(Issued::from_json(e));
                 s.comms.push_back(std::move(cs));
             }
             if (x.contains("collective")) {

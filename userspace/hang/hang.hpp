@@ -59,8 +59,12 @@ struct Issued {
     std::string collective;  // "all_reduce"
     uint64_t count = 0;      // the count argument (elements)
     std::string dtype;       // "float32"; empty: not an NCCL call
+    std::string op;          // the reduce op ("sum"); empty: the call has none
+    int64_t root = -1;       // broadcast's and reduce's root; -1: none
     bool operator==(const Issued&) const = default;
-    std::string signature() const;  // "all_reduce count 1024 float32"
+    std::string signature() const;  // "all_reduce count 1024 float32 sum", "broadcast count 8 float32 root 0"
+    nlohmann::json to_json() const;  // {"seq", "collective", "count", "dtype", "op", "root"}, the empty ones left out
+    static Issued from_json(const nlohmann::json& e);
 };
 
 // One rank's recorded collectives on a communicator, oldest first.

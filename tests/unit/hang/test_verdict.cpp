@@ -115,6 +115,24 @@ TEST(HangVerdict, TheFirstCollectiveNumberWhoseSignaturesDifferIsTheMismatch) {
                          "1024 float32 (pid 10, pid 12) all_reduce count 512 float32 (pid 11)");
 }
 
+// The reduce op and the root are part of a signature: ranks reducing with
+// another op, or broadcasting from another root, diverge there; a record
+// keeps both through a report's JSON.
+TEST(HangVerdict, AnOpOrARootThatDiffersIsADivergenceAndBothSurviveJson) {
+    const std::vector<Issued> a = {{1, "all_reduce", 8, "float32", "sum", -1}, {2, "broadcast", 8, "float32", "", 0}};
+    const std::vector<Issued> b = {{1, "all_reduce", 8, "float32", "max", -1}, {2, "broadcast", 8, "float32", "", 0}};
+    const std::vector<Issued> c = {{1, "all_reduce", 8, "float32", "sum", -1}, {2, "broadcast", 8, "float32", "", 3}};
+    const std::vector<Divergence> d = divergences({{10, &a}, {11, &b}, {12, &c}});
+    ASSERT_EQ(d.size(), 2u);
+    EXPECT_EQ(d[0].seq, 1u);
+    EXPECT_EQ(d[0].odd, std::vector<int>{11});
+    EXPECT_EQ(d[0].signatures.front().first, "all_reduce count 8 float32 max");
+    EXPECT_EQ(d[1].seq, 2u);
+    EXPECT_EQ(d[1].odd, std::vector<int>{12});
+    EXPECT_EQ(d[1].signatures.back().first, "broadcast count 8 float32 root 3");
+    for (const Issued& e : {a[0], a[1], c[1]}) EXPECT_EQ(Issued::from_json(e.to_json()), e) << e.to_json().dump();
+}
+
 TEST(HangVerdict, ARankThatIssuedFewerWhileTheOthersWaitNeverIssuedTheNext) {
     Verdict v = verdict_of({on_comm(10, 0, 6), on_comm(11, 1, 6), on_comm(12, 2, 5)});
     EXPECT_EQ(v.kind, Verdict::Kind::missing);
