@@ -4,11 +4,12 @@
 
 #include "commands.hpp"
 #include "result.hpp"
+#include "revision.hpp"
 
 int main(int argc, char** argv) {
     using namespace commdbg::cli;
     CLI::App app{"commdbg — trace NCCL collectives and framework ops of running processes with eBPF, no code change"};
-    app.set_version_flag("--version", std::string("commdbg ") + COMMDBG_VERSION);
+    app.set_version_flag("--version", std::string("commdbg ") + COMMDBG_VERSION + " (" + COMMDBG_REVISION + ")");
     app.require_subcommand(1);
     register_attach(app);
     register_run(app);

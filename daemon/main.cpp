@@ -25,6 +25,7 @@
 #include "fsdp_watch.hpp"
 #include "option_checks.hpp"
 #include "server.hpp"
+#include "revision.hpp"
 
 namespace {
 
@@ -135,7 +136,7 @@ std::optional<int> parse_args(int argc, char** argv, DaemonArgs& a) {
     using namespace commdbg::daemon;
     CLI::App app{"commdbgd — commdbg node service: always-on exact collective counts, Prometheus metrics, "
                  "tracing sessions for `commdbg`"};
-    app.set_version_flag("--version", std::string("commdbgd ") + COMMDBG_VERSION);
+    app.set_version_flag("--version", std::string("commdbgd ") + COMMDBG_VERSION + " (" + COMMDBG_REVISION + ")");
     NodeCounterOptions& opts = a.counter;
     long ttl_s = 600;
     app.add_option("--socket", a.socket_path, "Control socket path");
@@ -235,7 +236,7 @@ void say_ready(const DaemonArgs& a) {
     const std::string& host = a.metrics_host;
     const std::string metrics_at =
         (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(a.metrics_port);
-    std::cerr << "commdbgd " << COMMDBG_VERSION << ": counting"
+    std::cerr << "commdbgd " << COMMDBG_VERSION << " (" << COMMDBG_REVISION << "): counting"
               << (a.counter.scope_cgroup.empty() ? " on this node" : " in " + a.counter.scope_cgroup) << "; socket "
               << a.socket_path << (a.metrics_listen.empty() ? "" : "; metrics http://" + metrics_at + "/metrics")
               << (a.fsdp_checks ? "; FSDP checks every " + std::to_string(a.fsdp.window.count()) + " s" : "") << "\n";
