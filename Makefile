@@ -12,7 +12,7 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 # uprobe_multi API).
 APT_PKGS = clang llvm libelf-dev zlib1g-dev pkg-config cmake make g++ \
            nlohmann-json3-dev libre2-dev libcli11-dev googletest libgtest-dev libcpp-httplib-dev \
-           python3 python3-torch binutils util-linux systemd curl prometheus libclang-rt-14-dev
+           python3 python3-torch python3-pip python3-wheel binutils util-linux systemd curl prometheus libclang-rt-14-dev
 BACKPORTS_PKGS = libbpf-dev bpftool
 BACKPORTS_LIST = /etc/apt/sources.list.d/bookworm-backports.sources
 

@@ -12,6 +12,7 @@
 // ("blocks.0.up").
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -189,6 +190,36 @@ void expect_sharding_info_matches(const json& rank, const json& p) {
     EXPECT_EQ(got, want);
 }
 
+// A script written against CommDebugMode (testprogs/commdebug_script.py),
+// run through the commdbg Python package on commdbg's dump of the job,
+// answers what it answered on CommDebugMode inside the job, step by step
+// summed (one window each there; their record_function scope here).
+void expect_the_script_answers_alike(const json& rank, const json& dump) {
+    auto add = [](json& slot, const json& n) { slot = (slot.is_null() ? 0 : slot.get<uint64_t>()) + n.get<uint64_t>(); };
+    json want = {{"total", 0}, {"counts", json::object()}, {"modules", json::object()}};
+    for (const auto& step : rank["steps"]) {
+        const json s = step["script"];
+        add(want["total"], s["total"]);
+        for (const auto& [k, n] : s["counts"].items()) add(want["counts"][k], n);
+        for (const auto& [fqn, sides] : s["modules"].items())
+            for (const auto& [side, c] : sides.items())
+                for (const auto& [k, n] : c.items()) add(want["modules"][fqn][side][k], n);
+    }
+    want["parameters"] = rank["steps"][0]["script"]["parameters"];
+    want["sharding"] = rank["steps"][0]["script"]["sharding"];
+    ASSERT_GT(want["total"].get<uint64_t>(), 0u);
+    TempDir tmp;
+    std::ofstream(tmp.path("out.json")) << dump.dump();
+    auto r = run({kRunScript, "--bind", kTestprogs + ":" + kInRoot, "--bind",
+                  std::string(SOURCE_DIR) + "/python:/commdbg-python", "--bind", tmp.path("") + ":/dump", trixie_root(),
+                  "env", "PYTHONPATH=/commdbg-python", "python3", kInRoot + "/commdebug_script.py", "/dump/out.json",
+                  std::to_string(rank["pid"].get<int>()), kStepScope},
+                 kRootJobEnv, 120);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const json got = json::parse(r.out, nullptr, false);
+    EXPECT_EQ(got, want) << "through the package: " << r.out << "\nCommDebugMode: " << want.dump();
+}
+
 struct Traced {
     std::vector<json> ranks;
     json dump;
@@ -226,6 +257,7 @@ TEST(CommDebugModeSideBySide, TensorParallelJobCountsTensorsParametersAndShardin
         expect_records_carry_the_tensors(rank, p);
         expect_parameter_info_matches(rank, p, true);
         expect_sharding_info_matches(rank, p);
+        expect_the_script_answers_alike(rank, t.dump);
     });
 }
 

@@ -110,7 +110,10 @@ def step_account(mode):
     for fqn, sides in mode.comm_module_counts.items():
         module_counts[fqn] = {side: {str(k): v for k, v in sides[side].items()}
                               for side in ("forward", "backward") if sides.get(side)}
-    return {"comm_counts": {str(k): v for k, v in mode.get_comm_counts().items()},
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from commdebug_script import summarize
+
+    return {"script": summarize(mode), "comm_counts": {str(k): v for k, v in mode.get_comm_counts().items()},
             "module_counts": module_counts, "parameter_info": params,
             "sharding_info": {k: str(v) for k, v in mode.get_sharding_info().items()},
             "collectives": mode.collectives}
