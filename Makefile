@@ -76,14 +76,14 @@ build: deps
 	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The demo: trace the bundled workload (stub libnccl, so it runs anywhere)
-# from its first instruction and print the table.  tests/e2e/test_demo.cpp
-# checks the printed counts against DEMO_CALLS.
+# The demo (demo/demo.sh): builds only what it runs, traces a real torch job
+# from outside, runs the FSDP lifecycle checks on a faulty job (with the
+# trixie root), traces the stub-NCCL workload, and says how long it took.
+# tests/e2e/test_demo.cpp checks what it prints against the jobs' own
+# accounts and DEMO_CALLS.
 DEMO_CALLS = all_reduce=8,all_gather=4,reduce_scatter=4,broadcast=2
-demo: build
-	LD_LIBRARY_PATH=$(BUILD)/lib/stub $(BUILD)/bin/commdbg run --json $(BUILD)/demo.json -- \
-	  $(BUILD)/bin/nccl_workload --calls $(DEMO_CALLS) --threads 2 --init-seed 7 --nranks 4 --rank 0
-	@echo "JSON dump: $(BUILD)/demo.json"
+demo: deps
+	@DEMO_CALLS=$(DEMO_CALLS) TRIXIE_ROOT=$(TRIXIE_ROOT) demo/demo.sh $(BUILD)
 
 test: perfetto-ui trixie-root build
 	cd $(BUILD) && COMMDBG_TRIXIE_ROOT=$(TRIXIE_ROOT) ctest --output-on-failure --timeout 600
