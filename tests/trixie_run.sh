@@ -6,6 +6,8 @@
 #
 #   tests/trixie_run.sh [--bind HOSTDIR:ROOTDIR]... ROOT CMD [ARG...]
 #
+# (ROOT: any root of tests/debian_root.sh; the name is the trixie root's, its first user.)
+#
 # The mounts the job needs (/proc, /sys, /dev, a fresh tmpfs on /dev/shm and
 # /tmp, the read-only --bind directories) are made in a private mount
 # namespace of this script: the host never sees them, and they go away with
@@ -31,7 +33,7 @@ done
 [[ $# -ge 2 ]] || die "usage: trixie_run.sh [--bind HOSTDIR:ROOTDIR]... ROOT CMD [ARG...]"
 root=${1%/}
 shift
-[[ -x $root/usr/bin/python3 && -d $root/proc ]] ||
+[[ -x $root/bin/sh && -d $root/proc ]] ||
     die "$root is not a built root (build it: tests/trixie_root.sh $root, or make trixie-root)"
 
 mount -t proc proc "$root/proc"
