@@ -73,6 +73,21 @@ void expect_mismatch_counted(const Daemon& d, const std::vector<int>& pids, int 
     for (const auto& [rank, secs] : idle) EXPECT_GT(secs, 0) << "rank " << rank;
 }
 
+// `commdbg hang --socket` on the ranks: exit 3 (a culprit), its report.
+json hang_report(const Daemon& d, const SharedDir& tmp, const std::vector<int>& pids) {
+    auto out = tmp.path("hang.json");
+    std::vector<std::string> argv = {commdbg_bin(), "hang", "--socket", d.socket(), "--json", out};
+    for (int p : pids) argv.push_back(std::to_string(p));
+    auto r = run(argv);
+    EXPECT_EQ(r.status, 3) << r.out << r.err;
+    return r.status == 3 ? read_json(out) : json::object();
+}
+
+// A verdict's "signatures": the ranks' first, the odd rank's second.
+json two_signatures(const std::string& common, const std::vector<int>& common_pids, const std::string& odd, int odd_pid) {
+    return json::array({{{"signature", common}, {"pids", common_pids}}, {{"signature", odd}, {"pids", {odd_pid}}}});
+}
+
 TEST(HangDaemon, ARankOneCollectiveShortIsNamedWithTheNumberItNeverIssued) {
     REQUIRE_BPF();
     SharedDir tmp;
@@ -130,21 +145,15 @@ TEST(HangDaemon, ARankWhoseLastCollectiveDiffersIsAMismatchWithBothSignatures) {
     const uint64_t seen_ns = first_mismatch_seen(d);
     ASSERT_NE(seen_ns, 0u) << "commdbg_collective_mismatch_total never appeared";
     ASSERT_NO_FATAL_FAILURE(expect_comm_ranks_counted(d, ranks, calls));
-    auto out = tmp.path("hang.json");
-    auto r = run({commdbg_bin(), "hang", "--socket", d.socket(), "--json", out, std::to_string(pids[0]),
-                  std::to_string(pids[1]), std::to_string(pids[2])});
-    ASSERT_EQ(r.status, 3) << r.out << r.err;
-    const json v = read_json(out)["verdict"];
+    const json report = hang_report(d, tmp, pids);
+    const json& v = report["verdict"];
     EXPECT_EQ(v["kind"], "collective_mismatch") << v.dump();
     EXPECT_EQ(v["seq"], kCalls) << v.dump();
     EXPECT_EQ(v["culprits"], json::array({pids[2]})) << v.dump();
-    EXPECT_EQ(v["signatures"], json::parse("[{\"signature\": \"all_reduce count 1024 float32 sum\", \"pids\": [" +
-                                           std::to_string(pids[0]) + ", " + std::to_string(pids[1]) +
-                                           "]}, {\"signature\": \"all_reduce count 512 float32 sum\", \"pids\": [" +
-                                           std::to_string(pids[2]) + "]}]"))
+    EXPECT_EQ(v["signatures"], two_signatures("all_reduce count 1024 float32 sum", {pids[0], pids[1]},
+                                              "all_reduce count 512 float32 sum", pids[2]))
         << v.dump();
     // Every rank's recorder holds its 6, numbered from 1, as the daemon answers it.
-    const json report = read_json(out);
     for (const auto& rank : report["ranks"]) {
         const json last = rank["communicators"][0]["last"];
         ASSERT_EQ(last.size(), static_cast<size_t>(kCalls)) << rank.dump();
@@ -169,19 +178,13 @@ TEST(HangDaemon, ARootThatDiffersIsAMismatchAndSendsTakeNoNumber) {
         ASSERT_EQ(daemon_counts_settled(d, ranks.pids[r], want), want) << "rank " << r;
     }
     const std::vector<int>& pids = ranks.pids;
-    auto out = tmp.path("hang.json");
-    auto r = run({commdbg_bin(), "hang", "--socket", d.socket(), "--json", out, std::to_string(pids[0]),
-                  std::to_string(pids[1]), std::to_string(pids[2])});
-    ASSERT_EQ(r.status, 3) << r.out << r.err;
-    const json report = read_json(out);
+    const json report = hang_report(d, tmp, pids);
     const json& v = report["verdict"];
     EXPECT_EQ(v["kind"], "collective_mismatch") << v.dump();
     EXPECT_EQ(v["seq"], 2) << v.dump();
     EXPECT_EQ(v["culprits"], json::array({pids[2]})) << v.dump();
-    EXPECT_EQ(v["signatures"], json::parse("[{\"signature\": \"broadcast count 1024 float32 root 0\", \"pids\": [" +
-                                           std::to_string(pids[0]) + ", " + std::to_string(pids[1]) +
-                                           "]}, {\"signature\": \"broadcast count 1024 float32 root 1\", \"pids\": [" +
-                                           std::to_string(pids[2]) + "]}]"))
+    EXPECT_EQ(v["signatures"], two_signatures("broadcast count 1024 float32 root 0", {pids[0], pids[1]},
+                                              "broadcast count 1024 float32 root 1", pids[2]))
         << v.dump();
     for (const auto& rank : report["ranks"]) {
         const json c = rank["communicators"][0];
