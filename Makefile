@@ -16,7 +16,7 @@ APT_PKGS = clang llvm libelf-dev zlib1g-dev pkg-config cmake make g++ \
 BACKPORTS_PKGS = libbpf-dev bpftool
 BACKPORTS_LIST = /etc/apt/sources.list.d/bookworm-backports.sources
 
-.PHONY: all deps perfetto-ui trixie-root build demo test bench install clean
+.PHONY: all deps perfetto-ui trixie-root bookworm-root build demo test test-deb bench install deb clean
 
 all: build
 
@@ -85,8 +85,21 @@ DEMO_CALLS = all_reduce=8,all_gather=4,reduce_scatter=4,broadcast=2
 demo: deps
 	@DEMO_CALLS=$(DEMO_CALLS) TRIXIE_ROOT=$(TRIXIE_ROOT) demo/demo.sh $(BUILD)
 
-test: perfetto-ui trixie-root build
-	cd $(BUILD) && COMMDBG_TRIXIE_ROOT=$(TRIXIE_ROOT) ctest --output-on-failure --timeout 600
+# A clean bookworm root (debootstrap minbase, with bookworm-backports), cached
+# like the trixie root: test_deb installs the package there and purges it.
+BOOKWORM_ROOT ?= /var/cache/commdbg/bookworm-root
+bookworm-root:
+	@if [ "$$(id -u)" = 0 ] || [ "$${CI:-}" = true ]; then tests/debian_root.sh bookworm $(BOOKWORM_ROOT); \
+	else echo "make bookworm-root: not root, $(BOOKWORM_ROOT) not built; the package test will skip"; fi
+
+# The package for test_deb (as root: its build installs the packaging tools).
+test-deb:
+	@if [ "$$(id -u)" = 0 ] || [ "$${CI:-}" = true ]; then $(MAKE) --no-print-directory deb; \
+	else echo "make test: not root, no package built; the package test will skip"; fi
+
+test: perfetto-ui trixie-root bookworm-root build test-deb
+	cd $(BUILD) && COMMDBG_TRIXIE_ROOT=$(TRIXIE_ROOT) COMMDBG_BOOKWORM_ROOT=$(BOOKWORM_ROOT) \
+	  ctest --output-on-failure --timeout 600
 
 # bench_anchor measures against Debian's bpftrace, installed here.
 bench: build
@@ -98,6 +111,21 @@ bench: build
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
+
+# The Debian package, built the Debian way (debian/: debhelper, the unit
+# enabled through dh_installsystemd, man pages from --help) and checked by
+# lintian; into $(BUILD)/deb/.  tests/e2e/test_deb.cpp installs it into a
+# clean bookworm root and purges it.
+DEB_PKGS = debhelper help2man lintian dpkg-dev
+deb: deps
+	@dpkg -s $(DEB_PKGS) >/dev/null 2>&1 || \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(DEB_PKGS)
+	dpkg-buildpackage -b -us -uc
+	mkdir -p $(BUILD)/deb
+	mv ../commdbg_*_amd64.deb ../commdbg-dbgsym_*_amd64.deb ../commdbg_*_amd64.buildinfo ../commdbg_*_amd64.changes \
+	  $(BUILD)/deb/
+	lintian --fail-on error,warning $(BUILD)/deb/commdbg_*_amd64.deb
+	@echo "package: $$(ls $(BUILD)/deb/commdbg_*_amd64.deb)"
 
 clean:
 	rm -rf $(BUILD)
