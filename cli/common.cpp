@@ -82,6 +82,7 @@ session::SessionOptions session_options(const TraceCliOptions& o) {
     s.py_stack = python::parse_py_stack_mode(o.py_stack).value_or(python::PyStackMode::Default);
     s.py_depth = o.py_depth;
     s.lifecycle_profiles = o.lifecycle_profiles;
+    s.view_noise_level = o.trace_opt && o.trace_opt->count() ? 3 : o.noise_level;
     s.owner_uid = geteuid();  // the kernel's rule, as through commdbgd (0: root, unchecked)
     s.owner_gid = getegid();
     return s;

@@ -19,6 +19,7 @@ session::SessionOptions session_options(const protocol::Request& req, const prot
     so.ringbuf_bytes = req.ringbuf_kb * 1024;
     so.py_stack = req.py_stack;
     so.py_depth = req.py_depth;
+    so.view_noise_level = req.want_trace ? 3 : req.noise_level;
     return so;
 }
 

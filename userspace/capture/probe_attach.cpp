@@ -89,6 +89,7 @@ ProbeAttacher::Plan ProbeAttacher::plan(const ProbeSpec& spec, const host::ElfSy
         if (sym.ifunc || by_offset.count(sym.file_offset)) return;
         SymbolInfo info = rule.info;
         info.name = derive_name(rule, sym.name, demangled);
+        if (spec.skip && spec.skip(info)) return;
         if (spec.c10d_tensors) info.tensor_params = c10d_tensor_params(demangled);
         uint32_t id = symbols.intern(info);
         by_offset[sym.file_offset + attach_offset(elf, sym, info)] = make_cookie(id, *symbols.find(id));

@@ -4,6 +4,7 @@
 // compiled into the binary; users add theirs with --probes FILE.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -43,6 +44,10 @@ struct ProbeSpec {
     // at::Tensor parameters the kernel reads (c10d_tensor_params).
     bool c10d_tensors = false;
     std::vector<SymbolRule> symbols;
+    // Set at run time, never parsed: symbols it picks (by their role and
+    // derived name) are not probed — the session's outputs could never show
+    // their records (TraceSession: the trivial ops below noise level 3).
+    std::function<bool(const SymbolInfo&)> skip;
 
     bool matches_library(std::string_view path) const;
 };

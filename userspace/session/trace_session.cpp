@@ -14,6 +14,7 @@
 #include "events.hpp"
 #include "snapshot.hpp"
 #include "procfs.hpp"
+#include "render.hpp"
 
 namespace commdbg::session {
 
@@ -40,6 +41,14 @@ void apply_py_stack_mode(std::vector<capture::ProbeSpec>& specs, python::PyStack
 
 }  // namespace
 
+void skip_hidden_ops(std::vector<capture::ProbeSpec>& specs, int noise_level) {
+    if (noise_level >= 3) return;
+    for (capture::ProbeSpec& s : specs)
+        s.skip = [noise_level](const capture::SymbolInfo& info) {
+            return info.role == CD_ROLE_OP && (noise_level < 1 || output::is_trivial_op(info.name));
+        };
+}
+
 Result<std::unique_ptr<TraceSession>> TraceSession::create(const SessionOptions& opts) {
     using R = Result<std::unique_ptr<TraceSession>>;
     std::vector<std::string> spec_errors;
@@ -50,6 +59,7 @@ Result<std::unique_ptr<TraceSession>> TraceSession::create(const SessionOptions&
         return R::fail(msg);
     }
     apply_py_stack_mode(specs, opts.py_stack);
+    skip_hidden_ops(specs, opts.view_noise_level);
     auto guard = std::make_unique<capture::ResumeGuard>();
     auto bpf = capture::BpfSession::open(capture::BpfOptions{opts.ringbuf_bytes});
     if (!bpf) return R::fail(bpf.error());

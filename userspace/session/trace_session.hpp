@@ -36,6 +36,11 @@ struct SessionOptions {
     python::PyStackMode py_stack = python::PyStackMode::Default;  // where records carry the Python stack
     uint32_t py_depth = CD_DEFAULT_PY_FRAMES;     // frames walked per record, innermost first
     std::vector<fsdp::Profile> lifecycle_profiles;  // tried before the built-in ones
+    // The noise level of the outputs asked for (output::record_visible): ops
+    // it never shows are not probed — below 3 the trivial ones (views,
+    // detach, ...: each a uprobe trap per call for nothing), at 0 every op.
+    // 3: everything (a --trace shows every record).
+    int view_noise_level = 3;
     // Whom the session traces for (commdbgd: its client).  Other than root,
     // a process the kernel would not let that user read (may_read_process)
     // is refused at add_process, and one that becomes so during the window
@@ -43,6 +48,11 @@ struct SessionOptions {
     // non-dumpable) is withheld: untraced, its later records dropped, noted.
     uint32_t owner_uid = 0, owner_gid = 0;
 };
+
+// Ops the outputs at `noise_level` never show get no probe (issue 27: a
+// DTensor op dispatches many trivial ones, each a uprobe trap for nothing):
+// below 3 the trivial ones (output::is_trivial_op), at 0 every op.
+void skip_hidden_ops(std::vector<capture::ProbeSpec>& specs, int noise_level);
 
 struct TracedProcess {
     uint32_t pid = 0;
