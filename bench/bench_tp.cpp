@@ -5,8 +5,9 @@
 // RowwiseParallel, forward, backward, SGD step), each rank timing its steps
 // (--timed: the median of N after 3 untimed).  Per round, in turn: alone,
 // with torch's CommDebugMode around each step (in-process), under `commdbg
-// run --noise-level 2` with the default specs but torch-autograd (what
-// tracing cost before backward attribution), and with the default specs.
+// run --noise-level 2` with every ATen op probed (as before noise level 2
+// left the trivial ones unprobed: --trace asks for every record), and as a
+// user runs it (the trivial ops unprobed: output::is_trivial_op).
 // Ratios against the round's alone run; medians and ranges over rounds.
 // Usage (root, from the build tree): bench_tp [steps] [rounds] [trixie root]
 #include <unistd.h>
@@ -69,9 +70,8 @@ int main(int argc, char** argv) {
     std::vector<Mode> modes = {
         {"alone", "", false, {}, {}},
         {"CommDebugMode in-process", "", true, {}, {}},
-        {"commdbg --noise-level 2, no torch-autograd",
-         commdbg + "--probes nccl,torch-c10d,torch-aten,torch-scopes,torch-modules -- ", false, {}, {}},
-        {"commdbg --noise-level 2 (default specs)", commdbg + "-- ", false, {}, {}},
+        {"commdbg --noise-level 2, every op probed", commdbg + "--trace /tmp/bench_tp.trace -- ", false, {}, {}},
+        {"commdbg --noise-level 2 (trivial ops unprobed)", commdbg + "-- ", false, {}, {}},
     };
     for (int r = 0; r < rounds; ++r)
         for (Mode& m : modes) {
