@@ -56,7 +56,9 @@ void add_trace_options(CLI::App* app, TraceCliOptions& o) {
     app->add_option("--probes", o.probes,
                     "Probe specs to use: built-in names (see `commdbg probes list`) or JSON files; default: all built-ins")
         ->delimiter(',');
-    app->add_flag("--counts-only", o.counts_only, "Exact counters only, no per-call records (lowest overhead)");
+    app->add_flag("--counts-only", o.counts_only,
+                  "Exact counters only, no per-call records (lowest overhead: only collectives, communicator and "
+                  "group calls are probed)");
     app->add_flag("--stack-args", o.stack_args,
                   "Records also show the arguments passed on the caller's stack that nothing counts (NCCL's "
                   "stream): one user-memory read more per recorded call");

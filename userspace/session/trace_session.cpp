@@ -39,12 +39,29 @@ void apply_py_stack_mode(std::vector<capture::ProbeSpec>& specs, python::PyStack
         }
 }
 
+// Without records only the exact counters are read: what feeds them
+// (collectives, communicators, groups) keeps its probe, nothing else.
+bool counted(uint32_t role) {
+    switch (role) {
+        case CD_ROLE_COLLECTIVE:
+        case CD_ROLE_COMM_INIT:
+        case CD_ROLE_COMM_SPLIT:
+        case CD_ROLE_COMM_END:
+        case CD_ROLE_GROUP_START:
+        case CD_ROLE_GROUP_END:
+            return true;
+        default:
+            return false;
+    }
+}
+
 }  // namespace
 
-void skip_hidden_ops(std::vector<capture::ProbeSpec>& specs, int noise_level) {
-    if (noise_level >= 3) return;
+void skip_hidden_ops(std::vector<capture::ProbeSpec>& specs, int noise_level, bool records) {
+    if (noise_level >= 3 && records) return;
     for (capture::ProbeSpec& s : specs)
-        s.skip = [noise_level](const capture::SymbolInfo& info) {
+        s.skip = [noise_level, records](const capture::SymbolInfo& info) {
+            if (!records) return !counted(info.role);
             return info.role == CD_ROLE_OP && (noise_level < 1 || output::is_trivial_op(info.name));
         };
 }
@@ -59,7 +76,7 @@ Result<std::unique_ptr<TraceSession>> TraceSession::create(const SessionOptions&
         return R::fail(msg);
     }
     apply_py_stack_mode(specs, opts.py_stack);
-    skip_hidden_ops(specs, opts.view_noise_level);
+    skip_hidden_ops(specs, opts.view_noise_level, opts.records);
     auto guard = std::make_unique<capture::ResumeGuard>();
     auto bpf = capture::BpfSession::open(capture::BpfOptions{opts.ringbuf_bytes});
     if (!bpf) return R::fail(bpf.error());

@@ -51,8 +51,10 @@ struct SessionOptions {
 
 // Ops the outputs at `noise_level` never show get no probe (issue 27: a
 // DTensor op dispatches many trivial ones, each a uprobe trap for nothing):
-// below 3 the trivial ones (output::is_trivial_op), at 0 every op.
-void skip_hidden_ops(std::vector<capture::ProbeSpec>& specs, int noise_level);
+// below 3 the trivial ones (output::is_trivial_op), at 0 every op.  Without
+// records (--counts-only) only what the exact counters count keeps its
+// probe: collectives, communicator and group calls.
+void skip_hidden_ops(std::vector<capture::ProbeSpec>& specs, int noise_level, bool records = true);
 
 struct TracedProcess {
     uint32_t pid = 0;

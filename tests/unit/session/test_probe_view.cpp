@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // skip_hidden_ops on the real libtorch_cpu: below noise level 3 the trivial
 // ops (what only level 3 shows) get no probe and every other op keeps its
-// own; at 0 no op is probed; collectives are probed at every level.
+// own; at 0 no op is probed; collectives are probed at every level.  Without
+// records (--counts-only) only what the counters count is probed.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -23,11 +24,11 @@ std::string libtorch_cpu() {
 }
 
 // The names a spec's plan probes on `lib`, with the specs seen at `noise_level`.
-std::set<std::string> probed(const std::string& spec, const std::string& lib, int noise_level) {
+std::set<std::string> probed(const std::string& spec, const std::string& lib, int noise_level, bool records = true) {
     std::vector<ProbeSpec> specs;
     for (const auto& s : builtin_specs())
         if (s.name == spec) specs.push_back(s);
-    session::skip_hidden_ops(specs, noise_level);
+    session::skip_hidden_ops(specs, noise_level, records);
     SymbolTable syms;
     auto plan = ProbeAttacher::plan(specs.at(0), lib, syms);
     EXPECT_TRUE(plan.ok()) << plan.error();
@@ -55,6 +56,28 @@ TEST(ProbeView, BelowNoiseLevelThreeTrivialOpsGetNoProbeAndAtZeroNoOpDoes) {
     const std::set<std::string> c10d = probed("torch-c10d", lib, 3);
     EXPECT_FALSE(c10d.empty());
     EXPECT_EQ(probed("torch-c10d", lib, 0), c10d);
+}
+
+// --counts-only: the c10d collectives keep their probes (they are what is
+// counted), every op, scope, module and autograd probe goes.
+TEST(ProbeView, WithoutRecordsOnlyWhatTheCountersCountIsProbed) {
+    const std::string lib = libtorch_cpu();
+    if (lib.empty()) GTEST_SKIP() << "libtorch_cpu.so not installed (python3-torch)";
+    for (const char* spec : {"torch-aten", "torch-scopes", "torch-modules", "torch-autograd"}) {
+        EXPECT_FALSE(probed(spec, lib, 3).empty()) << spec << " has symbols in " << lib;
+        EXPECT_TRUE(probed(spec, lib, 3, false).empty()) << spec << " counts nothing";
+    }
+    std::set<std::string> collectives;
+    SymbolTable syms;
+    for (const auto& s : builtin_specs())
+        if (s.name == "torch-c10d") {
+            auto plan = ProbeAttacher::plan(s, lib, syms);
+            ASSERT_TRUE(plan.ok()) << plan.error();
+            for (auto c : plan->cookies)
+                if (syms.from_cookie(c)->role == CD_ROLE_COLLECTIVE) collectives.insert(syms.from_cookie(c)->name);
+        }
+    ASSERT_FALSE(collectives.empty());
+    EXPECT_EQ(probed("torch-c10d", lib, 2, false), collectives);
 }
 
 }  // namespace
