@@ -92,6 +92,9 @@ Result<int> write_daemon_outputs(const AttachOptions& o, DaemonClient& client, c
             if (name == slot_name) *slot = std::move(*bytes);
     }
     int status = write_outputs(out, o.trace);
+    if (o.trace.cost)
+        std::cerr << "commdbg: --cost: commdbgd traced this window; the CPU it took is commdbgd's, not this "
+                     "command's (run `commdbg attach --no-daemon --cost` to measure it here)\n";
     if (reply.contains("cut_short")) {
         // What it saw is written, but it is not the window asked for.
         std::cerr << "commdbg: attach " << o.pid << ": the window was cut short after "

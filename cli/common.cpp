@@ -2,8 +2,10 @@
 #include "common.hpp"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -71,6 +73,9 @@ void add_trace_options(CLI::App* app, TraceCliOptions& o) {
                         std::to_string(CD_DEFAULT_PY_FRAMES) + ", at most " + std::to_string(CD_MAX_PY_FRAMES) +
                         "); deeper stacks are marked truncated")
         ->check(integer_in(1, CD_MAX_PY_FRAMES));
+    app->add_flag("--cost", o.cost,
+                  "Print commdbg's own CPU at the end (stderr): setting processes up (symbols, probes, Python and "
+                  "torch discovery), and handling records, per record");
 }
 
 session::SessionOptions session_options(const TraceCliOptions& o) {
@@ -134,11 +139,34 @@ int write_outputs(const session::SessionOutput& out, const TraceCliOptions& o, c
     return rc;
 }
 
+// "commdbg: own CPU 1.42 s: 0.61 s in 12 process set-ups (...), 0.74 s
+// handling 52113 records (14.2 us each), 0.07 s the rest (loading the BPF
+// programs, the report)".
+std::string describe_cost(const session::SessionCost& c) {
+    rusage self{};
+    getrusage(RUSAGE_SELF, &self);
+    auto secs = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+    const double total = secs(self.ru_utime) + secs(self.ru_stime);
+    const double setup = 1e-9 * static_cast<double>(c.setup_ns), records = 1e-9 * static_cast<double>(c.records_ns);
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "commdbg: own CPU %.2f s: %.2f s in %llu process set-ups (at attach, fork, exec and dlopen: symbols, "
+                  "probes, Python and torch discovery), %.2f s handling %llu records (%.1f us each), %.2f s the rest (loading the BPF "
+                  "programs, the report)\n",
+                  total, setup, static_cast<unsigned long long>(c.setups), records,
+                  static_cast<unsigned long long>(c.records),
+                  c.records ? 1e6 * records / static_cast<double>(c.records) : 0.0,
+                  std::max(0.0, total - setup - records));
+    return line;
+}
+
 int emit_outputs(session::TraceSession& s, const TraceCliOptions& o) {
     session::OutputWants wants{.table_color = isatty(STDOUT_FILENO) != 0,
                       .json = !o.json_file.empty(),
                       .trace = !o.trace_file.empty()};
-    return write_outputs(render_session(s, o.noise_level, wants), o);
+    const int rc = write_outputs(render_session(s, o.noise_level, wants), o);
+    if (o.cost) std::cerr << describe_cost(s.cost());
+    return rc;
 }
 
 }  // namespace commdbg::cli

@@ -29,6 +29,7 @@ struct TraceCliOptions {
     bool stack_args = false;
     std::string py_stack = "default";
     uint32_t py_depth = CD_DEFAULT_PY_FRAMES;
+    bool cost = false;  // --cost: commdbg's own CPU on stderr at the end
     std::vector<fsdp::Profile> lifecycle_profiles;  // commdbg check --profile
     // Which outputs the user named (`--json ""` is named, and an error).
     CLI::Option* json_opt = nullptr;
@@ -57,6 +58,9 @@ void install_stop_handlers();
 int emit_outputs(session::TraceSession& s, const TraceCliOptions& o);
 
 void print_messages(session::TraceSession& s);
+
+// --cost's line: commdbg's own CPU in all (getrusage), setting up, per record.
+std::string describe_cost(const session::SessionCost& c);
 
 // Prints messages and the table, writes the requested files (also used for a
 // session that commdbgd ran).  Returns 0, or 1 when a file could not be written.

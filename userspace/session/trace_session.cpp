@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <set>
 #include <type_traits>
 #include <variant>
@@ -54,6 +55,38 @@ bool counted(uint32_t role) {
             return false;
     }
 }
+
+uint64_t thread_cpu_ns() {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<uint64_t>(t.tv_sec) * 1000000000ull + static_cast<uint64_t>(t.tv_nsec);
+}
+
+// Adds the thread's CPU from construction to destruction to `into`.
+class CpuSpan {
+public:
+    explicit CpuSpan(uint64_t& into) : into_(into), start_(thread_cpu_ns()) {}
+    ~CpuSpan() { into_ += thread_cpu_ns() - start_; }
+    CpuSpan(const CpuSpan&) = delete;
+    CpuSpan& operator=(const CpuSpan&) = delete;
+
+private:
+    uint64_t& into_;
+    uint64_t start_;
+};
+
+// The same for handling records: the set-up done meanwhile is not theirs.
+class RecordSpan {
+public:
+    explicit RecordSpan(SessionCost& c) : c_(c), setup_before_(c.setup_ns), start_(thread_cpu_ns()) {}
+    ~RecordSpan() { c_.records_ns += thread_cpu_ns() - start_ - (c_.setup_ns - setup_before_); }
+    RecordSpan(const RecordSpan&) = delete;
+    RecordSpan& operator=(const RecordSpan&) = delete;
+
+private:
+    SessionCost& c_;
+    uint64_t setup_before_, start_;
+};
 
 }  // namespace
 
@@ -215,6 +248,8 @@ void TraceSession::recheck_access() {
 }
 
 Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
+    CpuSpan span(cost_.setup_ns);
+    ++cost_.setups;
     if (auto r = check_traceable(pid); !r) return r;
     if (!owner_may_read(static_cast<uint32_t>(pid)))
         return Result<bool>::fail("pid " + std::to_string(pid) + ": permission denied — uid " +
@@ -264,6 +299,8 @@ void TraceSession::setup_frameworks(TracedProcess& p) {
 }
 
 void TraceSession::scan(uint32_t pid) {
+    CpuSpan span(cost_.setup_ns);
+    ++cost_.setups;
     // Every exec reaches here (its loader event): a set-uid image is not read.
     auto& p = track(pid);
     if (p.withheld) return;
@@ -355,6 +392,7 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
     } else if (auto* t = std::get_if<capture::ThreadExit>(&ev)) {
         name_exited_thread(*t);
     } else if (const capture::CallEnter* e = entry_of(ev)) {
+        ++cost_.records;
         // A thread's name is read while it runs: at the report it may be gone.
         auto it = procs_.find(e->tgid);
         if (it != procs_.end() && !it->second.thread_names.count(e->tid) &&
@@ -370,6 +408,7 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
 }
 
 int TraceSession::poll(int timeout_ms) {
+    RecordSpan span(cost_);
     recheck_access();
     python_.begin_batch();
     const int n = bpf_->poll(timeout_ms);
@@ -394,6 +433,7 @@ void TraceSession::rescan_after_lost_loader_events() {
 
 void TraceSession::drain() {
     bpf_->set_armed(false);  // the window closes here, for every symbol at once
+    RecordSpan span(cost_);
     while (bpf_->poll(0) > 0) {
     }
     // A return-probed call sends its record when it returns: those still in

@@ -56,6 +56,17 @@ struct SessionOptions {
 // probe: collectives, communicator and group calls.
 void skip_hidden_ops(std::vector<capture::ProbeSpec>& specs, int noise_level, bool records = true);
 
+// commdbg's own CPU in a session, on its thread's clock (user and system):
+// setting processes up (their libraries' symbols and probes, Python and
+// torch discovery: add_process and each scan after a fork, exec or dlopen)
+// and handling records (naming frames, the call trees).
+struct SessionCost {
+    uint64_t setup_ns = 0;
+    uint64_t records_ns = 0;  // the polls, less the set-up inside them
+    uint64_t records = 0;     // call records handled
+    uint64_t setups = 0;      // processes added or scanned
+};
+
 struct TracedProcess {
     uint32_t pid = 0;
     std::string command;
@@ -119,6 +130,7 @@ public:
     std::array<uint64_t, CD_DROP_MAX> kernel_drops() const { return bpf_->drops(); }
     std::vector<capture::ProgramStats> program_stats() const { return bpf_->program_stats(); }
     const std::vector<capture::AttachedFile>& attached_files() const { return attacher_.files(); }
+    const SessionCost& cost() const { return cost_; }
 
 private:
     TraceSession(std::unique_ptr<capture::ResumeGuard> guard, std::unique_ptr<capture::BpfSession> bpf,
@@ -157,6 +169,7 @@ private:
     uint64_t untraced_children_ = 0;  // forks of a process traced without follow
     static constexpr uint64_t kMaxChildNotes = 8;
     std::chrono::steady_clock::time_point access_checked_{};
+    SessionCost cost_;
 };
 
 // "pid 4242 (python3 train.py)" for messages.

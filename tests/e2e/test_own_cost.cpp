@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: Apache-2.0
+// --cost: commdbg's own CPU at the end, split into setting processes up and
+// handling records.  Its record count is the dump's (every call recorded is
+// one record handled), without records it handles none, and its parts add
+// up to no more than the whole getrusage gives.
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "e2e_util.hpp"
+
+namespace commdbg::e2e {
+namespace {
+
+struct CostLine {
+    double total = 0, setup = 0, records_s = 0, rest = 0;
+    long setups = 0, records = 0;
+};
+
+std::optional<CostLine> cost_line(const std::string& err) {
+    static const std::regex re(
+        R"(commdbg: own CPU ([0-9.]+) s: ([0-9.]+) s in ([0-9]+) process set-ups \([^)]*\), ([0-9.]+) s handling )"
+        R"(([0-9]+) records \([0-9.]+ us each\), ([0-9.]+) s the rest)");
+    std::smatch m;
+    if (!std::regex_search(err, m, re)) return std::nullopt;
+    return CostLine{std::stod(m[1]), std::stod(m[2]), std::stod(m[4]), std::stod(m[6]), std::stol(m[3]),
+                    std::stol(m[5])};
+}
+
+TEST(OwnCost, CountsTheRecordsTheDumpHoldsAndItsPartsAddUp) {
+    REQUIRE_BPF();
+    TempDir tmp;
+    auto r = run({commdbg_bin(), "run", "--cost", "--json", tmp.path("out.json"), "--", testprog("nccl_workload"),
+                  "--calls", "all_reduce=300,broadcast=40", "--nranks", "4", "--rank", "1"},
+                 nccl_env(false));
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto c = cost_line(r.err);
+    ASSERT_TRUE(c) << "no cost line in: " << r.err;
+    auto j = read_json(tmp.path("out.json"));
+    ASSERT_FALSE(j.contains("dropped_records")) << j.dump().substr(0, 500);
+    EXPECT_EQ(c->records, static_cast<long>(j["records"].size()));
+    EXPECT_GE(c->records, 340);
+    EXPECT_GE(c->setups, 1) << "the workload was set up at least once";
+    // Printed with two decimals each: the parts may round up by 0.005 apiece.
+    EXPECT_LE(c->setup + c->records_s + c->rest, c->total + 0.015) << r.err;
+}
+
+TEST(OwnCost, WithoutRecordsNoneIsHandled) {
+    REQUIRE_BPF();
+    auto r = run({commdbg_bin(), "run", "--cost", "--counts-only", "--", testprog("nccl_workload"), "--calls",
+                  "all_reduce=300", "--nranks", "4", "--rank", "1"},
+                 nccl_env(false));
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto c = cost_line(r.err);
+    ASSERT_TRUE(c) << "no cost line in: " << r.err;
+    EXPECT_EQ(c->records, 0);
+    EXPECT_NE(r.out.find("calls=300"), std::string::npos) << r.out;
+}
+
+TEST(OwnCost, OnlyWhenAskedFor) {
+    REQUIRE_BPF();
+    auto r = run({commdbg_bin(), "run", "--counts-only", "--", testprog("nccl_workload"), "--calls", "all_reduce=3",
+                  "--nranks", "4", "--rank", "1"},
+                 nccl_env(false));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_FALSE(cost_line(r.err)) << r.err;
+    EXPECT_EQ(r.err.find("own CPU"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace commdbg::e2e
