@@ -5,14 +5,16 @@
 // RowwiseParallel, forward, backward, SGD step), each rank timing its steps
 // (--timed: the median of N after 3 untimed).  Per round, in turn: alone,
 // with torch's CommDebugMode around each step (in-process), under `commdbg
-// run --noise-level 2` with every ATen op probed (as before noise level 2
-// left the trivial ones unprobed: --trace asks for every record), and as a
-// user runs it (the trivial ops unprobed: output::is_trivial_op).
-// Ratios against the round's alone run; medians and ranges over rounds.
+// run` at noise levels 0, 1 and 2, at 2 with every ATen op probed (--trace
+// asks for every record; below 3 the trivial ops are otherwise unprobed),
+// and with --counts-only.  Ratios against the round's alone run; medians and
+// ranges over rounds.  commdbg's own CPU (its --cost line): in all, setting
+// processes up, and per record handled, medians over rounds.
 // Usage (root, from the build tree): bench_tp [steps] [rounds] [trixie root]
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -33,21 +35,48 @@ struct Mode {
     std::string prefix;  // before the job's command: a commdbg run, or nothing
     bool commdebug = false;
     std::vector<double> step_s, ratio;
+    std::vector<double> cpu_s, setup_s, per_record_us;  // commdbg's --cost line
 };
 
-// The job's ranks' median step time (the slower rank's), or nullopt when it failed.
-std::optional<double> run_job(const std::string& cmd) {
-    FILE* f = popen((cmd + " 2>/dev/null").c_str(), "r");
+Mode mode(std::string what, std::string prefix, bool commdebug = false) {
+    Mode m;
+    m.what = std::move(what), m.prefix = std::move(prefix), m.commdebug = commdebug;
+    return m;
+}
+
+struct JobRun {
+    double step_s = 0;  // the ranks' median step time (the slower rank's)
+    std::optional<std::array<double, 3>> cost;  // commdbg's CPU: all, set-ups, us per record
+};
+
+// "commdbg: own CPU 0.93 s: 0.31 s in 270 process set-ups (...), 0.43 s handling 68242 records (6.2 us each)"
+std::optional<std::array<double, 3>> cost_of(const std::string& line) {
+    double all = 0, setup = 0, per = 0;
+    const auto at = line.find("commdbg: own CPU ");
+    if (at == std::string::npos || std::sscanf(line.c_str() + at, "commdbg: own CPU %lf s: %lf s", &all, &setup) != 2)
+        return std::nullopt;
+    const auto each = line.find(" us each)");
+    const auto open = line.rfind('(', each);
+    if (each == std::string::npos || open == std::string::npos || std::sscanf(line.c_str() + open, "(%lf", &per) != 1)
+        return std::nullopt;
+    return std::array<double, 3>{all, setup, per};
+}
+
+std::optional<JobRun> run_job(const std::string& cmd) {
+    FILE* f = popen((cmd + " 2>&1").c_str(), "r");
     if (!f) return std::nullopt;
     std::vector<double> ranks;
-    char line[4096];
+    JobRun run;
+    char line[8192];
     while (fgets(line, sizeof line, f)) {
+        if (auto c = cost_of(line)) run.cost = c;
         auto j = nlohmann::json::parse(line, nullptr, false);
         if (!j.is_discarded() && j.is_object() && j.contains("step_s")) ranks.push_back(j["step_s"].get<double>());
     }
     int status = pclose(f);
     if (status != 0 || ranks.size() != 2) return std::nullopt;
-    return *std::max_element(ranks.begin(), ranks.end());
+    run.step_s = *std::max_element(ranks.begin(), ranks.end());
+    return run;
 }
 
 }  // namespace
@@ -66,12 +95,15 @@ int main(int argc, char** argv) {
     const std::string job = "env USE_LIBUV=0 GLOO_SOCKET_IFNAME=lo " + (src / "tests/trixie_run.sh").string() +
                             " --bind " + (src / "tests/testprogs").string() + ":/opt/commdbg-testprogs " + root +
                             " python3 /opt/commdbg-testprogs/tp_commdebug.py --timed " + std::to_string(steps);
-    const std::string commdbg = (bin / "commdbg").string() + " run --noise-level 2 --json /tmp/bench_tp.json ";
+    const std::string commdbg = (bin / "commdbg").string() + " run --cost --json /tmp/bench_tp.json ";
     std::vector<Mode> modes = {
-        {"alone", "", false, {}, {}},
-        {"CommDebugMode in-process", "", true, {}, {}},
-        {"commdbg --noise-level 2, every op probed", commdbg + "--trace /tmp/bench_tp.trace -- ", false, {}, {}},
-        {"commdbg --noise-level 2 (trivial ops unprobed)", commdbg + "-- ", false, {}, {}},
+        mode("alone", ""),
+        mode("CommDebugMode in-process", "", true),
+        mode("commdbg --noise-level 0", commdbg + "--noise-level 0 -- "),
+        mode("commdbg --noise-level 1", commdbg + "--noise-level 1 -- "),
+        mode("commdbg --noise-level 2", commdbg + "--noise-level 2 -- "),
+        mode("commdbg --noise-level 2, every op probed", commdbg + "--noise-level 2 --trace /tmp/bench_tp.trace -- "),
+        mode("commdbg --counts-only", commdbg + "--counts-only -- "),
     };
     for (int r = 0; r < rounds; ++r)
         for (Mode& m : modes) {
@@ -80,15 +112,24 @@ int main(int argc, char** argv) {
                 std::fprintf(stderr, "bench_tp: the job failed under '%s'\n", m.what.c_str());
                 return 1;
             }
-            m.step_s.push_back(*s);
-            m.ratio.push_back(*s / modes[0].step_s.back());
+            m.step_s.push_back(s->step_s);
+            m.ratio.push_back(s->step_s / modes[0].step_s.back());
+            if (s->cost) {
+                m.cpu_s.push_back((*s->cost)[0]);
+                m.setup_s.push_back((*s->cost)[1]);
+                m.per_record_us.push_back((*s->cost)[2]);
+            }
         }
     std::printf("2-rank tensor-parallel job (torch 2.6, gloo), %ld timed steps x %d rounds, step time (slower rank)\n",
                 steps, rounds);
     for (const Mode& m : modes) {
         auto [lo, hi] = std::minmax_element(m.ratio.begin(), m.ratio.end());
-        std::printf("%-44s %7.2f ms per step  ratio %.2f of alone (rounds %.2f-%.2f)\n", m.what.c_str(),
+        std::printf("%-42s %6.2f ms per step  ratio %.2f of alone (rounds %.2f-%.2f)", m.what.c_str(),
                     1e3 * median(m.step_s), median(m.ratio), *lo, *hi);
+        if (!m.cpu_s.empty())
+            std::printf("  commdbg CPU %.2f s (set-ups %.2f s, %.1f us per record)", median(m.cpu_s),
+                        median(m.setup_s), median(m.per_record_us));
+        std::printf("\n");
     }
     return 0;
 }
