@@ -98,6 +98,8 @@ size_t ProcessTree::memory_bytes() const {
     n += params_tried_.bucket_count() * sizeof(void*);
     for (const auto& [fqn, tried] : params_tried_) n += sizeof(fqn) + fqn.capacity() + sizeof(tried) + kNode;
     for (const auto& [fqn, k] : params_retries_) n += sizeof(fqn) + fqn.capacity() + sizeof(k) + kNode;
+    n += params_pending_.capacity() * sizeof(ParamRead);
+    for (const auto& r : params_pending_) n += r.path.capacity();
     n += params_.capacity() * sizeof(params_[0]);
     for (const auto& th : threads_) {
         n += th.second.backward.capacity() * sizeof(BackwardRun);
@@ -218,6 +220,7 @@ void ProcessTree::reset_window() {
     params_.clear();
     params_tried_.clear();
     params_retries_.clear();
+    params_pending_.clear();
     params_lost_ = 0;
     nodes_run_ = nodes_unmapped_ = 0;
 }

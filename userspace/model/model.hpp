@@ -363,6 +363,15 @@ private:
     std::vector<std::pair<std::string, torch::ModuleParams>> params_;
     std::unordered_map<std::string, bool> params_tried_;  // module paths asked this window
     std::unordered_map<std::string, uint32_t> params_retries_;  // asked again: not readable yet
+    // Modules to read again at the next batch of records (TraceModel::
+    // retry_parameters): FSDP2's unsharded parameters exist only once its
+    // first pre-forward ran, which may be after the module's record was read.
+    struct ParamRead {
+        std::string path;
+        uint64_t module = 0;
+        size_t depth = 0;
+    };
+    std::vector<ParamRead> params_pending_;
     uint64_t params_lost_ = 0;
     // Backward attribution: kept across windows (a forward and its backward
     // may fall in two), bounded.
@@ -402,6 +411,10 @@ public:
     void set_unit_namer(std::function<std::optional<std::string>(std::string_view)> f) { unit_namer_ = std::move(f); }
 
     void on_event(const capture::Event& ev);
+    // Reads again the parameters that were not readable yet (FSDP2 before
+    // its first unshard), each at most kMaxParamRetries times in all: call
+    // once per batch of records, so that the target has moved on meanwhile.
+    void retry_parameters();
     // Window reset: records, counts and drops are cleared and exited processes
     // forgotten; the limits stay.  Frames still open become placeholders, so
     // calls that return into them after the reset still nest correctly (they
@@ -431,7 +444,7 @@ private:
                           const capture::SymbolInfo& info);
     std::string node_name(ProcessTree& p, uint32_t tgid, uint64_t vtable);
     void open_module(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, size_t want);
-    void read_parameters(ProcessTree& p, uint32_t tgid, const std::string& fqn, uint64_t module);
+    void read_parameters(ProcessTree& p, uint32_t tgid, std::vector<ProcessTree::ParamRead> todo);
     void on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
                   const capture::SymbolInfo& info);
     bool opens_scope(const ProcessTree::ThreadState& th, const capture::CallEnter& e,

@@ -17,8 +17,9 @@ constexpr size_t kMaxCtxLinks = 4 * CD_MAX_PY_FRAMES;
 // Submodules below a module seen whose parameters are read (the module tree's own bound).
 constexpr size_t kMaxParamDepth = 32;
 // Reads of a module whose parameters are not readable yet (FSDP2 before its
-// first unshard) before what could be read is kept.
-constexpr uint32_t kMaxParamRetries = 8;
+// first unshard) before what could be read is kept: at a batch of records
+// each (TraceSession: at least 5 ms apart), or when the module opens again.
+constexpr uint32_t kMaxParamRetries = 16;
 
 // A frame when there is no resolver: counted, never named.
 const python::PyFrameInfo kUnresolved{};
@@ -266,7 +267,7 @@ void TraceModel::open_module(ProcessTree& p, ProcessTree::ThreadState& th, const
         std::string_view cls = m.chained ? std::string_view(m.chained->cls) : m.frame->module_class;
         r.ctx = p.intern_module(fqn, cls, m.node ? node_name(p, e.tgid, m.vtable) : std::string());
         rec = p.append(r, th);
-        if (params_ && !m.backward && fqn != "<unknown>") read_parameters(p, e.tgid, fqn, m.module);
+        if (params_ && !m.backward && fqn != "<unknown>") read_parameters(p, e.tgid, {{fqn, m.module, 0}});
     }
     th.ctx.push_back({m.module, m.depth, rec, kNoRecord, false, m.backward, m.node});
 }
@@ -275,30 +276,42 @@ void TraceModel::open_module(ProcessTree& p, ProcessTree::ThreadState& th, const
 // first time its path runs forward in a window; and those of the modules
 // below it (a Linear issues no record of its own to be seen by), depth first
 // as named_modules() lists them.
-void TraceModel::read_parameters(ProcessTree& p, uint32_t tgid, const std::string& fqn, uint64_t module) {
-    std::vector<std::tuple<std::string, uint64_t, size_t>> todo{{fqn, module, 0}};
+void TraceModel::read_parameters(ProcessTree& p, uint32_t tgid, std::vector<ProcessTree::ParamRead> todo) {
+    std::reverse(todo.begin(), todo.end());  // taken from the back: in the order given
     while (!todo.empty()) {
-        auto [path, m, depth] = std::move(todo.back());
+        ProcessTree::ParamRead r = std::move(todo.back());
         todo.pop_back();
-        if (p.params_tried_.count(path) != 0) continue;
+        if (p.params_tried_.count(r.path) != 0) continue;
         if (p.params_tried_.size() >= ProcessTree::kMaxParamModules) {
             ++p.params_lost_;
             continue;
         }
-        p.params_tried_.emplace(path, true);
-        std::optional<torch::ModuleParams> got = params_->module_parameters(tgid, m);
+        p.params_tried_.emplace(r.path, true);
+        std::optional<torch::ModuleParams> got = params_->module_parameters(tgid, r.module);
         if (!got) continue;
-        if (got->retry && ++p.params_retries_[path] <= kMaxParamRetries) {
-            p.params_tried_.erase(path);  // asked again when a record of this module opens
+        if (got->retry && ++p.params_retries_[r.path] <= kMaxParamRetries) {
+            // Asked again at the next batch, or when a record of this module opens.
+            p.params_tried_.erase(r.path);
+            if (p.params_pending_.size() < ProcessTree::kMaxParamModules) p.params_pending_.push_back(std::move(r));
             continue;
         }
-        if (depth < kMaxParamDepth)
+        if (r.depth < kMaxParamDepth)
             for (size_t i = got->children.size(); i-- > 0;) {
                 auto& [name, child] = got->children[i];
-                todo.emplace_back(path == "<root>" ? name : path + "." + name, child, depth + 1);
+                todo.push_back({r.path == "<root>" ? name : r.path + "." + name, child, r.depth + 1});
             }
         std::vector<std::pair<std::string, uint64_t>>().swap(got->children);
-        if (!got->params.empty() || got->unread != 0) p.params_.emplace_back(path, std::move(*got));
+        if (!got->params.empty() || got->unread != 0) p.params_.emplace_back(r.path, std::move(*got));
+    }
+}
+
+void TraceModel::retry_parameters() {
+    if (!params_) return;
+    for (auto& [tgid, p] : procs_) {
+        if (p->params_pending_.empty()) continue;
+        std::vector<ProcessTree::ParamRead> again;
+        again.swap(p->params_pending_);
+        read_parameters(*p, tgid, std::move(again));
     }
 }
 

@@ -413,6 +413,12 @@ int TraceSession::poll(int timeout_ms) {
     python_.begin_batch();
     const int n = bpf_->poll(timeout_ms);
     python_.tell_code_kinds();
+    // Parameters not readable yet are read again, at most every kParamRetryEvery:
+    // the target moves on between two tries, however fast batches come.
+    if (auto now = std::chrono::steady_clock::now(); now - params_retried_ >= kParamRetryEvery) {
+        params_retried_ = now;
+        model_.retry_parameters();
+    }
     rescan_after_lost_loader_events();
     return n;
 }

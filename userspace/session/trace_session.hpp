@@ -170,6 +170,8 @@ private:
     static constexpr uint64_t kMaxChildNotes = 8;
     std::chrono::steady_clock::time_point access_checked_{};
     SessionCost cost_;
+    std::chrono::steady_clock::time_point params_retried_{};
+    static constexpr std::chrono::milliseconds kParamRetryEvery{5};
 };
 
 // "pid 4242 (python3 train.py)" for messages.

@@ -935,3 +935,70 @@ TEST(ContextModel, AnEngineWorkersRecordsBelongToItsNodeAndNodesAreBounded) {
     c.runs(0x100000, kEngine);  // the oldest went
     EXPECT_EQ(c.tree().autograd_nodes_unmapped(), 1u);
 }
+
+// ---- parameters ----------------------------------------------------------------
+
+// A module whose parameters become readable after `readable_after` asks
+// (FSDP2 makes a unit's unsharded parameters at its first pre-forward, which
+// may run after commdbg handled the module's record).
+class LateParams : public torch::ParameterSource {
+public:
+    explicit LateParams(int readable_after) : left_(readable_after) {}
+    std::optional<torch::ModuleParams> module_parameters(uint32_t, uint64_t module) override {
+        ++asks[module];
+        torch::ModuleParams out;
+        if (module != kBlock) return out;
+        if (left_-- > 0) {
+            out.retry = true, out.unread = 1;
+            return out;
+        }
+        torch::ParamInfo p;
+        p.name = "weight", p.shape = {4, 4}, p.dtype = "float32", p.local_shape = {4, 4};
+        out.params.push_back(p);
+        return out;
+    }
+    std::map<uint64_t, int> asks;
+
+private:
+    int left_;
+};
+
+std::vector<std::string> param_paths(const ProcessTree& t) {
+    std::vector<std::string> out;
+    for (const auto& [path, params] : t.parameters())
+        if (!params.params.empty()) out.push_back(path);
+    return out;
+}
+
+// The block's module opens once: its parameters, not readable then, are read
+// again at the following batches, without the block opening again.
+TEST(ContextModel, ParametersNotReadableYetAreReadAgainAtTheNextBatches) {
+    Ctx c;
+    LateParams late(3);
+    c.model.set_parameter_source(&late);
+    c.collective(kInBlock);
+    EXPECT_TRUE(param_paths(c.tree()).empty());
+    EXPECT_EQ(late.asks[kBlock], 1);
+    for (int batch = 0; batch < 3; ++batch) c.model.retry_parameters();
+    EXPECT_EQ(param_paths(c.tree()), std::vector<std::string>{"encoder.blocks.1"});
+    EXPECT_EQ(late.asks[kBlock], 4);
+    c.model.retry_parameters();  // read: not asked again
+    EXPECT_EQ(late.asks[kBlock], 4);
+    EXPECT_EQ(late.asks[kModel], 1) << "modules read once are not asked again";
+}
+
+// A module that never becomes readable is asked a bounded number of times,
+// then what could be read (nothing here) stands.
+TEST(ContextModel, ParametersThatNeverBecomeReadableAreAskedABoundedNumberOfTimes) {
+    Ctx c;
+    LateParams never(1'000'000);
+    c.model.set_parameter_source(&never);
+    c.collective(kInBlock);
+    for (int batch = 0; batch < 100; ++batch) c.model.retry_parameters();
+    EXPECT_LE(never.asks[kBlock], 17);
+    EXPECT_GE(never.asks[kBlock], 2);
+    EXPECT_TRUE(param_paths(c.tree()).empty());
+    const int asked = never.asks[kBlock];
+    c.model.retry_parameters();
+    EXPECT_EQ(never.asks[kBlock], asked);
+}
