@@ -72,7 +72,8 @@ int call_enter(struct pt_regs *ctx)
 		return 0;
 	if (!wants_records(&en))
 		return 0;
-	track_scope(&en);
+	if (!track_scope(&en))
+		return 0;
 	emit_entry_record(&en, st);
 	return 0;
 }

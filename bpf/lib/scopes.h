@@ -17,14 +17,25 @@ struct {
 /* The scope is a uint8_t: the register's low byte. */
 #define CD_USER_SCOPE 7
 
-FUNC_INLINE void track_scope(const struct entry *en)
+/* Whether a scope marker is worth a record, keeping open_scopes.  A begin
+ * only of a USER_SCOPE: torch constructs a RecordFunction of its own at
+ * every RECORD_FUNCTION site (around each autograd node, ...), callbacks or
+ * not, and those open no scope.  An end only of a scope open in this view:
+ * end() also runs for every one of torch's own, and again from the
+ * destructor of a user scope already ended.  Dropped here, they cost a trap
+ * and a helper call, not a record, a Python stack and userspace's reading. */
+FUNC_INLINE bool track_scope(const struct entry *en)
 {
 	struct cd_scope_key k = {.tgid = en->tgid, .self = slot_arg(en->args, CD_COOKIE_COUNT(en->cookie))};
 
-	if (en->role == CD_ROLE_SCOPE_BEGIN && (slot_arg(en->args, CD_COOKIE_PEER(en->cookie)) & 0xff) == CD_USER_SCOPE)
+	if (en->role == CD_ROLE_SCOPE_BEGIN) {
+		if ((slot_arg(en->args, CD_COOKIE_PEER(en->cookie)) & 0xff) != CD_USER_SCOPE)
+			return false;
 		bpf_map_update_elem(&open_scopes, &k, &en->ts, BPF_ANY);
-	else if (en->role == CD_ROLE_SCOPE_END)
-		bpf_map_delete_elem(&open_scopes, &k);
+	} else if (en->role == CD_ROLE_SCOPE_END) {
+		return bpf_map_delete_elem(&open_scopes, &k) == 0;
+	}
+	return true;
 }
 
 #endif /* COMMDBG_LIB_SCOPES_H */

@@ -2,7 +2,8 @@
 // --cost: commdbg's own CPU at the end, split into setting processes up and
 // handling records.  Its record count is the dump's (every call recorded is
 // one record handled), without records it handles none, and its parts add
-// up to no more than the whole getrusage gives.
+// up to no more than the whole getrusage gives.  torch's own RecordFunctions
+// (one around every autograd node run, ...) cost no record.
 #include <gtest/gtest.h>
 
 #include <regex>
@@ -65,6 +66,37 @@ TEST(OwnCost, OnlyWhenAskedFor) {
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_FALSE(cost_line(r.err)) << r.err;
     EXPECT_EQ(r.err.find("own CPU"), std::string::npos) << r.err;
+}
+
+// A record_function scope is two records (its begin and its end; torch 1.13
+// sends no label of its own), however many autograd nodes run inside it:
+// torch builds a RecordFunction around each, and its constructor and end()
+// are the very symbols torch-scopes probes.  The kernel sends neither.
+TEST(OwnCost, TorchsOwnRecordFunctionsCostNoRecord) {
+    REQUIRE_BPF();
+    REQUIRE_TORCH(py);
+    TempDir tmp;
+    auto r = run({commdbg_bin(), "run", "--noise-level", "2", "--probes", "torch-scopes", "--cost", "--json",
+                  tmp.path("out.json"), "--", py, std::string(SOURCE_DIR) + "/tests/testprogs/scopes_and_nodes.py", "3",
+                  "20"},
+                 {}, 240);
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto lines = workload_lines(r.out, "scopes");
+    ASSERT_EQ(lines.size(), 1u) << r.out;
+    ASSERT_GE(lines[0]["nodes_per_pass"].get<int>(), 3) << "backward runs nodes, each in a RecordFunction";
+    auto c = cost_line(r.err);
+    ASSERT_TRUE(c) << r.err;
+    auto j = read_json(tmp.path("out.json"));
+    int scopes = 0;
+    for (const auto& p : processes_of(j))
+        for (const auto& rec : p.value("records", nlohmann::json::array()))
+            if (rec.value("type", "") == "scope") {
+                ++scopes;
+                EXPECT_EQ(rec.value("name", ""), "outer") << rec.dump();
+            }
+    EXPECT_EQ(scopes, lines[0]["scopes"].get<int>());
+    EXPECT_EQ(c->records, 2L * scopes) << "one begin and one end per scope, nothing for the "
+                                       << 3 * 20 * lines[0]["nodes_per_pass"].get<int>() << " nodes run inside";
 }
 
 }  // namespace
