@@ -42,6 +42,10 @@ FUNC_GLOBAL __u32 fill_context(struct record_buf *b, __u32 tgid, __u64 cookie, _
 		b->context.py_status = py_top_frame(cfg, &w);
 		if (b->context.py_status == CD_PY_OK) {
 			w.codes = bpf_map_lookup_elem(&py_codes, &tgid);
+			if (CD_COOKIE_ROLE(cookie) == CD_ROLE_MODULE_ENTER && w.codes && !module_call_on_top(&w)) {
+				b->walk.dropped = 1;
+				return 0;
+			}
 			bpf_loop(2 * CD_MAX_PY_FRAMES / WALK_BATCH, walk_frames, &w, 0);
 			if (b->walk.need_types)
 				bpf_loop(CD_MAX_PY_FRAMES, read_type, &w, 0);
@@ -140,6 +144,8 @@ FUNC_INLINE bool emit_enter_with_context(const struct entry *en, __u64 wakeup)
 		return false;
 	tensors = tensors_part(b, en, tcfg);
 	tail = context_tail(b, en->tgid, en->cookie, en->args, cfg);
+	if (b->walk.dropped)
+		return true; /* handled: nothing to send */
 	if (tail > CONTEXT_TAIL_MAX)
 		return false;
 	body = b->head + (tensors ? ENTER_TENSORS_BODY_OFF : ENTER_BODY_OFF);

@@ -42,6 +42,7 @@ struct walk_state {
 	__u32 flags;	    /* CD_CTX_* */
 	__u32 n_in_backward; /* frames [0, n_in_backward) may run inside the autograd engine */
 	__u32 need_types;    /* some frame's `self` needs its type read */
+	__u32 dropped;	     /* the record is not worth sending (walk.h, module_call_on_top) */
 };
 
 struct record_buf {

@@ -201,6 +201,25 @@ FUNC_INLINE long walk_frame(struct walk *w)
 	return 0;
 }
 
+/* Whether a module-entry event (torch::jit::tracer::getTracingState) can
+ * be an nn.Module call's: its innermost frame is _call_impl, a code object
+ * userspace classed CD_CODE_SELF.  torch's Python bindings call
+ * getTracingState too, at every op they dispatch (on a DTensor job ~15 per
+ * module call): those frames are classed otherwise once named, and their
+ * events open no module, so they go unsent -- no walk, no record.  A frame
+ * not named yet, or none walked, passes: userspace decides, and learns.
+ * Walks the innermost frame; the rest of the walk goes on from there. */
+FUNC_INLINE bool module_call_on_top(struct walk *w)
+{
+	__u32 kind;
+
+	walk_frame(w);
+	if (w->state->nframes == 0)
+		return true;
+	kind = w->b->kinds[0];
+	return kind == CD_CODE_UNKNOWN || kind == CD_CODE_SELF;
+}
+
 /* WALK_BATCH frames per bpf_loop iteration: its call of the callback costs
  * as much as the rest of a frame's walk here (a return under the CPU's
  * return-stack mitigation).  The verifier's work grows fast with it, and

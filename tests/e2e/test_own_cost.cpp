@@ -99,5 +99,36 @@ TEST(OwnCost, TorchsOwnRecordFunctionsCostNoRecord) {
                                        << 3 * 20 * lines[0]["nodes_per_pass"].get<int>() << " nodes run inside";
 }
 
+// torch 2.6's Python bindings call torch::jit::tracer::getTracingState(),
+// torch-modules' module-entry symbol, at every op they dispatch (~15 per
+// module call on the tensor-parallel job).  Once commdbg has named the
+// calling frame and told the kernel it is no nn.Module._call_impl, those
+// events are not sent: far fewer records than the kernel counted calls,
+// and every module still has its records (the side-by-side tests compare
+// the modules' counts with CommDebugMode's under the same specs).
+TEST(OwnCost, ModuleEntriesFromOtherCodeCostNoRecord) {
+    REQUIRE_BPF();
+    REQUIRE_TRIXIE_ROOT(trixie_root());
+    TempDir tmp;
+    auto r = run({commdbg_bin(), "run", "--noise-level", "2", "--probes", "torch-modules,torch-c10d", "--cost",
+                  "--json", tmp.path("out.json"), "--", kRunScript, "--bind", kTestprogs + ":" + kInRoot,
+                  trixie_root(), "python3", kInRoot + "/tp_commdebug.py", "--timed", "20"},
+                 kRootJobEnv, 300);
+    ASSERT_EQ(r.status, 0) << r.err.substr(0, 4000);
+    auto c = cost_line(r.err);
+    ASSERT_TRUE(c) << r.err;
+    long entries = 0, modules = 0;
+    for (const auto& p : processes_of(read_json(tmp.path("out.json")))) {
+        for (const auto& k : p.value("counters", nlohmann::json::array()))
+            if (k.value("name", "") == "torch::jit::tracer::getTracingState") entries += k.value("calls", 0L);
+        for (const auto& rec : p.value("records", nlohmann::json::array()))
+            if (rec.value("type", "") == "module") ++modules;
+    }
+    ASSERT_GT(entries, 1000) << "the kernel counts every module-entry event";
+    EXPECT_GT(modules, 0);
+    EXPECT_LT(4 * c->records, entries) << "records handled " << c->records << " of " << entries
+                                       << " module-entry events (plus collectives)";
+}
+
 }  // namespace
 }  // namespace commdbg::e2e
