@@ -7,7 +7,8 @@
 // with torch's CommDebugMode around each step (in-process), under `commdbg
 // run` at noise levels 0, 1 and 2, at 2 with every ATen op probed (--trace
 // asks for every record; below 3 the trivial ops are otherwise unprobed),
-// and with --counts-only.  Ratios against the round's alone run; medians and
+// and with --counts-only; then the same for the FSDP2 version of the job
+// (--fsdp), with `commdbg check` too.  Ratios against the round's alone run; medians and
 // ranges over rounds.  commdbg's own CPU (its --cost line): in all, setting
 // processes up, and per record handled, medians over rounds.
 // Usage (root, from the build tree): bench_tp [steps] [rounds] [trixie root]
@@ -79,6 +80,56 @@ std::optional<JobRun> run_job(const std::string& cmd) {
     return run;
 }
 
+// What runs the job: alone, CommDebugMode, commdbg at each noise level, every
+// op probed, counts only; for the FSDP2 job also `commdbg check` (the
+// lifecycle checks, what commdbgd --fsdp-checks runs per window).
+std::vector<Mode> modes_for(const std::string& commdbg, bool fsdp) {
+    const std::string run = commdbg + " run --cost --json /tmp/bench_tp.json ";
+    std::vector<Mode> modes = {
+        mode("alone", ""),
+        mode("CommDebugMode in-process", "", true),
+        mode("commdbg --noise-level 0", run + "--noise-level 0 -- "),
+        mode("commdbg --noise-level 1", run + "--noise-level 1 -- "),
+        mode("commdbg --noise-level 2", run + "--noise-level 2 -- "),
+        mode("commdbg --noise-level 2, every op probed", run + "--noise-level 2 --trace /tmp/bench_tp.trace -- "),
+        mode("commdbg --counts-only", run + "--counts-only -- "),
+    };
+    if (fsdp) modes.push_back(mode("commdbg check (FSDP lifecycle)", commdbg + " check --cost -- "));
+    return modes;
+}
+
+// Rounds of every mode in turn; false (said) when the job failed.
+bool run_rounds(std::vector<Mode>& modes, const std::string& job, int rounds) {
+    for (int r = 0; r < rounds; ++r)
+        for (Mode& m : modes) {
+            auto s = run_job(m.prefix + job + (m.commdebug ? " --with-commdebug" : ""));
+            if (!s) {
+                std::fprintf(stderr, "bench_tp: the job failed under '%s'\n", m.what.c_str());
+                return false;
+            }
+            m.step_s.push_back(s->step_s);
+            m.ratio.push_back(s->step_s / modes[0].step_s.back());
+            if (s->cost) {
+                m.cpu_s.push_back((*s->cost)[0]);
+                m.setup_s.push_back((*s->cost)[1]);
+                m.per_record_us.push_back((*s->cost)[2]);
+            }
+        }
+    return true;
+}
+
+void print_modes(const std::vector<Mode>& modes) {
+    for (const Mode& m : modes) {
+        auto [lo, hi] = std::minmax_element(m.ratio.begin(), m.ratio.end());
+        std::printf("%-42s %6.2f ms per step  ratio %.2f of alone (rounds %.2f-%.2f)", m.what.c_str(),
+                    1e3 * median(m.step_s), median(m.ratio), *lo, *hi);
+        if (!m.cpu_s.empty())
+            std::printf("  commdbg CPU %.2f s (set-ups %.2f s, %.1f us per record)", median(m.cpu_s),
+                        median(m.setup_s), median(m.per_record_us));
+        std::printf("\n");
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -95,41 +146,13 @@ int main(int argc, char** argv) {
     const std::string job = "env USE_LIBUV=0 GLOO_SOCKET_IFNAME=lo " + (src / "tests/trixie_run.sh").string() +
                             " --bind " + (src / "tests/testprogs").string() + ":/opt/commdbg-testprogs " + root +
                             " python3 /opt/commdbg-testprogs/tp_commdebug.py --timed " + std::to_string(steps);
-    const std::string commdbg = (bin / "commdbg").string() + " run --cost --json /tmp/bench_tp.json ";
-    std::vector<Mode> modes = {
-        mode("alone", ""),
-        mode("CommDebugMode in-process", "", true),
-        mode("commdbg --noise-level 0", commdbg + "--noise-level 0 -- "),
-        mode("commdbg --noise-level 1", commdbg + "--noise-level 1 -- "),
-        mode("commdbg --noise-level 2", commdbg + "--noise-level 2 -- "),
-        mode("commdbg --noise-level 2, every op probed", commdbg + "--noise-level 2 --trace /tmp/bench_tp.trace -- "),
-        mode("commdbg --counts-only", commdbg + "--counts-only -- "),
-    };
-    for (int r = 0; r < rounds; ++r)
-        for (Mode& m : modes) {
-            auto s = run_job(m.prefix + job + (m.commdebug ? " --with-commdebug" : ""));
-            if (!s) {
-                std::fprintf(stderr, "bench_tp: the job failed under '%s'\n", m.what.c_str());
-                return 1;
-            }
-            m.step_s.push_back(s->step_s);
-            m.ratio.push_back(s->step_s / modes[0].step_s.back());
-            if (s->cost) {
-                m.cpu_s.push_back((*s->cost)[0]);
-                m.setup_s.push_back((*s->cost)[1]);
-                m.per_record_us.push_back((*s->cost)[2]);
-            }
-        }
-    std::printf("2-rank tensor-parallel job (torch 2.6, gloo), %ld timed steps x %d rounds, step time (slower rank)\n",
-                steps, rounds);
-    for (const Mode& m : modes) {
-        auto [lo, hi] = std::minmax_element(m.ratio.begin(), m.ratio.end());
-        std::printf("%-42s %6.2f ms per step  ratio %.2f of alone (rounds %.2f-%.2f)", m.what.c_str(),
-                    1e3 * median(m.step_s), median(m.ratio), *lo, *hi);
-        if (!m.cpu_s.empty())
-            std::printf("  commdbg CPU %.2f s (set-ups %.2f s, %.1f us per record)", median(m.cpu_s),
-                        median(m.setup_s), median(m.per_record_us));
-        std::printf("\n");
+    const std::string commdbg = (bin / "commdbg").string();
+    for (const bool fsdp : {false, true}) {
+        std::vector<Mode> modes = modes_for(commdbg, fsdp);
+        if (!run_rounds(modes, job + (fsdp ? " --fsdp" : ""), rounds)) return 1;
+        std::printf("2-rank %s job (torch 2.6, gloo), %ld timed steps x %d rounds, step time (slower rank)\n",
+                    fsdp ? "FSDP2 (fully_shard per block and the root)" : "tensor-parallel", steps, rounds);
+        print_modes(modes);
     }
     return 0;
 }
