@@ -6,9 +6,12 @@
 //     unprobed | bpftrace count() on entry | bpftrace count() on entry and
 //     return | commdbg attach --counts-only | commdbg attach (records) |
 //     commdbgd's always-on node counter, with and without --no-count-errors
+//   the flight recorder (stub, with a communicator): commdbgd's node counter
+//     with and without --no-flight-recorder
 //   torch-aten (a python loop of torch.add): unprobed | bpftrace count() on
 //     at::_ops::add_Tensor::call | commdbg attach --probes torch-aten
-//     --counts-only | with records
+//     --noise-level 2 (records; below level 1, or --counts-only, no op is
+//     probed at all)
 // ns per call and each as a ratio to bpftrace's entry+return count (for
 // torch: its entry count, since return probes are off limits on C++), over
 // several rounds (argv[2], default 5): the median and the range of the
@@ -158,6 +161,18 @@ void print_rows(const std::vector<Row>& rows, size_t anchor, const std::string& 
 
 // ---- NCCL ---------------------------------------------------------------------
 
+// n calls of `h`'s ncclAllReduce on `comm`, one float each.
+Target allreduce_target(void* h, void* comm, long n) {
+    auto fn = reinterpret_cast<AllReduceFn>(dlsym(h, "ncclAllReduce"));
+    return {[fn, comm](long calls) {
+                static float buf[4];
+                auto t0 = Clock::now();
+                for (long i = 0; i < calls; ++i) fn(buf, buf, 1, 7, 0, comm, nullptr);
+                return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / static_cast<double>(calls);
+            },
+            n};
+}
+
 void bench_nccl(const std::string& commdbg, const std::optional<std::string>& bpftrace, long n, int rounds) {
     const std::string real = "/usr/local/cuda/lib64/libnccl.so.2";
     const std::string lib = access(real.c_str(), R_OK) == 0 ? real : std::string(STUB_NCCL);
@@ -166,17 +181,10 @@ void bench_nccl(const std::string& commdbg, const std::optional<std::string>& bp
         std::printf("bench_anchor: cannot load %s: %s\n", lib.c_str(), dlerror());
         return;
     }
-    auto fn = reinterpret_cast<AllReduceFn>(dlsym(h, "ncclAllReduce"));
     // The real library rejects a NULL communicator at once (no GPU needed);
     // the stub never dereferences its fake one.
     void* comm = lib == real ? nullptr : reinterpret_cast<void*>(0x1000);
-    Target t{[fn, comm](long calls) {
-                 static float buf[4];
-                 auto t0 = Clock::now();
-                 for (long i = 0; i < calls; ++i) fn(buf, buf, 1, 7, 0, comm, nullptr);
-                 return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / static_cast<double>(calls);
-             },
-             n};
+    const Target t = allreduce_target(h, comm, n);
     const std::string pid = std::to_string(getpid());
     std::printf("ncclAllReduce on %s, %ld calls per measurement (best of 3), %d rounds, pid %s\n", lib.c_str(), n,
                 rounds, pid.c_str());
@@ -212,6 +220,38 @@ void bench_nccl(const std::string& commdbg, const std::optional<std::string>& bp
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
     print_rows(rows, 2, "bpftrace entry+return");
+    dlclose(h);
+}
+
+// The flight recorder's cost: commdbgd's node counter with it and without
+// (--no-flight-recorder), on the stub with its fake communicator — real NCCL
+// without a GPU rejects the NULL one, and a call with no communicator is
+// never recorded.
+void bench_flight(const std::string& commdbg, long n, int rounds) {
+    void* h = dlopen(STUB_NCCL, RTLD_NOW);
+    if (!h) {
+        std::printf("bench_anchor: cannot load %s: %s\n", STUB_NCCL, dlerror());
+        return;
+    }
+    const Target t = allreduce_target(h, reinterpret_cast<void*>(0x1000), n);
+    std::printf("flight recorder: ncclAllReduce on %s with a communicator, %ld calls per measurement (best of 3), "
+                "%d rounds\n",
+                STUB_NCCL, n, rounds);
+    char dir_tmpl[] = "/tmp/commdbg-bench-XXXXXX";
+    std::string dir = mkdtemp(dir_tmpl);
+    const std::string commdbgd = commdbg.substr(0, commdbg.rfind('/')) + "/commdbgd";
+    std::vector<Tracer> tracers = {
+        {"unprobed", {}, "", true, 0, 0, ""},
+        {"commdbgd node counter --no-flight-recorder",
+         {commdbgd, "--socket", dir + "/d.sock", "--metrics-listen", "", "--no-flight-recorder"}, "counting", true,
+         SIGTERM, 0, ""},
+        {"commdbgd node counter (recorder on)", {commdbgd, "--socket", dir + "/d2.sock", "--metrics-listen", ""},
+         "counting", true, SIGTERM, 0, ""},
+    };
+    auto rows = measure_rounds(tracers, t, rounds);
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    print_rows(rows, 1, "without the recorder");
     dlclose(h);
 }
 
@@ -258,12 +298,10 @@ void bench_torch(const std::string& commdbg, const std::optional<std::string>& b
           "uprobe:" + lib.value_or("") +
               ":_ZN2at4_ops10add_Tensor4callERKNS_6TensorES4_RKN3c106ScalarE { @calls = count(); }"},
          "Attaching", false, SIGINT, 1, no_bt},
-        {"commdbg attach --probes torch-aten --counts-only",
-         {commdbg, "attach", pid, "--no-daemon", "--counts-only", "--probes", "torch-aten", "--table",
-          dir + "/counts.txt"},
-         "commdbg: tracing", true, SIGINT, 0, ""},
-        {"commdbg attach --probes torch-aten (records)",
-         {commdbg, "attach", pid, "--no-daemon", "--probes", "torch-aten", "--noise-level", "0", "--table",
+        // Ops are probed only where records show them (noise level >= 1;
+        // --counts-only counts collectives only): the level that shows add.
+        {"commdbg attach --probes torch-aten --noise-level 2",
+         {commdbg, "attach", pid, "--no-daemon", "--probes", "torch-aten", "--noise-level", "2", "--table",
           dir + "/records.txt"},
          "commdbg: tracing", true, SIGINT, 0, ""},
     };
@@ -285,6 +323,7 @@ int main(int argc, char** argv) {
     }
     auto bpftrace = find_bpftrace();
     bench_nccl(COMMDBG_BIN, bpftrace, n, rounds);
+    bench_flight(COMMDBG_BIN, n, rounds);
     bench_torch(COMMDBG_BIN, bpftrace, n / 10, rounds);
     return 0;
 }

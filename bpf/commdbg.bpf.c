@@ -40,6 +40,7 @@ int call_enter(struct pt_regs *ctx)
 	struct cd_thread *st = 0;
 	__u64 pid_tgid, cookie;
 	__u32 counted, tid;
+	__u64 seq = 0;
 	bool first;
 
 	if (!armed)
@@ -63,12 +64,12 @@ int call_enter(struct pt_regs *ctx)
 	if (st && wants_frames(&en))
 		track_frames(st, &en);
 	counted = count_entry(&en, &key);
-	if (en.role == CD_ROLE_COLLECTIVE && key.comm && (en.flags & CD_TRACE_COUNT) && flight_numbered(&en))
-		flight_record(&en, &key);
+	if (en.role == CD_ROLE_COLLECTIVE && key.comm && (en.flags & CD_TRACE_FLIGHT) && flight_numbered(&en))
+		seq = flight_record(&en, &key, CD_COOKIE_RET(en.cookie) && st);
 	/* A return-probed call is recorded at its return, in one record; but a
 	 * thread's first record goes out now (see events.h, cd_call). */
 	first = st && wants_records(&en) && !st->announced;
-	if (CD_COOKIE_RET(en.cookie) && st && push_inflight(st, &en, &key, counted, first) && !first)
+	if (CD_COOKIE_RET(en.cookie) && st && push_inflight(st, &en, &key, counted, first, seq) && !first)
 		return 0;
 	if (!wants_records(&en))
 		return 0;
@@ -97,6 +98,7 @@ int call_exit(struct pt_regs *ctx)
 	r.ret = (__s32)PT_REGS_RC(ctx);
 	if (r.ret != 0)
 		count_error(call);
+	flight_returned(call, r.ret);
 	if (call->out_ptr && CD_COOKIE_ROLE(call->cookie) != CD_ROLE_COMM_END &&
 	    bpf_probe_read_user(&r.out, sizeof(r.out), (void *)call->out_ptr))
 		r.out = 0;

@@ -508,6 +508,9 @@ struct cd_thread_exit {
  * (README, "What a record costs").  Stack words a counter needs (ncclReduce's
  * comm) are read regardless. */
 #define CD_TRACE_STACK_ARGS (1u << 6)
+/* Keep the process's collectives in the flight recorder (cd_flight): on
+ * unless commdbgd runs with --no-flight-recorder. */
+#define CD_TRACE_FLIGHT (1u << 7)
 
 /* cd_call_enter.entry_flags */
 #define CD_ENTRY_STACK_ARGS (1u << 0) /* args[6], args[7] are the caller's stack words */
@@ -617,6 +620,16 @@ enum cd_drop_cause {
 #define CD_FLIGHT_SLOTS 256
 #define CD_FLIGHT_COMMS 4096
 #define CD_FLIGHT_NONE 0xffffffffu
+/* Where a recorded call is (cd_flight_entry.state).  Only NCCL's C API is
+ * return-probed (design.md: no return probes on C++ that may throw); NCCL
+ * returns once the collective is enqueued, so "returned" means enqueued, with
+ * its status, and "in the call" that the thread is still inside NCCL (or
+ * died there). */
+enum cd_flight_state {
+	CD_FLIGHT_UNPROBED = 0, /* its return is not probed */
+	CD_FLIGHT_IN_CALL = 1,	/* entered, not returned */
+	CD_FLIGHT_RETURNED = 2, /* returned: status holds its value */
+};
 
 struct cd_flight_key {
 	__u32 tgid;
@@ -625,14 +638,17 @@ struct cd_flight_key {
 };
 
 struct cd_flight_entry {
-	__u64 seq;	/* 0: not written yet; else written last */
-	__u64 enter_ns; /* bpf_ktime_get_ns at entry */
-	__u64 count;	/* the count argument (elements) */
+	__u64 seq;	 /* 0: not written yet; else written last */
+	__u64 enter_ns;	 /* bpf_ktime_get_ns at entry */
+	__u64 return_ns; /* bpf_ktime_get_ns at return; 0: not returned */
+	__u64 count;	 /* the count argument (elements) */
 	__u32 tid;
 	__u32 sym;	/* symbol id: the kind, as for counters */
 	__u32 dtype;	/* CD_DTYPE_NONE: none */
 	__u32 op;	/* the reduce op argument; CD_FLIGHT_NONE: the call has none */
 	__u32 root;	/* the root argument (broadcast, reduce); CD_FLIGHT_NONE: none */
+	__u32 state;	/* CD_FLIGHT_UNPROBED, CD_FLIGHT_IN_CALL, CD_FLIGHT_RETURNED */
+	__s32 status;	/* CD_FLIGHT_RETURNED: what it returned (ncclResult_t) */
 	__u32 pad;
 };
 
@@ -652,6 +668,7 @@ struct cd_inflight {
 	__u64 out_ptr; /* user address the call writes a new comm to */
 	__u64 ip;
 	__u64 sp;
+	__u64 flight_seq; /* its number in the flight recorder; 0: not recorded */
 	__u64 args[CD_NUM_ARGS];
 	struct cd_count_key ckey; /* ckey.tgid: the process */
 	__u32 group_depth;
@@ -720,10 +737,10 @@ CD_STATIC_ASSERT(sizeof(struct cd_count_key) == 24, "cd_count_key");
 CD_STATIC_ASSERT(sizeof(struct cd_count_val) == 48, "cd_count_val");
 CD_STATIC_ASSERT(sizeof(struct cd_comm_key) == 16, "cd_comm_key");
 CD_STATIC_ASSERT(sizeof(struct cd_comm_val) == 48 + CD_UNIQUE_ID_BYTES, "cd_comm_val");
-CD_STATIC_ASSERT(sizeof(struct cd_inflight) == 8 * 5 + 8 * CD_NUM_ARGS + 24 + 24, "cd_inflight");
+CD_STATIC_ASSERT(sizeof(struct cd_inflight) == 8 * 6 + 8 * CD_NUM_ARGS + 24 + 24, "cd_inflight");
 CD_STATIC_ASSERT(sizeof(struct cd_py_frame) == 32, "cd_py_frame");
-CD_STATIC_ASSERT(sizeof(struct cd_flight_entry) == 48, "cd_flight_entry");
-CD_STATIC_ASSERT(sizeof(struct cd_flight) == 8 + CD_FLIGHT_SLOTS * 48, "cd_flight");
+CD_STATIC_ASSERT(sizeof(struct cd_flight_entry) == 64, "cd_flight_entry");
+CD_STATIC_ASSERT(sizeof(struct cd_flight) == 8 + CD_FLIGHT_SLOTS * 64, "cd_flight");
 CD_STATIC_ASSERT((CD_FLIGHT_SLOTS & (CD_FLIGHT_SLOTS - 1)) == 0, "CD_FLIGHT_SLOTS: a power of two");
 CD_STATIC_ASSERT(sizeof(struct cd_scope_key) == 16, "cd_scope_key");
 CD_STATIC_ASSERT(sizeof(struct cd_context) == 8 + CD_LABEL_MAX, "cd_context");

@@ -129,8 +129,9 @@ void register_hang(CLI::App& app) {
                 "waits in that collective. When commdbgd answers, its flight recorder names the first collective "
                 "number whose signature (kind, count, datatype) differs between ranks, and its exact counts per "
                 "communicator a rank that issued fewer collectives than the others, with the number it never "
-                "issued. Verdicts: missing_ranks (ranks never issued the collective the others wait in), "
-                "collective_mismatch (signatures or kinds differ), below_host (all wait in the same one), "
+                "issued, or a collective that returned an error. Verdicts: missing_ranks (ranks never issued the "
+                "collective the others wait in), collective_mismatch (signatures or kinds differ), "
+                "collective_error (a rank's collective returned an error), below_host (all wait in the same one), "
                 "progressing, stuck. Exit status: 3 when a culprit is named, 0 when the ranks are moving, 1 "
                 "when they are stuck with no culprit, 2 for a usage error. The job is never stopped or signalled.");
     sub->callback([opts] { throw CommandDone(run_hang(*opts)); });

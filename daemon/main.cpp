@@ -157,6 +157,11 @@ std::optional<int> parse_args(int argc, char** argv, DaemonArgs& a) {
     app.add_flag("--no-count-errors", no_count_errors,
                  "Count collectives with entry probes only: each call traps once, not twice (about 40% less per call), "
                  "and commdbg_collective_errors_total stays 0; `commdbg attach` sessions still count errors");
+    bool no_flight_recorder = false;
+    app.add_flag("--no-flight-recorder", no_flight_recorder,
+                 "Keep no flight recorder for the processes the node counter counts: `commdbg hang` then has counts "
+                 "and stacks but no signatures, and commdbg_collective_mismatch_total stays 0; `commdbg attach` "
+                 "sessions still keep theirs");
     app.add_option("--max-sessions", a.max_sessions,
                    "Tracing sessions (`commdbg attach`) run at once; each may hold ~0.3 GB at the default " +
                        std::to_string(limits::kDefaultMaxRecords) + "-record budget")
@@ -179,6 +184,7 @@ std::optional<int> parse_args(int argc, char** argv, DaemonArgs& a) {
     }
     opts.series_ttl = std::chrono::seconds(ttl_s);
     opts.count_errors = !no_count_errors;
+    opts.flight_recorder = !no_flight_recorder;
     a.fsdp.window = std::chrono::seconds(fsdp_window_s);
     a.fsdp.scope_cgroup = opts.scope_cgroup;
     if (!a.metrics_listen.empty() && !split_host_port(a.metrics_listen, a.metrics_host, a.metrics_port)) {

@@ -7,12 +7,16 @@
 #ifndef COMMDBG_LIB_CONFIG_H
 #define COMMDBG_LIB_CONFIG_H
 
+#include "events.h"
 #include "lib/compiler.h"
 
 /* Set before load by commdbgd: count every process that calls a probed
  * symbol (within the scope cgroup when scope_cgroup is set), not only those
  * in `traced`; and stop a process mapping a libnccl file not yet probed. */
 const volatile __u32 count_all = 0;
+/* The CD_TRACE_* flags count-all mode gives a process it adopts: counting,
+ * and the flight recorder unless commdbgd runs with --no-flight-recorder. */
+const volatile __u32 count_all_flags = CD_TRACE_COUNT | CD_TRACE_FLIGHT;
 const volatile __u32 scope_cgroup = 0;
 /* Fine counter keys one process may hold (events.h, cd_proc_counts): set by
  * userspace before load (limits.hpp); this value is only a placeholder. */

@@ -2,7 +2,8 @@
 /*
  * The flight recorder (events.h, cd_flight): the last CD_FLIGHT_SLOTS
  * collectives of each traced process's communicators, kept in the kernel.
- * Written at every counted collective's entry; read and cleared by userspace.
+ * Written at every counted collective's entry, and at a return-probed one's
+ * return; read and cleared by userspace.
  */
 #ifndef COMMDBG_LIB_FLIGHT_H
 #define COMMDBG_LIB_FLIGHT_H
@@ -35,7 +36,9 @@ FUNC_INLINE bool flight_numbered(const struct entry *en)
 	return coll != CD_COLL_SEND && coll != CD_COLL_RECV;
 }
 
-FUNC_INLINE void flight_record(const struct entry *en, const struct cd_count_key *key)
+/* Records the call; returns its number on the communicator, 0 if it could not
+ * be kept.  `returns`: its return is probed and will be recorded. */
+FUNC_INLINE __u64 flight_record(const struct entry *en, const struct cd_count_key *key, bool returns)
 {
 	struct cd_flight_key fk = {.tgid = key->tgid, .comm = key->comm};
 	struct cd_flight_entry *e;
@@ -48,17 +51,20 @@ FUNC_INLINE void flight_record(const struct entry *en, const struct cd_count_key
 		const struct cd_flight *z = bpf_map_lookup_elem(&flight_zero, &zero);
 
 		if (!z)
-			return;
+			return 0;
 		bpf_map_update_elem(&flight, &fk, z, BPF_NOEXIST);
 		f = bpf_map_lookup_elem(&flight, &fk);
 		if (!f) {
 			count_drop(CD_DROP_FLIGHT_FULL);
-			return;
+			return 0;
 		}
 	}
 	seq = __sync_fetch_and_add(&f->seq, 1) + 1;
 	e = &f->e[(seq - 1) & (CD_FLIGHT_SLOTS - 1)];
 	e->enter_ns = en->ts ? en->ts : bpf_ktime_get_ns();
+	e->return_ns = 0;
+	e->state = returns ? CD_FLIGHT_IN_CALL : CD_FLIGHT_UNPROBED;
+	e->status = 0;
 	e->count = slot_arg(en->args, CD_COOKIE_COUNT(en->cookie));
 	e->tid = en->tid;
 	e->sym = key->sym;
@@ -68,6 +74,30 @@ FUNC_INLINE void flight_record(const struct entry *en, const struct cd_count_key
 	e->root = CD_COOKIE_PEER(en->cookie) < CD_NUM_ARGS ? (__u32)slot_arg(en->args, CD_COOKIE_PEER(en->cookie))
 							   : CD_FLIGHT_NONE;
 	e->seq = seq;
+	return seq;
+}
+
+/* A recorded call returned `ret`: its entry says so, unless 256 newer ones
+ * of its communicator overwrote it meanwhile.  (One whose thread was nested
+ * too deep to keep it in flight, counted as CD_DROP_INFLIGHT_DEEP, stays
+ * "in the call".) */
+FUNC_INLINE void flight_returned(const struct cd_inflight *call, __s64 ret)
+{
+	struct cd_flight_key fk = {.tgid = call->ckey.tgid, .comm = call->ckey.comm};
+	struct cd_flight_entry *e;
+	struct cd_flight *f;
+
+	if (!call->flight_seq)
+		return;
+	f = bpf_map_lookup_elem(&flight, &fk);
+	if (!f)
+		return;
+	e = &f->e[(call->flight_seq - 1) & (CD_FLIGHT_SLOTS - 1)];
+	if (e->seq != call->flight_seq)
+		return;
+	e->return_ns = bpf_ktime_get_ns();
+	e->status = (__s32)ret;
+	e->state = CD_FLIGHT_RETURNED;
 }
 
 #endif /* COMMDBG_LIB_FLIGHT_H */

@@ -88,7 +88,7 @@ FUNC_INLINE void emit_thread_exit(__u32 tgid, __u32 tid)
 FUNC_INLINE __u32 trace_flags(__u32 tgid)
 {
 	__u32 *f = bpf_map_lookup_elem(&traced, &tgid);
-	__u32 fl = CD_TRACE_COUNT;
+	__u32 fl = count_all_flags;
 
 	if (f)
 		return *f;

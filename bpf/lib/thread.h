@@ -120,7 +120,7 @@ FUNC_INLINE void track_frames(struct cd_thread *st, struct entry *en)
 
 /* Keeps what the return needs; false when the thread is nested too deep. */
 FUNC_INLINE bool push_inflight(struct cd_thread *st, const struct entry *en, const struct cd_count_key *key,
-			       __u32 counted, bool entry_sent)
+			       __u32 counted, bool entry_sent, __u64 flight_seq)
 {
 	__u32 d = st->depth;
 	struct cd_inflight *call;
@@ -135,6 +135,7 @@ FUNC_INLINE bool push_inflight(struct cd_thread *st, const struct entry *en, con
 	call->out_ptr = slot_arg(en->args, CD_COOKIE_OUT(en->cookie));
 	call->ip = en->ip;
 	call->sp = en->sp;
+	call->flight_seq = flight_seq;
 	__builtin_memcpy(call->args, en->args, sizeof(call->args));
 	call->ckey = *key;
 	call->group_depth = en->group_depth;

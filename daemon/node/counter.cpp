@@ -78,7 +78,7 @@ Result<std::unique_ptr<NodeCounter>> NodeCounter::create(const NodeCounterOption
 
 Result<bool> NodeCounter::open_bpf(std::vector<capture::ProbeSpec> specs) {
     auto bpf = capture::BpfSession::open(
-        capture::BpfOptions{opts_.ringbuf_bytes, true, scope_.fd(), opts_.counter_keys_per_process});
+        capture::BpfOptions{opts_.ringbuf_bytes, true, scope_.fd(), opts_.counter_keys_per_process, opts_.flight_recorder});
     if (!bpf) return Result<bool>::fail(bpf.error());
     bpf_ = std::move(bpf.value());
     // Always on: armed before the first file is attached and never disarmed
@@ -170,7 +170,7 @@ void NodeCounter::adopt(uint32_t pid) {
     // In the filter too, so its exit is reported and its series retired.
     // Not there (the filter is full): not counted as adopted, or nothing
     // would ever retire it; the next refresh tries again.
-    if (auto r = bpf_->trace_process(pid, CD_TRACE_COUNT); !r) {
+    if (auto r = bpf_->trace_process(pid, CD_TRACE_COUNT | (opts_.flight_recorder ? CD_TRACE_FLIGHT : 0u)); !r) {
         if (++untraced_ <= kMaxFailureNotes)
             std::cerr << "commdbgd: pid " << pid << " is not counted: " << r.error()
                       << (untraced_ == kMaxFailureNotes ? " (further such failures are not logged)" : "") << "\n";
@@ -351,6 +351,7 @@ nlohmann::json NodeCounter::flight_entries(const std::vector<cd_flight_entry>& l
         j["name"] = s ? s->name : std::string("?");
         j["tid"] = e.tid;
         j["enter_ns"] = e.enter_ns;
+        if (e.state == CD_FLIGHT_RETURNED) j["return_ns"] = e.return_ns;
         out.push_back(std::move(j));
     }
     return out;

@@ -54,6 +54,10 @@ struct NodeCounterOptions {
     // docs/daemon.md, "Probes and their cost");
     // communicator init/split/destroy keep theirs for the comm labels.
     bool count_errors = true;
+    // The kernel's flight recorder for the processes it counts (commdbg hang's
+    // signatures, commdbg_collective_mismatch_total).  Off (commdbgd
+    // --no-flight-recorder): counters only; bench_anchor measures both.
+    bool flight_recorder = true;
 };
 
 class NodeCounter {

@@ -25,7 +25,7 @@
 namespace commdbg::daemon {
 
 // Communicators of one process whose recorders a refresh reads (each read
-// copies 12 KiB) and whose rank series it exports; further ones go unwatched.
+// copies 16 KiB) and whose rank series it exports; further ones go unwatched.
 constexpr size_t kFlightCommsPerProcess = 16;
 
 // One rank's recorder on one communicator, as a refresh read it.

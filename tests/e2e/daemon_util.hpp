@@ -487,19 +487,23 @@ private:
 // Ranks of one communicator (the stub's, from one unique id: --init-seed 7),
 // rank r making calls[r] all-reduces (with extra[r] added to its command
 // line), then held blocked writing its report: a job hung after its calls.
+using EnvVars = std::map<std::string, std::string>;
+
 struct CommRanks {
     std::vector<std::unique_ptr<StalledWorkload>> workloads;
     std::vector<int> pids;
 };
 
-inline CommRanks start_comm_ranks(const std::vector<int>& calls, const std::vector<std::vector<std::string>>& extra = {}) {
+// `extra[r]`: more arguments of rank r; `envs[r]`: its environment's additions.
+inline CommRanks start_comm_ranks(const std::vector<int>& calls, const std::vector<std::vector<std::string>>& extra = {},
+                                  const std::vector<std::map<std::string, std::string>>& envs = {}) {
     CommRanks out;
     const auto n = std::to_string(calls.size());
     for (size_t r = 0; r < calls.size(); ++r) {
         std::vector<std::string> argv = {testprog("nccl_workload"), "--init-seed", "7", "--nranks", n, "--rank",
                                          std::to_string(r), "--calls", "all_reduce=" + std::to_string(calls[r])};
         if (r < extra.size()) argv.insert(argv.end(), extra[r].begin(), extra[r].end());
-        out.workloads.push_back(std::make_unique<StalledWorkload>(argv));
+        out.workloads.push_back(std::make_unique<StalledWorkload>(argv, r < envs.size() ? envs[r] : EnvVars{}));
         out.pids.push_back(out.workloads.back()->pid());
     }
     return out;

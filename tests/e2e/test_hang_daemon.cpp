@@ -196,5 +196,76 @@ TEST(HangDaemon, ARootThatDiffersIsAMismatchAndSendsTakeNoNumber) {
     }
 }
 
+// NCCL's C API is return-probed, so the recorder keeps what each collective
+// returned: rank 2's 6th all-reduce returns ncclRemoteError (the stub's fault
+// injection, as NCCL answers once a peer failed).  The ranks issued the same
+// collectives, so no count or signature differs: hang names the error.
+TEST(HangDaemon, ACollectiveThatReturnedAnErrorIsNamedWithWhatItReturned) {
+    REQUIRE_BPF();
+    SharedDir tmp;
+    START_DAEMON(d, tmp, {});
+    const int kCalls = 6;
+    const std::vector<int> calls = {kCalls, kCalls, kCalls};
+    CommRanks ranks = start_comm_ranks(calls, {}, {{}, {}, {{"NCCL_STUB_FAIL_CALL", std::to_string(kCalls)}}});
+    ASSERT_NO_FATAL_FAILURE(expect_comm_ranks_counted(d, ranks, calls));
+    const std::vector<int>& pids = ranks.pids;
+    auto out = tmp.path("hang.json");
+    auto r = run({commdbg_bin(), "hang", "--socket", d.socket(), "--json", out, std::to_string(pids[0]),
+                  std::to_string(pids[1]), std::to_string(pids[2])});
+    ASSERT_EQ(r.status, 3) << r.out << r.err;
+    const json report = read_json(out);
+    const json& v = report["verdict"];
+    EXPECT_EQ(v["kind"], "collective_error") << v.dump();
+    EXPECT_EQ(v["seq"], kCalls) << v.dump();
+    EXPECT_EQ(v["collective"], "all_reduce") << v.dump();
+    EXPECT_EQ(v["culprits"], json::array({pids[2]})) << v.dump();
+    EXPECT_NE(r.out.find("#6 all_reduce count 1024 float32 sum returned ncclRemoteError"), std::string::npos) << r.out;
+    for (int i = 0; i < 3; ++i) {
+        const json& last = report["ranks"][i]["communicators"][0]["last"];
+        ASSERT_EQ(last.size(), static_cast<size_t>(kCalls)) << report["ranks"][i].dump();
+        for (int j = 0; j < kCalls; ++j)
+            EXPECT_EQ(last[j]["status"], i == 2 && j == kCalls - 1 ? "ncclRemoteError" : "ncclSuccess")
+                << "rank " << i << " #" << j + 1;
+    }
+    // The daemon's answer has each call's return time, after its entry.
+    int fd = connect_unix(d.socket());
+    ASSERT_GE(fd, 0);
+    send_bytes(fd, "{\"op\": \"counts\", \"by_comm\": true, \"flight\": true}\n");
+    const std::vector<json> reply = reply_lines(read_reply(fd, 1).data);
+    close(fd);
+    ASSERT_EQ(reply.size(), 1u);
+    for (const json& rank : reply[0]["communicators"][0]["ranks"])
+        for (const json& e : rank["flight"]["last"]) {
+            ASSERT_TRUE(e.contains("return_ns")) << e.dump();
+            EXPECT_GE(e["return_ns"].get<uint64_t>(), e["enter_ns"].get<uint64_t>()) << e.dump();
+        }
+}
+
+// commdbgd --no-flight-recorder keeps counts only: the same differing last
+// all-reduce is no longer seen (equal counts everywhere: below the host),
+// nothing is recorded, and the mismatch counter never moves.
+TEST(HangDaemon, WithoutTheFlightRecorderCountsRemainButNoSignature) {
+    REQUIRE_BPF();
+    SharedDir tmp;
+    START_DAEMON(d, tmp, {"--no-flight-recorder"});
+    const int kCalls = 6;
+    const std::vector<int> calls = {kCalls, kCalls, kCalls};
+    CommRanks ranks = start_comm_ranks(calls, {{}, {}, {"--last-count", "512"}});
+    ASSERT_NO_FATAL_FAILURE(expect_comm_ranks_counted(d, ranks, calls));
+    const std::vector<int>& pids = ranks.pids;
+    auto out = tmp.path("hang.json");
+    auto r = run({commdbg_bin(), "hang", "--socket", d.socket(), "--json", out, std::to_string(pids[0]),
+                  std::to_string(pids[1]), std::to_string(pids[2])});
+    ASSERT_EQ(r.status, 1) << r.out << r.err;
+    const json report = read_json(out);
+    EXPECT_EQ(report["verdict"]["kind"], "below_host") << report["verdict"].dump();
+    for (const auto& rank : report["ranks"]) {
+        EXPECT_EQ(rank["communicators"][0]["issued"], kCalls) << rank.dump();
+        EXPECT_TRUE(rank["communicators"][0]["last"].empty()) << rank.dump();
+    }
+    sleep_ms(1500);  // three refreshes
+    for (const Sample& s : scrape(d.port())) EXPECT_NE(s.name, "commdbg_collective_mismatch_total");
+}
+
 }  // namespace
 }  // namespace commdbg::e2e

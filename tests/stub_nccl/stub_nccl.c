@@ -166,12 +166,25 @@ STUB_API(ncclResult_t, CommUserRank, (const ncclComm_t comm, int *rank)) {
   return ncclSuccess;
 }
 
+// Fault injection for tests: NCCL_STUB_FAIL_CALL=N makes the process's Nth
+// collective or point-to-point call (counted from 1 over all threads) return
+// ncclRemoteError, as real NCCL does once a peer has failed.
+static uint64_t fail_call;
+static uint64_t enqueued;
+
+__attribute__((constructor)) static void read_fail_call(void) {
+  const char *v = getenv("NCCL_STUB_FAIL_CALL");
+  fail_call = v ? strtoull(v, NULL, 10) : 0;
+}
+
 // Collectives and p2p: argument check only, like an enqueue that fails fast.
 // Inlined even under -fno-inline so each entry point has its own body and
 // ret rather than a bare tail jump.
 static inline __attribute__((always_inline)) ncclResult_t enqueue(ncclComm_t comm) {
   touch();
-  return comm ? ncclSuccess : ncclInvalidArgument;
+  if (!comm) return ncclInvalidArgument;
+  if (fail_call && __atomic_add_fetch(&enqueued, 1, __ATOMIC_RELAXED) == fail_call) return ncclRemoteError;
+  return ncclSuccess;
 }
 
 STUB_API(ncclResult_t, AllReduce,

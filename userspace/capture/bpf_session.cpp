@@ -87,6 +87,7 @@ Result<std::unique_ptr<BpfSession>> BpfSession::open(const BpfOptions& opts) {
     s->ringbuf_bytes_ = round_ringbuf(opts.ringbuf_bytes);
     bpf_map__set_max_entries(s->skel_->maps.events, s->ringbuf_bytes_);
     s->skel_->rodata->count_all = opts.count_all ? 1 : 0;
+    s->skel_->rodata->count_all_flags = CD_TRACE_COUNT | (opts.flight_recorder ? CD_TRACE_FLIGHT : 0u);
     s->skel_->rodata->scope_cgroup = opts.scope_cgroup_fd >= 0 ? 1 : 0;
     s->skel_->rodata->fine_keys_per_process = opts.counter_keys_per_process;
     s->skel_->rodata->wakeup_bytes = s->ringbuf_bytes_ / kWakeupFraction;
@@ -358,7 +359,7 @@ uint64_t BpfSession::ringbuf_drops_of(uint32_t tgid) const {
 
 std::optional<BpfSession::FlightComm> BpfSession::flight_of(uint32_t tgid, uint64_t comm) const {
     const cd_flight_key key{tgid, 0, comm};
-    auto value = std::make_unique<cd_flight>();  // 12 KiB: not on the stack
+    auto value = std::make_unique<cd_flight>();  // 16 KiB: not on the stack
     if (bpf_map__lookup_elem(skel_->maps.flight, &key, sizeof(key), value.get(), sizeof(cd_flight), 0) != 0)
         return std::nullopt;
     FlightComm c;
@@ -372,7 +373,7 @@ std::optional<BpfSession::FlightComm> BpfSession::flight_of(uint32_t tgid, uint6
     return c;
 }
 
-// Keys only: a recorder's value is 12 KiB.
+// Keys only: a recorder's value is 16 KiB.
 std::vector<cd_flight_key> BpfSession::flight_keys(uint32_t tgid) const {
     std::vector<cd_flight_key> keys;
     cd_flight_key key{}, next{};

@@ -34,6 +34,8 @@ struct BpfOptions {
     // Fine (symbol, communicator, datatype) keys one process may hold in the
     // node-wide counter map; past them its calls are counted per symbol only.
     uint32_t counter_keys_per_process = limits::kDefaultCounterKeysPerProcess;
+    // count_all: the flight recorder for the processes it adopts too.
+    bool flight_recorder = true;
 };
 
 // One exact kernel counter.  coarse: the process's own per-symbol counter,

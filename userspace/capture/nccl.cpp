@@ -19,6 +19,10 @@ constexpr std::array<DatatypeInfo, 12> kDatatypes = {{
     {"float16", 2}, {"float32", 4}, {"float64", 8}, {"bfloat16", 2}, {"fp8e4m3", 1}, {"fp8e5m2", 1}}};
 // ncclSum = 0 .. ncclAvg = 4; values from 5 on are ncclNumOps / user-created ops.
 constexpr std::array<std::string_view, 5> kRedopNames = {"sum", "prod", "max", "min", "avg"};
+// ncclResult_t, nccl.h 2.28: ncclSuccess = 0 .. ncclInProgress = 7.
+constexpr std::array<std::string_view, 8> kResultNames = {
+    "ncclSuccess",         "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
+    "ncclInvalidArgument", "ncclInvalidUsage",       "ncclRemoteError", "ncclInProgress"};
 constexpr std::array<std::string_view, CD_COLL_MAX> kCollNames = {
     "none",   "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
     "all_to_all", "gather", "scatter",    "send",           "recv",      "barrier"};
@@ -38,6 +42,11 @@ std::optional<std::string_view> nccl_datatype_name(uint64_t dtype) {
 std::optional<std::string_view> nccl_redop_name(uint64_t op) {
     if (op >= kRedopNames.size()) return std::nullopt;
     return kRedopNames[op];
+}
+
+std::optional<std::string_view> nccl_result_name(int64_t result) {
+    if (result < 0 || static_cast<uint64_t>(result) >= kResultNames.size()) return std::nullopt;
+    return kResultNames[static_cast<size_t>(result)];
 }
 
 std::string_view coll_name(cd_coll c) {

@@ -16,6 +16,9 @@ std::optional<uint32_t> nccl_datatype_size(uint64_t dtype);
 // "float32", "bfloat16", ...; "dtype(N)" style is left to callers for unknown values.
 std::optional<std::string_view> nccl_datatype_name(uint64_t dtype);
 std::optional<std::string_view> nccl_redop_name(uint64_t op);
+// ncclResult_t's enumerator name ("ncclSuccess", "ncclRemoteError"); none
+// for a value nccl.h does not define.
+std::optional<std::string_view> nccl_result_name(int64_t result);
 
 // "all_reduce", "all_gather", ... (the suffix of comm_counts keys).
 std::string_view coll_name(cd_coll c);

@@ -72,18 +72,22 @@ std::string Issued::signature() const {
            (op.empty() ? "" : " " + op) + (root < 0 ? "" : " root " + std::to_string(root));
 }
 
+bool Issued::failed() const { return !status.empty() && status != "in_call" && status != "ncclSuccess"; }
+
 nlohmann::json Issued::to_json() const {
     nlohmann::json j = {{"seq", seq}, {"collective", collective}, {"count", count}};
     if (!dtype.empty()) j["dtype"] = dtype;
     if (!op.empty()) j["op"] = op;
     if (root >= 0) j["root"] = root;
+    if (!status.empty()) j["status"] = status;
     return j;
 }
 
 Issued Issued::from_json(const nlohmann::json& e) {
     if (!e.is_object()) return {};
     return {e.value("seq", uint64_t{0}), e.value("collective", ""), e.value("count", uint64_t{0}),
-            e.value("dtype", ""), e.value("op", ""), e.value("root", int64_t{-1})};
+            e.value("dtype", ""),        e.value("op", ""),         e.value("root", int64_t{-1}),
+            e.value("status", "")};
 }
 
 std::vector<Divergence> divergences(const std::vector<RankIssued>& ranks) {
@@ -114,6 +118,7 @@ std::string_view to_string(Verdict::Kind k) {
     switch (k) {
     case Verdict::Kind::missing: return "missing_ranks";
     case Verdict::Kind::mismatch: return "collective_mismatch";
+    case Verdict::Kind::failed: return "collective_error";
     case Verdict::Kind::below_host: return "below_host";
     case Verdict::Kind::progressing: return "progressing";
     case Verdict::Kind::stuck: return "stuck";
@@ -124,7 +129,8 @@ std::string_view to_string(Verdict::Kind k) {
 int Verdict::exit_code() const {
     switch (kind) {
     case Kind::missing:
-    case Kind::mismatch: return 3;
+    case Kind::mismatch:
+    case Kind::failed: return 3;
     case Kind::progressing: return 0;
     default: return 1;
     }
@@ -419,6 +425,34 @@ bool counts_behind(const CommMembers& comms, const std::string& kind, Verdict& v
     return false;
 }
 
+// The flight recorder's returns: the first collective of a communicator that
+// returned an error on some rank (ncclRemoteError when a peer died, ...) is
+// why the others wait; the ranks it failed on are named.
+bool collective_failed(const CommMembers& comms, Verdict& v) {
+    for (const auto& [id, members] : comms) {
+        const Issued* first = nullptr;
+        for (const auto& [s, c] : members)
+            for (const Issued& e : c->last)
+                if (e.failed() && (!first || e.seq < first->seq)) first = &e;
+        if (!first) continue;
+        v.kind = Verdict::Kind::failed;
+        v.comm_id = id;
+        v.seq = first->seq;
+        v.collective = first->collective;
+        v.message = "collective #" + std::to_string(first->seq) + " of communicator " + id + " (" +
+                    first->signature() + ") returned an error:";
+        for (const auto& [s, c] : members)
+            for (const Issued& e : c->last)
+                if (e.seq == first->seq && e.failed()) {
+                    v.culprits.push_back(s->pid);
+                    v.message += " " + e.status + " on " + s->name() +
+                                 (s->at ? " (now in " + frame_text(*s->at) + ")" : std::string());
+                }
+        return true;
+    }
+    return false;
+}
+
 // What the stacks say: ranks still in a collective, and the others.
 struct StackView {
     std::map<std::string, Ranks> by_kind;
@@ -478,6 +512,7 @@ void decide(Report& r) {
     // The exact evidence first (commdbgd's recorder and counts), then the stacks.
     if (signature_mismatch(comms, v)) return;
     if (counts_behind(comms, st.by_kind.size() == 1 ? st.by_kind.begin()->first : "", v)) return;
+    if (collective_failed(comms, v)) return;
     const bool still = !st.waiting.empty() && st.all_still_in_collectives();
     if (still && st.by_kind.size() == 1 && !st.outside.empty()) {
         missing_from_stacks(st, v);
@@ -523,8 +558,12 @@ void render_table(const Report& r, std::ostream& out) {
             out << "  communicator " << c.comm_id << ": rank " << c.rank << " of " << c.nranks << ", " << c.issued
                 << " collectives issued\n";
             // The last few the flight recorder kept (--json has them all).
-            for (size_t i = c.last.size() > 4 ? c.last.size() - 4 : 0; i < c.last.size(); ++i)
-                out << "    #" << c.last[i].seq << " " << c.last[i].signature() << "\n";
+            for (size_t i = c.last.size() > 4 ? c.last.size() - 4 : 0; i < c.last.size(); ++i) {
+                const Issued& e = c.last[i];
+                out << "    #" << e.seq << " " << e.signature()
+                    << (e.status == "in_call" ? " (still in the call)" : e.failed() ? " returned " + e.status : "")
+                    << "\n";
+            }
         }
         for (const ThreadSample& t : s.threads) {
             if (!t.python) continue;  // native threads: counted below

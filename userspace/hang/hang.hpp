@@ -61,9 +61,15 @@ struct Issued {
     std::string dtype;       // "float32"; empty: not an NCCL call
     std::string op;          // the reduce op ("sum"); empty: the call has none
     int64_t root = -1;       // broadcast's and reduce's root; -1: none
+    // Where the call is, for the calls whose return is probed (NCCL's C API):
+    // "in_call" (entered, not returned: still inside NCCL, or its thread died
+    // there), or what it returned ("ncclSuccess", "ncclRemoteError"; NCCL
+    // returns once the collective is enqueued).  Empty: its return is not probed.
+    std::string status;
+    bool failed() const;  // it returned something other than success
     bool operator==(const Issued&) const = default;
     std::string signature() const;  // "all_reduce count 1024 float32 sum", "broadcast count 8 float32 root 0"
-    nlohmann::json to_json() const;  // {"seq", "collective", "count", "dtype", "op", "root"}, the empty ones left out
+    nlohmann::json to_json() const;  // {"seq", "collective", "count", "dtype", "op", "root", "status"}, the empty ones left out
     static Issued from_json(const nlohmann::json& e);
 };
 
@@ -111,6 +117,7 @@ struct Verdict {
     enum class Kind {
         missing,      // ranks never issued the collective the others wait in
         mismatch,     // ranks wait in collectives of different kinds
+        failed,       // a rank's collective returned an error (the flight recorder)
         below_host,   // every rank waits in the same collective, none moves
         progressing,  // stacks move between the samples
         stuck,        // nothing moves and no rank is in a collective
@@ -119,7 +126,8 @@ struct Verdict {
     std::string message;
     std::string comm_id;        // the communicator the verdict is about (from commdbgd's counts)
     uint64_t seq = 0;           // missing: the collective number the culprits never issued; mismatch: the first
-                                // number whose signatures differ (from the flight recorder)
+                                // number whose signatures differ; failed: the first that returned an error
+                                // (from the flight recorder)
     std::vector<std::pair<std::string, std::vector<int>>> signatures;  // mismatch: each signature and its pids
     std::vector<int> culprits;  // pids
     std::string collective;     // the one the others wait in (missing, below_host)

@@ -207,7 +207,7 @@ Result<bool> check_traceable(int pid) {
 }  // namespace
 
 uint32_t TraceSession::trace_flags(bool follow, bool dl_stop) {
-    uint32_t flags = CD_TRACE_COUNT;
+    uint32_t flags = CD_TRACE_COUNT | CD_TRACE_FLIGHT;
     if (opts_.records) flags |= CD_TRACE_RECORDS;
     if (opts_.records && opts_.stack_args) flags |= CD_TRACE_STACK_ARGS;
     flags |= follow ? CD_TRACE_FOLLOW : CD_TRACE_NOTE_FORK;

@@ -2,6 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
 
 #include "nccl.hpp"
 #include "symbol_table.hpp"
@@ -17,7 +22,42 @@ std::array<uint8_t, CD_UNIQUE_ID_BYTES> id_from(uint8_t (*f)(int)) {
     return id;
 }
 
+// ncclResult_t's enumerators as `header` defines them: value -> name.
+std::map<int64_t, std::string> result_enum(const std::string& header) {
+    std::ifstream in(header);
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string s = text.str();
+    std::map<int64_t, std::string> out;
+    const size_t end = s.find("} ncclResult_t;");
+    const size_t begin = s.rfind("typedef enum", end);
+    if (end == std::string::npos || begin == std::string::npos) return out;
+    const std::string body = s.substr(begin, end - begin);
+    const std::regex e("(nccl[A-Za-z]+)\\s*=\\s*([0-9]+)");
+    for (auto it = std::sregex_iterator(body.begin(), body.end(), e); it != std::sregex_iterator(); ++it)
+        if ((*it)[1] != "ncclNumResults") out[std::stoll((*it)[2])] = (*it)[1];
+    return out;
+}
+
 }  // namespace
+
+// The names a recorded return is shown with are nccl.h's own: the real
+// header where CUDA's is installed, and the stub's (which copies it) always.
+TEST(Nccl, ResultNamesAreNcclHsEnumerators) {
+    std::vector<std::string> headers = {std::string(SOURCE_DIR) + "/tests/stub_nccl/nccl_stub.h"};
+    for (const char* d : {"/usr/local/cuda/include/nccl.h", "/usr/include/nccl.h"})
+        if (std::filesystem::exists(d)) headers.push_back(d);
+    for (const auto& dir : std::filesystem::directory_iterator("/usr/local"))
+        if (dir.path().filename().string().rfind("cuda-", 0) == 0 && std::filesystem::exists(dir.path() / "include/nccl.h"))
+            headers.push_back(dir.path() / "include/nccl.h");
+    for (const std::string& h : headers) {
+        const std::map<int64_t, std::string> names = result_enum(h);
+        ASSERT_GE(names.size(), 8u) << h;
+        for (const auto& [value, name] : names) EXPECT_EQ(nccl_result_name(value), name) << h;
+        EXPECT_FALSE(nccl_result_name(static_cast<int64_t>(names.size()))) << h;
+    }
+    EXPECT_FALSE(nccl_result_name(-1));
+}
 
 TEST(Nccl, DatatypeSizesAndNamesFollowNcclH) {
     const uint32_t sizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};

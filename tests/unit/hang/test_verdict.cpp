@@ -147,6 +147,46 @@ TEST(HangVerdict, ARankThatIssuedFewerWhileTheOthersWaitNeverIssuedTheNext) {
     EXPECT_EQ(verdict_of({on_comm(10, 0, 6), on_comm(11, 1, 6)}).kind, Verdict::Kind::below_host);
 }
 
+// What a return-probed collective returned: the first number that returned
+// an error on a rank names that rank when nothing else differs; a call still
+// inside NCCL is shown as such, and both survive a report's JSON.
+TEST(HangVerdict, TheFirstCollectiveThatReturnedAnErrorNamesItsRanks) {
+    std::vector<RankSample> ranks = {on_comm(10, 0, 6), on_comm(11, 1, 6), on_comm(12, 2, 6)};
+    for (RankSample& s : ranks)
+        for (Issued& e : s.comms[0].last) e.status = "ncclSuccess";
+    ranks[1].comms[0].last[4].status = "ncclRemoteError";
+    ranks[2].comms[0].last[5].status = "ncclSystemError";
+    ranks[0].comms[0].last[5].status = "in_call";
+    Report r;
+    r.interval_s = 1;
+    r.ranks = ranks;
+    decide(r);
+    const Verdict& v = r.verdict;
+    EXPECT_EQ(v.kind, Verdict::Kind::failed);
+    EXPECT_EQ(to_string(v.kind), "collective_error");
+    EXPECT_EQ(v.seq, 5u);
+    EXPECT_EQ(v.culprits, std::vector<int>{11});
+    EXPECT_EQ(v.exit_code(), 3);
+    EXPECT_EQ(v.message, "collective #5 of communicator 0x00000000000000ab (all_reduce count 1024 float32) returned "
+                         "an error: ncclRemoteError on pid 11 (now in fetch_shard at /job/data.py:88)");
+    std::ostringstream table;
+    render_table(r, table);
+    EXPECT_NE(table.str().find("#5 all_reduce count 1024 float32 returned ncclRemoteError\n"), std::string::npos)
+        << table.str();
+    EXPECT_NE(table.str().find("#6 all_reduce count 1024 float32 (still in the call)\n"), std::string::npos)
+        << table.str();
+    EXPECT_NE(table.str().find("#6 all_reduce count 1024 float32\n"), std::string::npos) << "success says nothing";
+    auto back = from_json(nlohmann::json::parse(to_json(r).dump()));
+    ASSERT_TRUE(back) << back.error();
+    EXPECT_EQ(back->ranks[0].comms, r.ranks[0].comms);
+    EXPECT_EQ(back->ranks[2].comms, r.ranks[2].comms);
+    // An error is not a mismatch or a rank behind: those come first.
+    ranks[2].comms[0].last[2].count = 512;
+    EXPECT_EQ(verdict_of(ranks).kind, Verdict::Kind::mismatch);
+    // Without statuses (returns not probed) nothing has failed.
+    EXPECT_EQ(verdict_of({on_comm(10, 0, 6), on_comm(11, 1, 6)}).kind, Verdict::Kind::below_host);
+}
+
 TEST(HangVerdict, TorchDistributedFunctionsNameTheirCollectiveKinds) {
     EXPECT_EQ(collective_of_api("all_reduce"), "all_reduce");
     EXPECT_EQ(collective_of_api("all_gather_into_tensor"), "all_gather");
