@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <set>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -85,11 +86,15 @@ ProbeAttacher::Plan ProbeAttacher::plan(const ProbeSpec& spec, const host::ElfSy
                                         std::vector<std::string>& demangled) {
     Plan p;
     std::map<uint64_t, uint64_t> by_offset;  // first rule to claim an address wins
+    std::set<uint64_t> skipped;              // addresses `skip` left out
     auto add = [&](const SymbolRule& rule, const host::ElfSymbol& sym, const std::string& demangled) {
         if (sym.ifunc || by_offset.count(sym.file_offset)) return;
         SymbolInfo info = rule.info;
         info.name = derive_name(rule, sym.name, demangled);
-        if (spec.skip && spec.skip(info)) return;
+        if (spec.skip && spec.skip(info)) {
+            skipped.insert(sym.file_offset);
+            return;
+        }
         if (spec.c10d_tensors) info.tensor_params = c10d_tensor_params(demangled);
         uint32_t id = symbols.intern(info);
         by_offset[sym.file_offset + attach_offset(elf, sym, info)] = make_cookie(id, *symbols.find(id));
@@ -132,6 +137,7 @@ ProbeAttacher::Plan ProbeAttacher::plan(const ProbeSpec& spec, const host::ElfSy
             p.ret_cookies.push_back(cookie);
         }
     }
+    p.skipped = skipped.size();
     return p;
 }
 
@@ -177,7 +183,10 @@ Result<ScanResult> ProbeAttacher::scan_process(int pid, const ScanLimits& limits
                 out.notes.push_back("spec " + spec.name + ": " + f.path + " has no symbol " + m +
                                     " (older library?) — not probed");
             if (plan.offsets.empty()) {
-                out.notes.push_back("spec " + spec.name + ": no symbol of the spec in " + f.path + " — nothing probed");
+                out.notes.push_back("spec " + spec.name + ": " +
+                                    (plan.skipped ? "none of its " + std::to_string(plan.skipped) + " symbols in " +
+                                                        f.path + " is probed: " + spec.skip_why
+                                                  : "no symbol of the spec in " + f.path + " — nothing probed"));
                 continue;
             }
             AttachedFile af{spec.name, f.path, f.dev, f.inode, 0, 0};

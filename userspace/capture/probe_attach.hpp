@@ -77,6 +77,7 @@ public:
         std::vector<unsigned long> ret_offsets;
         std::vector<__u64> ret_cookies;
         std::vector<std::string> missing;  // exact names not in the file
+        size_t skipped = 0;                // symbols found that the spec's `skip` left out
     };
     static Result<Plan> plan(const ProbeSpec& spec, const std::string& file, SymbolTable& symbols);
     // The same on a file already read; `demangled` (one slot per function,

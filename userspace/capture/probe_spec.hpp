@@ -48,6 +48,7 @@ struct ProbeSpec {
     // derived name) are not probed — the session's outputs could never show
     // their records (TraceSession: the trivial ops below noise level 3).
     std::function<bool(const SymbolInfo&)> skip;
+    std::string skip_why;  // what a note says when `skip` leaves out every symbol of a file
 
     bool matches_library(std::string_view path) const;
 };

@@ -92,11 +92,15 @@ private:
 
 void skip_hidden_ops(std::vector<capture::ProbeSpec>& specs, int noise_level, bool records) {
     if (noise_level >= 3 && records) return;
-    for (capture::ProbeSpec& s : specs)
+    for (capture::ProbeSpec& s : specs) {
         s.skip = [noise_level, records](const capture::SymbolInfo& info) {
             if (!records) return !counted(info.role);
             return info.role == CD_ROLE_OP && (noise_level < 1 || output::is_trivial_op(info.name));
         };
+        s.skip_why = !records ? "--counts-only counts collectives, communicator and group calls only"
+                              : "noise level " + std::to_string(noise_level) +
+                                    " shows none of them (--noise-level 3, or --trace, for every op)";
+    }
 }
 
 Result<std::unique_ptr<TraceSession>> TraceSession::create(const SessionOptions& opts) {

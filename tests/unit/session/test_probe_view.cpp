@@ -78,6 +78,18 @@ TEST(ProbeView, WithoutRecordsOnlyWhatTheCountersCountIsProbed) {
         }
     ASSERT_FALSE(collectives.empty());
     EXPECT_EQ(probed("torch-c10d", lib, 2, false), collectives);
+    // What was left out is counted, for the note that says why nothing is probed.
+    std::vector<ProbeSpec> aten;
+    for (const auto& s : builtin_specs())
+        if (s.name == "torch-aten") aten.push_back(s);
+    auto every = ProbeAttacher::plan(aten.at(0), lib, syms);
+    session::skip_hidden_ops(aten, 2, false);
+    auto none = ProbeAttacher::plan(aten.at(0), lib, syms);
+    ASSERT_TRUE(every.ok() && none.ok());
+    EXPECT_EQ(every->skipped, 0u);
+    EXPECT_TRUE(none->offsets.empty());
+    EXPECT_EQ(none->skipped, every->offsets.size());
+    EXPECT_NE(aten.at(0).skip_why.find("--counts-only"), std::string::npos) << aten.at(0).skip_why;
 }
 
 }  // namespace
