@@ -37,15 +37,20 @@ FUNC_INLINE bool flight_numbered(const struct entry *en)
 }
 
 /* Records the call; returns its number on the communicator, 0 if it could not
- * be kept.  `returns`: its return is probed and will be recorded. */
-FUNC_INLINE __u64 flight_record(const struct entry *en, const struct cd_count_key *key, bool returns)
+ * be kept.  `returns`: its return is probed and will be recorded.  Global
+ * (verified once): inlined, its branches multiplied call_enter's paths. */
+FUNC_GLOBAL __u64 flight_record(const struct entry *en, const struct cd_count_key *key, bool returns)
 {
-	struct cd_flight_key fk = {.tgid = key->tgid, .comm = key->comm};
+	struct cd_flight_key fk = {};
 	struct cd_flight_entry *e;
 	struct cd_flight *f;
 	__u32 zero = 0;
 	__u64 seq;
 
+	if (!en || !key)
+		return 0;
+	fk.tgid = key->tgid;
+	fk.comm = key->comm;
 	f = bpf_map_lookup_elem(&flight, &fk);
 	if (!f) {
 		const struct cd_flight *z = bpf_map_lookup_elem(&flight_zero, &zero);
@@ -81,23 +86,26 @@ FUNC_INLINE __u64 flight_record(const struct entry *en, const struct cd_count_ke
  * of its communicator overwrote it meanwhile.  (One whose thread was nested
  * too deep to keep it in flight, counted as CD_DROP_INFLIGHT_DEEP, stays
  * "in the call".) */
-FUNC_INLINE void flight_returned(const struct cd_inflight *call, __s64 ret)
+FUNC_GLOBAL int flight_returned(const struct cd_inflight *call, __s64 ret)
 {
-	struct cd_flight_key fk = {.tgid = call->ckey.tgid, .comm = call->ckey.comm};
+	struct cd_flight_key fk = {};
 	struct cd_flight_entry *e;
 	struct cd_flight *f;
 
-	if (!call->flight_seq)
-		return;
+	if (!call || !call->flight_seq)
+		return 0;
+	fk.tgid = call->ckey.tgid;
+	fk.comm = call->ckey.comm;
 	f = bpf_map_lookup_elem(&flight, &fk);
 	if (!f)
-		return;
+		return 0;
 	e = &f->e[(call->flight_seq - 1) & (CD_FLIGHT_SLOTS - 1)];
 	if (e->seq != call->flight_seq)
-		return;
+		return 0;
 	e->return_ns = bpf_ktime_get_ns();
 	e->status = (__s32)ret;
 	e->state = CD_FLIGHT_RETURNED;
+	return 1;
 }
 
 #endif /* COMMDBG_LIB_FLIGHT_H */

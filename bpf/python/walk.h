@@ -152,16 +152,28 @@ FUNC_INLINE const __u8 *frame_at(struct walk *w, __u64 frame, __u32 span)
 
 /* One frame; C-stack trampolines are skipped.  Per frame: the code object,
  * the instruction, localsplus[0] and the code's kind; `self`'s type waits
- * for the whole stack (read_type).  1: the walk is over. */
-FUNC_INLINE long walk_frame(struct walk *w)
+ * for the whole stack (read_type).  1: the walk is over.
+ * Global, so verified once: since Linux 6.7 the verifier checks a bpf_loop
+ * callback again and again until its states converge, and walk_frames with
+ * this body inlined made ~75k of call_enter's ~100k verified instructions
+ * (tests/e2e/test_bpf_load.cpp). */
+FUNC_GLOBAL long walk_frame(struct record_buf *b, const struct cd_py_cfg *c, const struct cd_py_codes *codes)
 {
-	struct record_buf *b = w->b;
-	const struct cd_py_cfg *c = w->cfg;
-	__u64 frame = w->state->frame, code, self;
+	struct walk wk = {.b = b, .state = 0, .cfg = c, .codes = codes};
+	struct walk *w = &wk;
+	__u64 frame, code, self;
 	const __u8 *fp;
 	struct cd_py_frame *f;
-	__u32 n = w->state->nframes, owner = c->frame_owner, instr = c->frame_instr, ls = c->frame_localsplus, kind;
+	__u32 n, owner, instr, ls, kind;
 
+	if (!b || !c)
+		return 1;
+	wk.state = &b->walk;
+	frame = w->state->frame;
+	n = w->state->nframes;
+	owner = c->frame_owner;
+	instr = c->frame_instr;
+	ls = c->frame_localsplus;
 	if (!frame)
 		return 1;
 	if (n >= c->max_frames || n >= CD_MAX_PY_FRAMES) {
@@ -213,7 +225,7 @@ FUNC_INLINE bool module_call_on_top(struct walk *w)
 {
 	__u32 kind;
 
-	walk_frame(w);
+	walk_frame(w->b, w->cfg, w->codes);
 	if (w->state->nframes == 0)
 		return true;
 	kind = w->b->kinds[0];
@@ -232,7 +244,7 @@ FUNC_CALLBACK long walk_frames(__u64 i, void *data)
 	struct walk *w = data;
 
 	for (int k = 0; k < WALK_BATCH; k++)
-		if (walk_frame(w))
+		if (walk_frame(w->b, w->cfg, w->codes))
 			return 1;
 	return 0;
 }
