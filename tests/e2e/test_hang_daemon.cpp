@@ -73,14 +73,17 @@ void expect_mismatch_counted(const Daemon& d, const std::vector<int>& pids, int 
     for (const auto& [rank, secs] : idle) EXPECT_GT(secs, 0) << "rank " << rank;
 }
 
-// `commdbg hang --socket` on the ranks: exit 3 (a culprit), its report.
-json hang_report(const Daemon& d, const SharedDir& tmp, const std::vector<int>& pids) {
+// `commdbg hang --socket` on the ranks, which must exit `status`: its report
+// (empty when it did not), and its table in `table` when asked.
+json hang_report(const Daemon& d, const SharedDir& tmp, const std::vector<int>& pids, int status = 3,
+                 std::string* table = nullptr) {
     auto out = tmp.path("hang.json");
     std::vector<std::string> argv = {commdbg_bin(), "hang", "--socket", d.socket(), "--json", out};
     for (int p : pids) argv.push_back(std::to_string(p));
     auto r = run(argv);
-    EXPECT_EQ(r.status, 3) << r.out << r.err;
-    return r.status == 3 ? read_json(out) : json::object();
+    EXPECT_EQ(r.status, status) << r.out << r.err;
+    if (table) *table = r.out;
+    return r.status == status ? read_json(out) : json::object();
 }
 
 // A verdict's "signatures": the ranks' first, the odd rank's second.
@@ -103,20 +106,18 @@ TEST(HangDaemon, ARankOneCollectiveShortIsNamedWithTheNumberItNeverIssued) {
     CommRanks ranks = start_comm_ranks(calls);
     const std::vector<int>& pids = ranks.pids;
     ASSERT_NO_FATAL_FAILURE(expect_comm_ranks_counted(d, ranks, calls));
-    auto out = tmp.path("hang.json");
-    auto r = run({commdbg_bin(), "hang", "--socket", d.socket(), "--json", out, std::to_string(pids[0]),
-                  std::to_string(pids[1]), std::to_string(pids[2])});
-    ASSERT_EQ(r.status, 3) << r.out << r.err;
-    const json report = read_json(out);
+    std::string table;
+    const json report = hang_report(d, tmp, pids, 3, &table);
+    ASSERT_FALSE(report.empty());
     const json& v = report["verdict"];
     EXPECT_EQ(v["kind"], "missing_ranks") << v.dump();
     EXPECT_EQ(v["culprits"], json::array({pids[2]})) << v.dump();
     EXPECT_EQ(v["comm_id"], id_hash) << v.dump();
     EXPECT_EQ(v["seq"], kCalls) << v.dump();
-    EXPECT_NE(r.out.find("pid " + std::to_string(pids[2]) + " never issued collective #" + std::to_string(kCalls) +
+    EXPECT_NE(table.find("pid " + std::to_string(pids[2]) + " never issued collective #" + std::to_string(kCalls) +
                          " of communicator " + id_hash),
               std::string::npos)
-        << r.out;
+        << table;
     // Each rank's own count, as the daemon has it, in the report.
     for (int i = 0; i < 3; ++i) {
         const json& rank = report["ranks"][i];
@@ -209,17 +210,15 @@ TEST(HangDaemon, ACollectiveThatReturnedAnErrorIsNamedWithWhatItReturned) {
     CommRanks ranks = start_comm_ranks(calls, {}, {{}, {}, {{"NCCL_STUB_FAIL_CALL", std::to_string(kCalls)}}});
     ASSERT_NO_FATAL_FAILURE(expect_comm_ranks_counted(d, ranks, calls));
     const std::vector<int>& pids = ranks.pids;
-    auto out = tmp.path("hang.json");
-    auto r = run({commdbg_bin(), "hang", "--socket", d.socket(), "--json", out, std::to_string(pids[0]),
-                  std::to_string(pids[1]), std::to_string(pids[2])});
-    ASSERT_EQ(r.status, 3) << r.out << r.err;
-    const json report = read_json(out);
+    std::string table;
+    const json report = hang_report(d, tmp, pids, 3, &table);
+    ASSERT_FALSE(report.empty());
     const json& v = report["verdict"];
     EXPECT_EQ(v["kind"], "collective_error") << v.dump();
     EXPECT_EQ(v["seq"], kCalls) << v.dump();
     EXPECT_EQ(v["collective"], "all_reduce") << v.dump();
     EXPECT_EQ(v["culprits"], json::array({pids[2]})) << v.dump();
-    EXPECT_NE(r.out.find("#6 all_reduce count 1024 float32 sum returned ncclRemoteError"), std::string::npos) << r.out;
+    EXPECT_NE(table.find("#6 all_reduce count 1024 float32 sum returned ncclRemoteError"), std::string::npos) << table;
     for (int i = 0; i < 3; ++i) {
         const json& last = report["ranks"][i]["communicators"][0]["last"];
         ASSERT_EQ(last.size(), static_cast<size_t>(kCalls)) << report["ranks"][i].dump();
@@ -253,11 +252,9 @@ TEST(HangDaemon, WithoutTheFlightRecorderCountsRemainButNoSignature) {
     CommRanks ranks = start_comm_ranks(calls, {{}, {}, {"--last-count", "512"}});
     ASSERT_NO_FATAL_FAILURE(expect_comm_ranks_counted(d, ranks, calls));
     const std::vector<int>& pids = ranks.pids;
-    auto out = tmp.path("hang.json");
-    auto r = run({commdbg_bin(), "hang", "--socket", d.socket(), "--json", out, std::to_string(pids[0]),
-                  std::to_string(pids[1]), std::to_string(pids[2])});
-    ASSERT_EQ(r.status, 1) << r.out << r.err;
-    const json report = read_json(out);
+    std::string table;
+    const json report = hang_report(d, tmp, pids, 1, &table);
+    ASSERT_FALSE(report.empty());
     EXPECT_EQ(report["verdict"]["kind"], "below_host") << report["verdict"].dump();
     for (const auto& rank : report["ranks"]) {
         EXPECT_EQ(rank["communicators"][0]["issued"], kCalls) << rank.dump();
