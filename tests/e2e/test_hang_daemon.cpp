@@ -19,6 +19,19 @@ uint64_t monotonic_ns() {
     return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+// commdbgd's counts per communicator with the flight recorder's entries
+// (one reply line); empty when it did not answer so.
+json flight_counts(const Daemon& d) {
+    int fd = connect_unix(d.socket());
+    EXPECT_GE(fd, 0);
+    if (fd < 0) return json::object();
+    send_bytes(fd, "{\"op\": \"counts\", \"by_comm\": true, \"flight\": true}\n");
+    const std::vector<json> reply = reply_lines(read_reply(fd, 1).data);
+    close(fd);
+    EXPECT_EQ(reply.size(), 1u);
+    return reply.size() == 1 ? reply[0] : json::object();
+}
+
 // When commdbg_collective_mismatch_total first showed in /metrics (polled
 // every 50 ms for 30 s); 0: never.
 uint64_t first_mismatch_seen(const Daemon& d) {
@@ -35,19 +48,14 @@ uint64_t first_mismatch_seen(const Daemon& d) {
 // differing, within 2 s of the call that made it differ (the last rank's,
 // its time from the flight recorder), and says so in its status.
 void expect_mismatch_counted(const Daemon& d, const std::vector<int>& pids, int seq, uint64_t seen_ns) {
-    int fd = connect_unix(d.socket());
-    ASSERT_GE(fd, 0);
-    send_bytes(fd, "{\"op\": \"counts\", \"by_comm\": true, \"flight\": true}\n");
-    const std::vector<json> reply = reply_lines(read_reply(fd, 1).data);
-    close(fd);
-    ASSERT_EQ(reply.size(), 1u);
-    const json& comms = reply[0]["communicators"];
-    ASSERT_EQ(comms.size(), 1u) << reply[0].dump();
+    const json counts = flight_counts(d);
+    const json comms = counts.value("communicators", json::array());
+    ASSERT_EQ(comms.size(), 1u) << counts.dump();
     const std::string comm = comms[0]["comm_id"];
     uint64_t call_ns = 0;
     for (const json& r : comms[0]["ranks"])
         if (r["pid"] == pids.back()) call_ns = r["flight"]["last"].back()["enter_ns"];
-    ASSERT_NE(call_ns, 0u) << reply[0].dump();
+    ASSERT_NE(call_ns, 0u) << counts.dump();
     EXPECT_LT(seen_ns - call_ns, 2000000000ull) << "the counter moved " << (seen_ns - call_ns) / 1e6
                                                 << " ms after the mismatching call";
     std::map<std::string, double> mismatches;
@@ -227,13 +235,9 @@ TEST(HangDaemon, ACollectiveThatReturnedAnErrorIsNamedWithWhatItReturned) {
                 << "rank " << i << " #" << j + 1;
     }
     // The daemon's answer has each call's return time, after its entry.
-    int fd = connect_unix(d.socket());
-    ASSERT_GE(fd, 0);
-    send_bytes(fd, "{\"op\": \"counts\", \"by_comm\": true, \"flight\": true}\n");
-    const std::vector<json> reply = reply_lines(read_reply(fd, 1).data);
-    close(fd);
-    ASSERT_EQ(reply.size(), 1u);
-    for (const json& rank : reply[0]["communicators"][0]["ranks"])
+    const json comms = flight_counts(d).value("communicators", json::array());
+    ASSERT_EQ(comms.size(), 1u) << comms.dump();
+    for (const json& rank : comms[0]["ranks"])
         for (const json& e : rank["flight"]["last"]) {
             ASSERT_TRUE(e.contains("return_ns")) << e.dump();
             EXPECT_GE(e["return_ns"].get<uint64_t>(), e["enter_ns"].get<uint64_t>()) << e.dump();
