@@ -19,7 +19,7 @@ hang::Issued issued_of(const cd_flight_entry& e, const capture::SymbolTable& sym
     }
     if (e.root != CD_FLIGHT_NONE) out.root = static_cast<int32_t>(e.root);
     if (e.state == CD_FLIGHT_IN_CALL) {
-        out.status = "in_call";
+        out.status = hang::Issued::kInCall;
     } else if (e.state == CD_FLIGHT_RETURNED) {
         auto n = nccl ? capture::nccl_result_name(e.status) : std::nullopt;
         out.status = n ? std::string(*n) : "returned " + std::to_string(e.status);

@@ -72,7 +72,7 @@ std::string Issued::signature() const {
            (op.empty() ? "" : " " + op) + (root < 0 ? "" : " root " + std::to_string(root));
 }
 
-bool Issued::failed() const { return !status.empty() && status != "in_call" && status != "ncclSuccess"; }
+bool Issued::failed() const { return !status.empty() && !in_call() && status != "ncclSuccess"; }
 
 nlohmann::json Issued::to_json() const {
     nlohmann::json j = {{"seq", seq}, {"collective", collective}, {"count", count}};
@@ -561,7 +561,7 @@ void render_table(const Report& r, std::ostream& out) {
             for (size_t i = c.last.size() > 4 ? c.last.size() - 4 : 0; i < c.last.size(); ++i) {
                 const Issued& e = c.last[i];
                 out << "    #" << e.seq << " " << e.signature()
-                    << (e.status == "in_call" ? " (still in the call)" : e.failed() ? " returned " + e.status : "")
+                    << (e.in_call() ? " (still in the call)" : e.failed() ? " returned " + e.status : "")
                     << "\n";
             }
         }

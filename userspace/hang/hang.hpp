@@ -17,6 +17,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -62,10 +63,12 @@ struct Issued {
     std::string op;          // the reduce op ("sum"); empty: the call has none
     int64_t root = -1;       // broadcast's and reduce's root; -1: none
     // Where the call is, for the calls whose return is probed (NCCL's C API):
-    // "in_call" (entered, not returned: still inside NCCL, or its thread died
+    // kInCall (entered, not returned: still inside NCCL, or its thread died
     // there), or what it returned ("ncclSuccess", "ncclRemoteError"; NCCL
     // returns once the collective is enqueued).  Empty: its return is not probed.
     std::string status;
+    static constexpr std::string_view kInCall = "in_call";
+    bool in_call() const { return status == kInCall; }
     bool failed() const;  // it returned something other than success
     bool operator==(const Issued&) const = default;
     std::string signature() const;  // "all_reduce count 1024 float32 sum", "broadcast count 8 float32 root 0"
