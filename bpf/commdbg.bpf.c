@@ -53,6 +53,10 @@ int call_enter(struct pt_regs *ctx)
 		st = bpf_map_lookup_elem(&threads, &tid);
 	if (!read_entry(ctx, &en, pid_tgid, cookie, st))
 		return 0;
+	if (en.role == CD_ROLE_COMM_INIT && is_c10d_note(cookie)) {
+		note_c10d(&en);
+		return 0;
+	}
 	if (wants_records(&en))
 		read_autograd_node(&en);
 	if (!st && wants_thread(&en))
@@ -64,7 +68,7 @@ int call_enter(struct pt_regs *ctx)
 	if (st && wants_frames(&en))
 		track_frames(st, &en);
 	counted = count_entry(&en, &key);
-	if (en.role == CD_ROLE_COLLECTIVE && key.comm && (en.flags & CD_TRACE_FLIGHT) && flight_numbered(&en))
+	if (en.role == CD_ROLE_COLLECTIVE && (en.flags & CD_TRACE_FLIGHT) && flight_numbered(&en))
 		seq = flight_record(&en, &key, CD_COOKIE_RET(en.cookie) && st);
 	/* A return-probed call is recorded at its return, in one record; but a
 	 * thread's first record goes out now (see events.h, cd_call). */

@@ -152,6 +152,17 @@ enum cd_tail_kind {
 	CD_TAIL_LABEL = 4,     /* cookie: read a std::string label (see bit 59 above) */
 	CD_TAIL_CONTEXT = 5,   /* record: struct cd_context (label and/or Python frames) */
 	CD_TAIL_TENSORS = 6,   /* record: struct cd_tensors, then a CD_TAIL_CONTEXT's bytes */
+	/* c10d process groups (role CD_ROLE_COMM_INIT, entry only, noted in the
+	 * `comms` map, no record, no count; lib/comms.h, note_c10d): the object
+	 * (`this`) in the reduction-op slot, a `std::string const*` (libstdc++:
+	 * data pointer at +0, length at +8) in the out slot, a pointer to a
+	 * c10::intrusive_ptr<Store> (one pointer, its target) in the datatype
+	 * slot, rank in the peer slot and size in the count slot.  By-value
+	 * std::string and intrusive_ptr parameters are non-trivially copyable,
+	 * so the Itanium ABI passes them by invisible reference: a pointer
+	 * either way. */
+	CD_TAIL_C10D_STORE = 7, /* PrefixStore(prefix, store): a new store named by its prefix */
+	CD_TAIL_C10D_GROUP = 8, /* a process group's constructor (store, rank, size) */
 };
 
 /* ---- tensors of a framework call ---------------------------------------
@@ -467,6 +478,12 @@ struct cd_call {
 	__u32 pad;
 };
 
+/* commdbgd (count_all): the beginnings of the library file names whose
+ * first executable mapping stops a process until they are probed
+ * (lib/loader.h, file_prefix). */
+#define CD_FILE_PREFIXES 4
+#define CD_FILE_PREFIX_MAX 24
+
 /* CD_EV_DL_CHANGE and CD_EV_EXEC */
 struct cd_dl_change {
 	struct cd_header h;
@@ -575,6 +592,9 @@ enum cd_comm_origin {
 	CD_COMM_FROM_ID = 1,	/* CommInitRank / InitRankConfig */
 	CD_COMM_FROM_SPLIT = 2, /* CommSplit */
 	CD_COMM_FROM_ALL = 3,	/* CommInitAll */
+	CD_COMM_C10D_GROUP = 4, /* a c10d process group (or 2.x backend): `parent` is its Store* */
+	CD_COMM_C10D_STORE = 5, /* not a communicator: a c10d PrefixStore, its prefix in `name`
+				 * and its inner Store* in `parent` */
 };
 
 struct cd_comm_val {
@@ -586,9 +606,12 @@ struct cd_comm_val {
 	__u32 destroyed;
 	__u32 nsplits;	   /* splits of this comm seen so far */
 	__s32 split_index; /* split: n-th split of the parent (-1: parent unknown) */
-	__u64 parent; /* split: parent comm pointer */
+	__u64 parent; /* split: parent comm pointer; c10d: the Store* */
 	__u64 created_ns;
-	__u8 unique_id[CD_UNIQUE_ID_BYTES];
+	union {
+		__u8 unique_id[CD_UNIQUE_ID_BYTES]; /* NCCL: the unique id it was made from */
+		char name[CD_UNIQUE_ID_BYTES];	    /* c10d: NUL-terminated, "" unknown */
+	};
 };
 
 /* Kernel-side losses, by cause (per-CPU array index). */
@@ -609,8 +632,8 @@ enum cd_drop_cause {
 	CD_DROP_MAX = 13,
 };
 
-/* The flight recorder: per traced process and communicator (the comm slot's
- * value: ncclComm_t, a c10d process group's `this`), the last
+/* The flight recorder: per traced process and communicator (NCCL's comm
+ * argument; a c10d collective's process group, lib/flight.h), the last
  * CD_FLIGHT_SLOTS collectives entered, kept in the kernel whatever happens
  * to records, so that a job that hangs can be asked afterwards (commdbg
  * hang through commdbgd).  Slot (seq - 1) % CD_FLIGHT_SLOTS holds collective
@@ -620,6 +643,7 @@ enum cd_drop_cause {
 #define CD_FLIGHT_SLOTS 256
 #define CD_FLIGHT_COMMS 4096
 #define CD_FLIGHT_NONE 0xffffffffu
+#define CD_FLIGHT_NO_COUNT 0xffffffffffffffffull
 /* Where a recorded call is (cd_flight_entry.state).  Only NCCL's C API is
  * return-probed (design.md: no return probes on C++ that may throw); NCCL
  * returns once the collective is enqueued, so "returned" means enqueued, with
@@ -641,7 +665,7 @@ struct cd_flight_entry {
 	__u64 seq;	 /* 0: not written yet; else written last */
 	__u64 enter_ns;	 /* bpf_ktime_get_ns at entry */
 	__u64 return_ns; /* bpf_ktime_get_ns at return; 0: not returned */
-	__u64 count;	 /* the count argument (elements) */
+	__u64 count;	 /* the count argument (elements); CD_FLIGHT_NO_COUNT: the call has none (c10d) */
 	__u32 tid;
 	__u32 sym;	/* symbol id: the kind, as for counters */
 	__u32 dtype;	/* CD_DTYPE_NONE: none */

@@ -113,4 +113,74 @@ FUNC_INLINE void track_comm(const struct cd_inflight *call, struct cd_thread *st
 	}
 }
 
+/* ---- c10d process groups ------------------------------------------------
+ * A process group has no id of its own that every rank shares.  The keys it
+ * meets its peers under in the job's store do: torch gives each group a
+ * PrefixStore chain (torch 1.13: PrefixStore(group_name, PrefixStore(
+ * "default_pg", TCPStore)); 2.x adds a PrefixStore("cpu/", ...) per device
+ * backend; distributed_c10d.py), the same on every rank of the group by
+ * necessity.  Each store and group is noted here at its constructor's entry
+ * (C++ may throw: no return probe) under the object's address, a store with
+ * its prefix and inner store, a group with its store, rank and size;
+ * userspace follows the chain (snapshot/comm_registry). */
+
+/* Whether a CD_ROLE_COMM_INIT symbol is a c10d one (events.h, the tails). */
+FUNC_INLINE bool is_c10d_note(__u64 cookie)
+{
+	__u32 tail = CD_COOKIE_TAIL(cookie);
+
+	return tail == CD_TAIL_C10D_STORE || tail == CD_TAIL_C10D_GROUP;
+}
+
+/* The std::string at `str` (libstdc++: data at +0, length at +8) into
+ * v->name, NUL-terminated; cut to fit. */
+FUNC_INLINE void read_c10d_name(struct cd_comm_val *v, __u64 str)
+{
+	__u64 sv[2] = {};
+	__u32 len;
+
+	if (!str || bpf_probe_read_user(sv, sizeof(sv), (void *)str))
+		return;
+	len = sv[1] < sizeof(v->name) - 1 ? (__u32)sv[1] : sizeof(v->name) - 1;
+	if (len && bpf_probe_read_user(v->name, len & (sizeof(v->name) - 1), (void *)sv[0]))
+		__builtin_memset(v->name, 0, sizeof(v->name));
+}
+
+/* The Store* an intrusive_ptr<Store> at `p` holds (its one member). */
+FUNC_INLINE __u64 read_store(__u64 p)
+{
+	__u64 store = 0;
+
+	if (p && bpf_probe_read_user(&store, sizeof(store), (void *)p))
+		store = 0;
+	return store;
+}
+
+/* A constructor's object is new, whatever was at its address before. */
+FUNC_INLINE void note_c10d(const struct entry *en)
+{
+	struct cd_comm_key k = {.tgid = en->tgid, .comm = slot_arg(en->args, CD_COOKIE_REDOP(en->cookie))};
+	__u32 zero = 0;
+	struct cd_comm_val *v = bpf_map_lookup_elem(&comm_scratch, &zero);
+
+	if (!k.comm || !v)
+		return;
+	__builtin_memset(v, 0, sizeof(*v));
+	v->split_index = -1;
+	v->created_ns = en->ts;
+	v->parent = read_store(slot_arg(en->args, CD_COOKIE_DTYPE(en->cookie)));
+	if (CD_COOKIE_TAIL(en->cookie) == CD_TAIL_C10D_GROUP) {
+		v->origin = CD_COMM_C10D_GROUP;
+		v->rank = (__s32)slot_arg(en->args, CD_COOKIE_PEER(en->cookie));
+		v->nranks = (__s32)slot_arg(en->args, CD_COOKIE_COUNT(en->cookie));
+	} else {
+		v->origin = CD_COMM_C10D_STORE;
+		v->rank = -1;
+		v->nranks = -1;
+		read_c10d_name(v, slot_arg(en->args, CD_COOKIE_OUT(en->cookie)));
+	}
+	if (bpf_map_update_elem(&comms, &k, v, BPF_ANY))
+		count_drop(CD_DROP_COMM_FULL);
+}
+
 #endif /* COMMDBG_LIB_COMMS_H */

@@ -36,6 +36,19 @@ FUNC_INLINE bool flight_numbered(const struct entry *en)
 	return coll != CD_COLL_SEND && coll != CD_COLL_RECV;
 }
 
+/* The communicator a collective is numbered on: NCCL's comm argument; a
+ * framework (c10d) collective's process group, `this` (events.h: such a
+ * method returns c10::intrusive_ptr<Work> in memory, `this` in slot 1), for
+ * the outermost one of its thread only: torch 2.x's ProcessGroup::allreduce
+ * calls its backend's, and Gloo's _allgather_base its allgather, and the one
+ * collective the program issued takes one number.  0: none. */
+FUNC_INLINE __u64 flight_comm(const struct entry *en, const struct cd_count_key *key)
+{
+	if (!CD_COOKIE_FRAMEWORK_COLL(en->cookie))
+		return key->comm;
+	return en->nested ? 0 : slot_arg(en->args, CD_TENSOR_THIS_SLOT);
+}
+
 /* Records the call; returns its number on the communicator, 0 if it could not
  * be kept.  `returns`: its return is probed and will be recorded.  Global
  * (verified once): inlined, its branches multiplied call_enter's paths. */
@@ -50,7 +63,9 @@ FUNC_GLOBAL __u64 flight_record(const struct entry *en, const struct cd_count_ke
 	if (!en || !key)
 		return 0;
 	fk.tgid = key->tgid;
-	fk.comm = key->comm;
+	fk.comm = flight_comm(en, key);
+	if (!fk.comm)
+		return 0;
 	f = bpf_map_lookup_elem(&flight, &fk);
 	if (!f) {
 		const struct cd_flight *z = bpf_map_lookup_elem(&flight_zero, &zero);
@@ -70,7 +85,8 @@ FUNC_GLOBAL __u64 flight_record(const struct entry *en, const struct cd_count_ke
 	e->return_ns = 0;
 	e->state = returns ? CD_FLIGHT_IN_CALL : CD_FLIGHT_UNPROBED;
 	e->status = 0;
-	e->count = slot_arg(en->args, CD_COOKIE_COUNT(en->cookie));
+	e->count = CD_COOKIE_COUNT(en->cookie) < CD_NUM_ARGS ? slot_arg(en->args, CD_COOKIE_COUNT(en->cookie))
+							     : CD_FLIGHT_NO_COUNT;
 	e->tid = en->tid;
 	e->sym = key->sym;
 	e->dtype = key->dtype;

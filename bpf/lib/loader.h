@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * New code in a process, caught before it runs: a loader change or an exec
- * of a traced process (a session), or a libnccl file mapped that is not
- * probed yet (commdbgd).  The process is stopped with SIGSTOP where asked,
- * and resumed by userspace once it has probed what was mapped (a watchdog
+ * of a traced process (a session), or a library file commdbgd probes
+ * (libnccl, libtorch_cpu) mapped that is not probed yet.  The process is
+ * stopped with SIGSTOP where asked, and resumed by userspace once it has probed what was mapped (a watchdog
  * does it if userspace dies).  The signal goes first: a SIGCONT can then
  * never precede the stop it is meant to end.
  */
@@ -85,16 +85,38 @@ FUNC_INLINE void note_new_code(__u32 kind)
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP); /* the thread waits for it */
 }
 
-/* An executable mapping of a "libnccl.so*" file, and its (dev, inode). */
+/* The file names (their beginnings) commdbgd probes: its specs' libraries,
+ * "libnccl.so" and "libtorch_cpu.so" (not NCCL's net/tuner/profiler plugins,
+ * libnccl-*).  Set by userspace before the load (BpfOptions); unset: libnccl's. */
+const volatile char file_prefix[CD_FILE_PREFIXES][CD_FILE_PREFIX_MAX] = {"libnccl.so"};
+const volatile __u32 file_prefix_len[CD_FILE_PREFIXES] = {10};
+
+/* An executable mapping of such a file, and its (dev, inode). */
 struct vma_match {
 	struct file_key k;
 	int hit;
 };
 
+FUNC_INLINE bool probed_file_name(const char *name)
+{
+	for (__u32 i = 0; i < CD_FILE_PREFIXES; i++) {
+		__u32 n = file_prefix_len[i], j;
+
+		if (n == 0 || n > CD_FILE_PREFIX_MAX)
+			continue;
+		for (j = 0; j < CD_FILE_PREFIX_MAX; j++)
+			if (j >= n || name[j] != file_prefix[i][j])
+				break;
+		if (j == n)
+			return true;
+	}
+	return false;
+}
+
 FUNC_CALLBACK long check_vma(struct task_struct *task, struct vm_area_struct *vma, void *data)
 {
 	struct vma_match *m = data;
-	char name[16] = {};
+	char name[CD_FILE_PREFIX_MAX + 1] = {};
 	struct file *f;
 
 	if (!(BPF_CORE_READ(vma, vm_flags) & VM_EXEC))
@@ -104,9 +126,7 @@ FUNC_CALLBACK long check_vma(struct task_struct *task, struct vm_area_struct *vm
 		return 0;
 	if (bpf_probe_read_kernel_str(name, sizeof(name), BPF_CORE_READ(f, f_path.dentry, d_name.name)) < 0)
 		return 0;
-	/* "libnccl.so*" only: not the net/tuner/profiler plugins (libnccl-*) */
-	if (name[0] != 'l' || name[1] != 'i' || name[2] != 'b' || name[3] != 'n' || name[4] != 'c' ||
-	    name[5] != 'c' || name[6] != 'l' || name[7] != '.' || name[8] != 's' || name[9] != 'o')
+	if (!probed_file_name(name))
 		return 0;
 	m->k.dev = BPF_CORE_READ(f, f_inode, i_sb, s_dev);
 	m->k.ino = BPF_CORE_READ(f, f_inode, i_ino);
@@ -114,7 +134,7 @@ FUNC_CALLBACK long check_vma(struct task_struct *task, struct vm_area_struct *vm
 	return 0;
 }
 
-/* At an mmap's return (`ret`: the address mapped): a libnccl file not yet
+/* At an mmap's return (`ret`: the address mapped): such a file not yet
  * in known_files stops the process until commdbgd has probed it, unless
  * its user holds their share of probed files. */
 FUNC_INLINE void stop_for_new_file(struct pt_regs *regs, long ret)

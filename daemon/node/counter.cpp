@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <ctime>
@@ -77,8 +78,9 @@ Result<std::unique_ptr<NodeCounter>> NodeCounter::create(const NodeCounterOption
 }
 
 Result<bool> NodeCounter::open_bpf(std::vector<capture::ProbeSpec> specs) {
-    auto bpf = capture::BpfSession::open(
-        capture::BpfOptions{opts_.ringbuf_bytes, true, scope_.fd(), opts_.counter_keys_per_process, opts_.flight_recorder});
+    auto bpf = capture::BpfSession::open(capture::BpfOptions{opts_.ringbuf_bytes, true, scope_.fd(),
+                                                             opts_.counter_keys_per_process, opts_.flight_recorder,
+                                                             capture::file_prefixes_of(specs)});
     if (!bpf) return Result<bool>::fail(bpf.error());
     bpf_ = std::move(bpf.value());
     // Always on: armed before the first file is attached and never disarmed
@@ -365,17 +367,29 @@ std::vector<RankRecorder> NodeCounter::read_recorders(const capture::CounterSnap
     std::vector<RankRecorder> out;
     for (const auto& [pid, p] : procs_) {
         size_t n = 0;
-        for (const snapshot::CommInfo& ci : snapshot::communicators_of(pid, comms, snapshot.entries)) {
-            if (!ci.id || n == kFlightCommsPerProcess) continue;
-            std::optional<capture::BpfSession::FlightComm> fc = bpf_->flight_of(pid, ci.ptr);
+        for (const NamedComm& c : named_comms(pid, p.c10d_job, comms, snapshot.entries)) {
+            if (c.id.empty() || n == kFlightCommsPerProcess) continue;
+            std::optional<capture::BpfSession::FlightComm> fc = bpf_->flight_of(pid, c.ptr);
             if (!fc) continue;
             ++n;
-            RankRecorder r{{pid, p.start_time}, hex16(*ci.id), ci.rank, ci.nranks, fc->seq, 0, {}};
+            RankRecorder r{{pid, p.start_time}, c.id, c.rank, c.nranks, fc->seq, 0, {}};
             if (!fc->last.empty()) r.last_enter_ns = fc->last.back().enter_ns;
             for (const cd_flight_entry& e : fc->last) r.last.push_back(issued_of(e, symbols_));
             out.push_back(std::move(r));
         }
     }
+    return out;
+}
+
+std::vector<NodeCounter::NamedComm> NodeCounter::named_comms(uint32_t pid,
+                                                              const std::string& c10d_job,
+                                                              const std::vector<capture::CommEntry>& comms,
+                                                              const std::vector<capture::CounterEntry>& counters) {
+    std::vector<NamedComm> out;
+    for (const snapshot::CommInfo& ci : snapshot::communicators_of(pid, comms, counters))
+        out.push_back({ci.ptr, ci.id ? hex16(*ci.id) : "", ci.rank, ci.nranks, false, ""});
+    for (const snapshot::C10dGroup& g : snapshot::c10d_groups_of(pid, comms))
+        out.push_back({g.ptr, snapshot::c10d_comm_id(g, c10d_job).value_or(""), g.rank, g.nranks, true, g.name});
     return out;
 }
 
@@ -415,13 +429,18 @@ nlohmann::json NodeCounter::counts_from(const CountsSource& src, std::optional<u
         if (!by_comm) continue;
         std::vector<capture::BpfSession::FlightComm> recorded;
         if (flight) recorded = bpf_->flight(p);
-        for (const snapshot::CommInfo& ci : snap.comms) {
-            std::string id = ci.id ? hex16(*ci.id) : "ptr:" + hex16(ci.ptr);
-            auto& entry = by[id];
-            if (ci.nranks >= 0) entry["nranks"] = ci.nranks;
-            nlohmann::json rank = {{"rank", ci.rank}, {"pid", p}, {"calls", calls_by_comm[ci.ptr]}};
-            for (const auto& fc : recorded)
-                if (fc.comm == ci.ptr) rank["flight"] = {{"seq", fc.seq}, {"last", flight_entries(fc.last)}};
+        for (const NamedComm& c : named_comms(p, info.c10d_job, src.comms, src.counters)) {
+            auto fc = std::find_if(recorded.begin(), recorded.end(),
+                                   [&](const capture::BpfSession::FlightComm& f) { return f.comm == c.ptr; });
+            // A c10d group is counted by kind, not by group: only its
+            // recorder numbers its collectives (a 2.x backend, never issued
+            // on directly, has none).
+            if (c.c10d && fc == recorded.end()) continue;
+            auto& entry = by[c.id.empty() ? "ptr:" + hex16(c.ptr) : c.id];
+            if (c.nranks >= 0) entry["nranks"] = c.nranks;
+            nlohmann::json rank = {{"rank", c.rank}, {"pid", p}, {"calls", c.c10d ? fc->seq : calls_by_comm[c.ptr]}};
+            if (c.c10d) entry["c10d_group"] = c.name;
+            if (fc != recorded.end()) rank["flight"] = {{"seq", fc->seq}, {"last", flight_entries(fc->last)}};
             entry["ranks"].push_back(std::move(rank));
         }
     }

@@ -121,6 +121,19 @@ private:
     nlohmann::json counts_from(const CountsSource& src, std::optional<uint32_t> pid, bool by_comm,
                                const ProcessFilter& may_see, bool flight = false) const;
     nlohmann::json flight_entries(const std::vector<cd_flight_entry>& last) const;
+    // A process's communicators as commdbgd names them: NCCL's by commHash
+    // (or a split's derived id), c10d groups by snapshot::c10d_comm_id; `id`
+    // empty where none is the same on every rank.
+    struct NamedComm {
+        uint64_t ptr = 0;
+        std::string id;
+        int32_t rank = -1, nranks = -1;
+        bool c10d = false;
+        std::string name;  // c10d: torch's group name
+    };
+    static std::vector<NamedComm> named_comms(uint32_t pid, const std::string& c10d_job,
+                                              const std::vector<capture::CommEntry>& comms,
+                                              const std::vector<capture::CounterEntry>& counters);
     std::vector<RankRecorder> read_recorders(const capture::CounterSnapshot& snapshot,
                                              const std::vector<capture::CommEntry>& comms) const;
 

@@ -9,7 +9,8 @@ namespace commdbg::daemon {
 
 hang::Issued issued_of(const cd_flight_entry& e, const capture::SymbolTable& symbols) {
     const capture::SymbolInfo* s = symbols.find(e.sym);
-    hang::Issued out{e.seq, s ? std::string(capture::coll_name(s->coll)) : std::string("?"), e.count, {}, {}, -1};
+    hang::Issued out{e.seq, s ? std::string(capture::coll_name(s->coll)) : std::string("?"),
+                     e.count == CD_FLIGHT_NO_COUNT ? std::nullopt : std::optional<uint64_t>(e.count), {}, {}, -1, {}};
     const bool nccl = s && s->layer == "nccl";
     if (e.dtype != CD_DTYPE_NONE && nccl)
         if (auto n = capture::nccl_datatype_name(e.dtype)) out.dtype = *n;

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 
+#include "comm_registry.hpp"
 #include "procfs.hpp"
 
 namespace commdbg::daemon {
@@ -26,7 +27,17 @@ CountedProcess read_counted_process(uint32_t pid, uint64_t start_time) {
         p.uid = info->uid;
         p.command = info->cmdline.empty() ? info->comm : info->cmdline;
     }
-    p.env = host::read_environ(static_cast<int>(pid), kLabelEnv);
+    // MASTER_PORT with MASTER_ADDR names a job's rendezvous: what tells its
+    // c10d groups from another job's of the same name (c10d_comm_id).
+    static const std::vector<std::string> kRead = [] {
+        std::vector<std::string> keys = kLabelEnv;
+        keys.push_back("MASTER_PORT");
+        return keys;
+    }();
+    p.env = host::read_environ(static_cast<int>(pid), kRead);
+    auto stat = host::read_stat(static_cast<int>(pid));
+    const int ppid = stat ? stat->ppid : 0;
+    p.c10d_job = snapshot::c10d_job(p.env, ppid, ppid > 1 ? process_start_time(static_cast<uint32_t>(ppid)) : 0);
     return p;
 }
 

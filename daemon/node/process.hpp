@@ -19,6 +19,7 @@ struct CountedProcess {
     uint32_t uid = 0;
     std::string command;
     std::map<std::string, std::string> env;  // RANK, LOCAL_RANK, ... as found
+    std::string c10d_job;  // what its c10d groups' ids name the job by (snapshot::c10d_job)
 };
 
 // /proc/PID/stat field 22 (start time, clock ticks after boot); 0 if unreadable.

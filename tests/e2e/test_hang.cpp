@@ -18,46 +18,12 @@
 
 #include "e2e_util.hpp"
 #include "hang.hpp"
+#include "hang_job_util.hpp"
 
 namespace commdbg::e2e {
 namespace {
 
 using nlohmann::json;
-
-const std::string kJob = std::string(SOURCE_DIR) + "/tests/testprogs/hang_job.py";
-const std::string kInRoot = "/opt/commdbg-testprogs";
-
-struct HungJob {
-    std::unique_ptr<Background> job;
-    int stuck_pid = 0;
-    std::string stuck_function;
-    std::vector<int> rank_pids;  // by rank
-    // The ranks end first, so that the launcher (and trixie_run.sh, which
-    // unmounts what it mounted) sees them die and ends by itself.
-    ~HungJob() {
-        for (int pid : rank_pids)
-            if (pid > 0) kill(pid, SIGKILL);
-        if (job) job->wait(60);
-    }
-};
-
-// Starts the job and waits until it hangs: every rank up, the stuck one
-// about to block, and the others' time to enter the all-reduce.
-void start_hung(HungJob& h, const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {}) {
-    h.job = std::make_unique<Background>(argv, env);
-    h.rank_pids.assign(3, 0);
-    for (int i = 0; i < 3; ++i) {
-        auto line = h.job->wait_for_line("{\"rank\": " + std::to_string(i) + ",", 120);
-        if (line.empty()) return;
-        auto j = json::parse(line, nullptr, false);
-        if (!j.is_discarded()) h.rank_pids.at(j["rank"].get<int>()) = j["pid"].get<int>();
-    }
-    auto stuck = json::parse(h.job->wait_for_line("\"stuck\"", 60), nullptr, false);
-    if (stuck.is_discarded() || !stuck.is_object()) return;
-    h.stuck_pid = stuck["pid"].get<int>();
-    h.stuck_function = stuck["function"].get<std::string>();
-    std::this_thread::sleep_for(std::chrono::seconds(2));
-}
 
 struct HangRun {
     ProcResult r;

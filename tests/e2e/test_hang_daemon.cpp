@@ -5,6 +5,7 @@
 // issues one all-reduce fewer, then every rank waits (blocked writing its
 // report, as StalledWorkload holds it).
 #include "daemon_util.hpp"
+#include "hang_job_util.hpp"
 
 #include <regex>
 
@@ -266,6 +267,83 @@ TEST(HangDaemon, WithoutTheFlightRecorderCountsRemainButNoSignature) {
     }
     sleep_ms(1500);  // three refreshes
     for (const Sample& s : scrape(d.port())) EXPECT_NE(s.name, "commdbg_collective_mismatch_total");
+}
+
+// c10d process groups under commdbgd from before the job (3 gloo ranks,
+// rank 2 stuck in its loader before step hang_at's all-reduce): a group is
+// known by the prefixes of the store keys its ranks meet under, the same on
+// every rank, so the daemon numbers each group's collectives alike on every
+// rank, and `commdbg hang`, given the launcher, names the stuck rank by the
+// collective number it never issued.
+void run_c10d_group_case(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
+    SharedDir tmp;
+    START_DAEMON(d, tmp, {"--probes", "nccl,torch-c10d"});
+    HungJob job;
+    start_hung(job, argv, env);
+    ASSERT_NE(job.stuck_pid, 0) << "the job did not hang as planned";
+    const json counts = flight_counts(d);
+    std::vector<json> groups;
+    for (const json& c : counts.value("communicators", json::array()))
+        if (c["comm_id"].get<std::string>().starts_with("c10d:")) groups.push_back(c);
+    ASSERT_EQ(groups.size(), 1u) << counts.dump().substr(0, 3000);
+    const json& g = groups[0];
+    const std::string id = g["comm_id"], name = g["c10d_group"];
+    // The job by its launcher (no MASTER_ADDR/PORT: a tcp:// init method),
+    // the group by its store prefixes, among them torch's own group name.
+    EXPECT_TRUE(id.starts_with("c10d:launcher:" + std::to_string(job.launcher_pid) + ".")) << id;
+    EXPECT_TRUE(id.ends_with("/" + name)) << id;
+    ASSERT_EQ(std::set<std::string>(job.groups.begin(), job.groups.end()).size(), 1u);
+    EXPECT_TRUE(("/" + name + "/").find("/" + job.groups[0] + "/") != std::string::npos)
+        << name << " does not hold torch's group name " << job.groups[0];
+    EXPECT_EQ(g["nranks"], 3);
+    ASSERT_EQ(g["ranks"].size(), 3u) << g.dump();
+    const int issued = job.hang_at + 1;  // steps 0..hang_at's all-reduces
+    for (const json& r : g["ranks"]) {
+        const int pid = r["pid"];
+        const auto at = std::find(job.rank_pids.begin(), job.rank_pids.end(), pid);
+        ASSERT_NE(at, job.rank_pids.end()) << pid;
+        EXPECT_EQ(r["rank"], at - job.rank_pids.begin());
+        const int want = pid == job.stuck_pid ? issued - 1 : issued;
+        EXPECT_EQ(r["flight"]["seq"], want) << r.dump();
+        ASSERT_EQ(r["flight"]["last"].size(), static_cast<size_t>(want)) << r.dump();
+        // A c10d call has no count argument: none is shown, never a 0.
+        for (const json& e : r["flight"]["last"]) {
+            EXPECT_EQ(e["collective"], "all_reduce") << e.dump();
+            EXPECT_FALSE(e.contains("count")) << e.dump();
+        }
+    }
+    std::string table;
+    const json report = hang_report(d, tmp, {job.launcher_pid}, 3, &table);
+    ASSERT_FALSE(report.empty());
+    const json& v = report["verdict"];
+    EXPECT_EQ(v["kind"], "missing_ranks") << v.dump();
+    EXPECT_EQ(v["culprits"], json::array({job.stuck_pid})) << v.dump();
+    EXPECT_EQ(v["comm_id"], id) << v.dump();
+    EXPECT_EQ(v["seq"], issued) << v.dump();
+    EXPECT_NE(table.find("pid " + std::to_string(job.stuck_pid) + " never issued collective #" + std::to_string(issued) +
+                         " of communicator " + id),
+              std::string::npos)
+        << table;
+    // The fleet view: every rank's number, under the same communicator.
+    std::map<std::string, double> seqs;
+    for (const Sample& s : scrape(d.port()))
+        if (s.name == "commdbg_comm_rank_seq" && s.labels.at("comm") == id) seqs[s.labels.at("rank")] = s.value;
+    EXPECT_EQ(seqs, (std::map<std::string, double>{{"0", issued}, {"1", issued}, {"2", issued - 1}}));
+}
+
+TEST(HangDaemon, Torch113GlooGroupIsOneCommunicatorOnEveryRank) {
+    REQUIRE_BPF();
+    REQUIRE_TORCH(py);
+    run_c10d_group_case({py, kJob, "loader"}, {});
+}
+
+TEST(HangDaemon, Torch26GlooGroupIsOneCommunicatorOnEveryRank) {
+    REQUIRE_BPF();
+    const std::string root = trixie_root();
+    REQUIRE_TRIXIE_ROOT(root);
+    run_c10d_group_case({kRunScript, "--bind", kTestprogs + ":" + kInRoot, root, "python3", kInRoot + "/hang_job.py",
+                         "loader"},
+                        kRootJobEnv);
 }
 
 }  // namespace

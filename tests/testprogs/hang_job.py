@@ -15,7 +15,8 @@ is 600 s: the test ends the job first):
            atexit handler: wait_at_exit().
 
 Stdout, one write per line: the plan ({"mode", "pid", "world", "stuck_rank",
-"hang_at"}), each rank's {"rank", "pid"} once its process group is up, and
+"hang_at"}), each rank's {"rank", "pid", "group": torch's name of its process
+group} once its process group is up, and
 {"stuck": RANK, "pid", "function"} just before the stuck rank blocks.
 """
 import argparse
@@ -58,6 +59,13 @@ def wait_at_exit():
     time.sleep(3600)
 
 
+def group_name():
+    """torch's own name of the default group (1.13: _pg_names, 2.x: _world.pg_names)."""
+    c10d = dist.distributed_c10d
+    names = c10d._world.pg_names if hasattr(c10d, "_world") else c10d._pg_names
+    return names[dist.group.WORLD]
+
+
 def step(batch):
     dist.all_reduce(batch)
     return batch
@@ -66,7 +74,7 @@ def step(batch):
 def worker(rank, port, mode):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=600))
-    say({"rank": rank, "pid": os.getpid()})
+    say({"rank": rank, "pid": os.getpid(), "group": group_name()})
     for s in range(STEPS):
         if rank == STUCK and s == HANG_AT and mode == "spin":
             say({"stuck": rank, "pid": os.getpid(), "function": "spin"})

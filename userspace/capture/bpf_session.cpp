@@ -91,6 +91,21 @@ Result<std::unique_ptr<BpfSession>> BpfSession::open(const BpfOptions& opts) {
     s->skel_->rodata->scope_cgroup = opts.scope_cgroup_fd >= 0 ? 1 : 0;
     s->skel_->rodata->fine_keys_per_process = opts.counter_keys_per_process;
     s->skel_->rodata->wakeup_bytes = s->ringbuf_bytes_ / kWakeupFraction;
+    if (!opts.file_prefixes.empty()) {
+        if (opts.file_prefixes.size() > CD_FILE_PREFIXES)
+            return R::fail("commdbg: " + std::to_string(opts.file_prefixes.size()) +
+                           " library names to watch for; the kernel side has room for " +
+                           std::to_string(CD_FILE_PREFIXES));
+        for (size_t i = 0; i < CD_FILE_PREFIXES; ++i) {
+            const std::string p = i < opts.file_prefixes.size() ? opts.file_prefixes[i] : "";
+            if (p.size() > CD_FILE_PREFIX_MAX)
+                return R::fail("commdbg: library name \"" + p + "\" is longer than the kernel side's " +
+                               std::to_string(CD_FILE_PREFIX_MAX) + " characters");
+            for (size_t j = 0; j < CD_FILE_PREFIX_MAX; ++j)
+                s->skel_->rodata->file_prefix[i][j] = j < p.size() ? p[j] : '\0';
+            s->skel_->rodata->file_prefix_len[i] = static_cast<uint32_t>(p.size());
+        }
+    }
     bpf_program__set_autoload(s->skel_->progs.on_mmap_file, opts.count_all);
     // An exec's new loader: a session's business (commdbgd follows mmap).
     bpf_program__set_autoload(s->skel_->progs.on_exec, !opts.count_all);

@@ -36,6 +36,9 @@ struct BpfOptions {
     uint32_t counter_keys_per_process = limits::kDefaultCounterKeysPerProcess;
     // count_all: the flight recorder for the processes it adopts too.
     bool flight_recorder = true;
+    // count_all: the beginnings of the file names whose first mapping stops
+    // a process until they are probed (file_prefixes_of); empty: libnccl's.
+    std::vector<std::string> file_prefixes;
 };
 
 // One exact kernel counter.  coarse: the process's own per-symbol counter,

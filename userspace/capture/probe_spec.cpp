@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -41,7 +42,7 @@ const std::map<std::string, cd_coll> kColls = {
 
 const std::map<std::string, cd_tail_kind> kTails = {
     {"none", CD_TAIL_NONE}, {"unique_id", CD_TAIL_UNIQUE_ID}, {"comm_list", CD_TAIL_COMM_LIST},
-    {"label", CD_TAIL_LABEL},
+    {"label", CD_TAIL_LABEL}, {"c10d_store", CD_TAIL_C10D_STORE}, {"c10d_group", CD_TAIL_C10D_GROUP},
 };
 
 // Argument names -> the slot they fill.  Communicator calls reuse the
@@ -61,6 +62,9 @@ uint8_t* slot_for(ArgSlots& s, const std::string& arg) {
         {"label", &ArgSlots::out},
         // autograd nodes (events.h, CD_ROLE_GRAD_FN / CD_ROLE_AUTOGRAD_NODE)
         {"edge", &ArgSlots::count},    {"node", &ArgSlots::count},
+        // c10d process groups and stores (events.h, CD_TAIL_C10D_*)
+        {"object", &ArgSlots::redop},  {"name", &ArgSlots::out},
+        {"store", &ArgSlots::dtype},
     };
     auto it = kSlots.find(arg);
     return it == kSlots.end() ? nullptr : &(s.*(it->second));
@@ -96,6 +100,22 @@ std::string keys_of(const Map& m) {
 struct SpecError {
     std::string msg;
 };
+
+// A c10d note (events.h, CD_TAIL_C10D_*) is a comm_init at entry that the
+// kernel reads the object and its name or store of.
+void check_c10d_tail(const SymbolInfo& info, const std::string& where) {
+    const bool store = info.tail == CD_TAIL_C10D_STORE, group = info.tail == CD_TAIL_C10D_GROUP;
+    if (!store && !group) return;
+    auto need = [&](bool ok, const char* what) {
+        if (!ok) throw SpecError{where + ": a c10d tail needs " + what};
+    };
+    need(info.role == CD_ROLE_COMM_INIT, "\"role\": \"comm_init\"");
+    need(info.slots.redop != CD_SLOT_NONE, "\"args\": {\"object\": N} (`this`)");
+    need(info.slots.dtype != CD_SLOT_NONE, "\"args\": {\"store\": N} (the intrusive_ptr<Store> argument)");
+    need(group || info.slots.out != CD_SLOT_NONE, "\"args\": {\"name\": N} (the std::string argument)");
+    need(!group || (info.slots.peer != CD_SLOT_NONE && info.slots.count != CD_SLOT_NONE),
+         "\"args\": {\"rank\": N, \"nranks\": M}");
+}
 
 std::string str_field(const json& j, const char* field, const std::string& where, bool required) {
     if (!j.contains(field)) {
@@ -170,6 +190,7 @@ SymbolRule parse_rule(const json& j, const std::string& where) {
     }
     if (r.info.tail == CD_TAIL_LABEL && r.info.slots.out == CD_SLOT_NONE)
         throw SpecError{where + ": \"tail\": \"label\" needs \"args\": {\"label\": N} (the std::string argument)"};
+    check_c10d_tail(r.info, where);
     if (j.contains("py_stack")) {
         if (!j["py_stack"].is_boolean()) throw SpecError{where + ": field \"py_stack\" must be true or false"};
         r.py_stack = j["py_stack"].get<bool>();
@@ -183,6 +204,20 @@ SymbolRule parse_rule(const json& j, const std::string& where) {
 }
 
 }  // namespace
+
+std::vector<std::string> file_prefixes_of(const std::vector<ProbeSpec>& specs) {
+    std::set<std::string> all;
+    for (const ProbeSpec& s : specs)
+        for (const std::string& g : s.library) all.insert(g.substr(0, g.find_first_of("*?[")));
+    std::vector<std::string> out;
+    for (const std::string& p : all) {  // sorted: a prefix comes before what it covers
+        if (p.empty()) continue;
+        bool covered = false;
+        for (const std::string& q : out) covered = covered || p.starts_with(q);
+        if (!covered) out.push_back(p);
+    }
+    return out;
+}
 
 bool glob_match(std::string_view p, std::string_view t) {
     // Iterative '*' / '?' matcher with single backtrack point.

@@ -66,6 +66,11 @@ std::vector<ProbeSpec> select_specs(const std::vector<std::string>& names,
 
 bool glob_match(std::string_view pattern, std::string_view text);
 
+// The beginnings of the file names the specs' libraries match ("libnccl.so",
+// "libtorch_cpu.so"): each glob up to its first wildcard, those another
+// covers left out; for the kernel's check of a new mapping (BpfOptions).
+std::vector<std::string> file_prefixes_of(const std::vector<ProbeSpec>& specs);
+
 // The cookie's tensor-parameter kinds (events.h, bits 60..63) of a c10d
 // process-group method, from its demangled signature: its first two
 // parameters, each an at::Tensor&, a std::vector<at::Tensor>& or a

@@ -68,14 +68,15 @@ Frame callers_frame(const std::vector<Frame>& stack, size_t from) {
 }  // namespace
 
 std::string Issued::signature() const {
-    return collective + " count " + std::to_string(count) + (dtype.empty() ? "" : " " + dtype) +
+    return collective + (count ? " count " + std::to_string(*count) : "") + (dtype.empty() ? "" : " " + dtype) +
            (op.empty() ? "" : " " + op) + (root < 0 ? "" : " root " + std::to_string(root));
 }
 
 bool Issued::failed() const { return !status.empty() && !in_call() && status != "ncclSuccess"; }
 
 nlohmann::json Issued::to_json() const {
-    nlohmann::json j = {{"seq", seq}, {"collective", collective}, {"count", count}};
+    nlohmann::json j = {{"seq", seq}, {"collective", collective}};
+    if (count) j["count"] = *count;
     if (!dtype.empty()) j["dtype"] = dtype;
     if (!op.empty()) j["op"] = op;
     if (root >= 0) j["root"] = root;
@@ -85,7 +86,9 @@ nlohmann::json Issued::to_json() const {
 
 Issued Issued::from_json(const nlohmann::json& e) {
     if (!e.is_object()) return {};
-    return {e.value("seq", uint64_t{0}), e.value("collective", ""), e.value("count", uint64_t{0}),
+    std::optional<uint64_t> count;
+    if (e.contains("count") && e["count"].is_number_unsigned()) count = e["count"].get<uint64_t>();
+    return {e.value("seq", uint64_t{0}), e.value("collective", ""), count,
             e.value("dtype", ""),        e.value("op", ""),         e.value("root", int64_t{-1}),
             e.value("status", "")};
 }

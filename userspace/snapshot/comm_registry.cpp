@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <cstring>
 
 #include "nccl.hpp"
 
@@ -24,6 +25,7 @@ std::vector<CommInfo> communicators_of(uint32_t pid, const std::vector<capture::
     std::vector<CommInfo> out;
     std::map<uint64_t, uint64_t> id_of;
     for (const capture::CommEntry* c : mine) {
+        if (c->val.origin == CD_COMM_C10D_GROUP || c->val.origin == CD_COMM_C10D_STORE) continue;  // c10d_groups_of
         CommInfo ci;
         ci.ptr = c->key.comm;
         ci.nranks = c->val.nranks;
@@ -62,6 +64,52 @@ std::vector<CommInfo> communicators_of(uint32_t pid, const std::vector<capture::
         out.push_back(std::move(ci));
     }
     return out;
+}
+
+namespace {
+std::string name_of(const cd_comm_val& v) {
+    return std::string(v.name, strnlen(v.name, sizeof(v.name)));
+}
+}  // namespace
+
+std::vector<C10dGroup> c10d_groups_of(uint32_t pid, const std::vector<capture::CommEntry>& comms) {
+    std::map<uint64_t, const cd_comm_val*> stores;
+    for (const auto& c : comms)
+        if (c.key.tgid == pid && c.val.origin == CD_COMM_C10D_STORE) stores[c.key.comm] = &c.val;
+    // Inner stores first; a chain is a few links long (bounded, should an
+    // address reused by another store make a loop).
+    constexpr int kMaxLinks = 8;
+    std::vector<C10dGroup> out;
+    for (const auto& c : comms) {
+        if (c.key.tgid != pid || c.val.origin != CD_COMM_C10D_GROUP) continue;
+        std::vector<std::string> prefixes;
+        auto s = stores.find(c.val.parent);
+        for (int i = 0; i < kMaxLinks && s != stores.end(); ++i, s = stores.find(s->second->parent)) {
+            std::string p = name_of(*s->second);
+            while (!p.empty() && p.back() == '/') p.pop_back();
+            if (!p.empty()) prefixes.insert(prefixes.begin(), p);
+        }
+        std::string name;
+        for (const std::string& p : prefixes) name += (name.empty() ? "" : "/") + p;
+        out.push_back({c.key.comm, std::move(name), c.val.rank, c.val.nranks});
+    }
+    return out;
+}
+
+std::string c10d_job(const std::map<std::string, std::string>& env, int ppid, uint64_t ppid_start_time) {
+    auto get = [&](const char* k) {
+        auto it = env.find(k);
+        return it == env.end() ? std::string() : it->second;
+    };
+    if (!get("MASTER_ADDR").empty() && !get("MASTER_PORT").empty()) return get("MASTER_ADDR") + ":" + get("MASTER_PORT");
+    if (!get("TORCHELASTIC_RUN_ID").empty()) return "run:" + get("TORCHELASTIC_RUN_ID");
+    if (ppid > 1 && ppid_start_time) return "launcher:" + std::to_string(ppid) + "." + std::to_string(ppid_start_time);
+    return "";
+}
+
+std::optional<std::string> c10d_comm_id(const C10dGroup& g, const std::string& job) {
+    if (g.name.empty() || job.empty()) return std::nullopt;
+    return "c10d:" + job + "/" + g.name;
 }
 
 }  // namespace commdbg::snapshot

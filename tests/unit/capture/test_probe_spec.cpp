@@ -187,6 +187,35 @@ TEST(ProbeSpecRegex, PathologicalRegexIsPlannedInBoundedTimeAndPicksTheRightSymb
     EXPECT_EQ(*names, std::set<std::string>{"commdbg::capture::glob_match"});
 }
 
+// A c10d note reads `this` and a store (and a store's prefix) in the kernel:
+// a rule without them is refused, naming what it lacks.
+TEST(ProbeSpecErrors, C10dTailsNeedTheirArguments) {
+    expect_has(spec_error(spec_with(R"("name": "a",)", R"({"match": "f", "role": "op", "tail": "c10d_store",
+        "args": {"object": 0, "name": 1, "store": 2}})")),
+               {"bad.json", "symbols[0]", "c10d tail", "comm_init"});
+    expect_has(spec_error(spec_with(R"("name": "a",)", R"({"match": "f", "role": "comm_init", "tail": "c10d_store",
+        "args": {"object": 0, "store": 2}})")),
+               {"symbols[0]", "\"name\""});
+    expect_has(spec_error(spec_with(R"("name": "a",)", R"({"match": "f", "role": "comm_init", "tail": "c10d_group",
+        "args": {"object": 0, "store": 1}})")),
+               {"symbols[0]", "\"rank\"", "\"nranks\""});
+    expect_has(spec_error(spec_with(R"("name": "a",)", R"({"match": "f", "role": "comm_init", "tail": "c10d_group",
+        "args": {"store": 1, "rank": 2, "nranks": 3}})")),
+               {"symbols[0]", "\"object\""});
+    EXPECT_TRUE(parse_probe_spec(spec_with(R"("name": "a",)", R"({"match": "f", "role": "comm_init",
+        "tail": "c10d_group", "args": {"object": 0, "store": 1, "rank": 2, "nranks": 3}})"), "ok.json").ok());
+}
+
+// What commdbgd watches new mappings for: each library glob up to its
+// wildcard, one prefix for a library and its versions.
+TEST(ProbeSpec, FilePrefixesAreTheLibrariesBeginnings) {
+    std::vector<std::string> errors;
+    EXPECT_EQ(file_prefixes_of(select_specs({"nccl"}, errors)), (std::vector<std::string>{"libnccl.so"}));
+    EXPECT_EQ(file_prefixes_of(select_specs({"nccl", "torch-c10d", "torch-aten"}, errors)),
+              (std::vector<std::string>{"libnccl.so", "libtorch_cpu.so", "libtorch_cuda.so"}));
+    EXPECT_TRUE(errors.empty());
+}
+
 TEST(ProbeSpecErrors, ArgIndexOutOfRange) {
     std::string rule = R"({"match": "f", "role": "op", "args": {"count": )" + std::to_string(CD_NUM_ARGS) + "}}";
     expect_has(spec_error(spec_with(R"("name": "a",)", rule)),
@@ -458,12 +487,24 @@ TEST(TorchSpecs, C10dPlanOnRealLibtorch) {
     ASSERT_TRUE(plan.ok()) << plan.error();
     EXPECT_TRUE(plan->ret_offsets.empty());
     std::map<std::string, cd_coll> got;
+    std::map<std::string, uint32_t> notes;  // c10d group and store constructors: their tails
     for (auto c : plan->cookies) {
         const SymbolInfo* s = syms.from_cookie(c);
         ASSERT_NE(s, nullptr);
+        if (s->role == CD_ROLE_COMM_INIT) {
+            notes[s->name] = s->tail;
+            // `this`, then the by-reference store (and a store's prefix)
+            EXPECT_EQ(s->slots.redop, 0) << s->name;
+            EXPECT_EQ(s->slots.dtype, s->tail == CD_TAIL_C10D_STORE ? 2 : 1) << s->name;
+            continue;
+        }
         EXPECT_EQ(s->role, CD_ROLE_COLLECTIVE) << s->name;
         got[s->name] = s->coll;
     }
+    // torch 1.13 names a group only through the PrefixStore its
+    // constructor gets (distributed_c10d.py): both are noted.
+    EXPECT_EQ(notes, (std::map<std::string, uint32_t>{{"c10d::PrefixStore::PrefixStore", CD_TAIL_C10D_STORE},
+                                                      {"c10d::ProcessGroupGloo::ProcessGroupGloo", CD_TAIL_C10D_GROUP}}));
     std::string listing;
     for (const auto& [n, k] : got) listing += "\n  " + n + " " + std::string(coll_name(k));
     std::printf("[ torch-c10d ] %zu probes on %s:%s\n", got.size(), lib.c_str(), listing.c_str());

@@ -133,6 +133,23 @@ TEST(HangVerdict, AnOpOrARootThatDiffersIsADivergenceAndBothSurviveJson) {
     for (const Issued& e : {a[0], a[1], c[1]}) EXPECT_EQ(Issued::from_json(e.to_json()), e) << e.to_json().dump();
 }
 
+// A c10d collective has no count argument: its signature says none (never
+// "count 0"), its kind still tells a divergence, and JSON keeps "no count"
+// apart from a count of 0.
+TEST(HangVerdict, ACollectiveWithoutACountShowsNoneAndStillDiverges) {
+    const std::vector<Issued> a = {{1, "all_reduce", std::nullopt, "", "", -1}};
+    const std::vector<Issued> b = {{1, "broadcast", std::nullopt, "", "", -1}};
+    EXPECT_EQ(a[0].signature(), "all_reduce");
+    EXPECT_FALSE(a[0].to_json().contains("count"));
+    EXPECT_EQ(Issued::from_json(a[0].to_json()), a[0]);
+    const Issued zero{1, "all_reduce", 0, "float32", "", -1};
+    EXPECT_EQ(zero.signature(), "all_reduce count 0 float32");
+    EXPECT_EQ(Issued::from_json(zero.to_json()), zero);
+    const std::vector<Divergence> d = divergences({{10, &a}, {11, &a}, {12, &b}});
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0].odd, std::vector<int>{12});
+}
+
 TEST(HangVerdict, ARankThatIssuedFewerWhileTheOthersWaitNeverIssuedTheNext) {
     Verdict v = verdict_of({on_comm(10, 0, 6), on_comm(11, 1, 6), on_comm(12, 2, 5)});
     EXPECT_EQ(v.kind, Verdict::Kind::missing);

@@ -59,7 +59,8 @@ TEST(ProbeView, BelowNoiseLevelThreeTrivialOpsGetNoProbeAndAtZeroNoOpDoes) {
 }
 
 // --counts-only: the c10d collectives keep their probes (they are what is
-// counted), every op, scope, module and autograd probe goes.
+// counted), and so do the group and store constructors (what names a group
+// for the flight recorder); every op, scope, module and autograd probe goes.
 TEST(ProbeView, WithoutRecordsOnlyWhatTheCountersCountIsProbed) {
     const std::string lib = libtorch_cpu();
     if (lib.empty()) GTEST_SKIP() << "libtorch_cpu.so not installed (python3-torch)";
@@ -74,7 +75,8 @@ TEST(ProbeView, WithoutRecordsOnlyWhatTheCountersCountIsProbed) {
             auto plan = ProbeAttacher::plan(s, lib, syms);
             ASSERT_TRUE(plan.ok()) << plan.error();
             for (auto c : plan->cookies)
-                if (syms.from_cookie(c)->role == CD_ROLE_COLLECTIVE) collectives.insert(syms.from_cookie(c)->name);
+                if (syms.from_cookie(c)->role == CD_ROLE_COLLECTIVE || syms.from_cookie(c)->role == CD_ROLE_COMM_INIT)
+                    collectives.insert(syms.from_cookie(c)->name);
         }
     ASSERT_FALSE(collectives.empty());
     EXPECT_EQ(probed("torch-c10d", lib, 2, false), collectives);

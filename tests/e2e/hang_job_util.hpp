@@ -1,0 +1,64 @@
+// SPDX-License-Identifier: Apache-2.0
+// tests/testprogs/hang_job.py, started and waited for until it hangs: 3 gloo
+// ranks, rank 2 never reaches step `hang_at`'s all-reduce.
+#pragma once
+
+#include <signal.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "e2e_util.hpp"
+
+namespace commdbg::e2e {
+
+using nlohmann::json;
+
+inline const std::string kJob = std::string(SOURCE_DIR) + "/tests/testprogs/hang_job.py";
+
+struct HungJob {
+    std::unique_ptr<Background> job;
+    int stuck_pid = 0;
+    std::string stuck_function;
+    std::vector<int> rank_pids;  // by rank
+    std::vector<std::string> groups;  // by rank: torch's name of its default group
+    int launcher_pid = 0;
+    int hang_at = 0;             // the step the stuck rank never all-reduces (0-based)
+    // The ranks end first, so that the launcher (and trixie_run.sh, which
+    // unmounts what it mounted) sees them die and ends by itself.
+    ~HungJob() {
+        for (int pid : rank_pids)
+            if (pid > 0) kill(pid, SIGKILL);
+        if (job) job->wait(60);
+    }
+};
+
+// Starts the job and waits until it hangs: every rank up, the stuck one
+// about to block, and the others' time to enter the all-reduce.
+inline void start_hung(HungJob& h, const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {}) {
+    h.job = std::make_unique<Background>(argv, env);
+    h.rank_pids.assign(3, 0);
+    h.groups.assign(3, "");
+    auto plan = json::parse(h.job->wait_for_line("\"mode\"", 120), nullptr, false);
+    if (plan.is_discarded() || !plan.is_object()) return;
+    h.launcher_pid = plan["pid"].get<int>();
+    h.hang_at = plan["hang_at"].get<int>();
+    for (int i = 0; i < 3; ++i) {
+        auto line = h.job->wait_for_line("{\"rank\": " + std::to_string(i) + ",", 120);
+        if (line.empty()) return;
+        auto j = json::parse(line, nullptr, false);
+        if (j.is_discarded()) continue;
+        h.rank_pids.at(j["rank"].get<int>()) = j["pid"].get<int>();
+        h.groups.at(j["rank"].get<int>()) = j["group"].get<std::string>();
+    }
+    auto stuck = json::parse(h.job->wait_for_line("\"stuck\"", 60), nullptr, false);
+    if (stuck.is_discarded() || !stuck.is_object()) return;
+    h.stuck_pid = stuck["pid"].get<int>();
+    h.stuck_function = stuck["function"].get<std::string>();
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+}
+
+}  // namespace commdbg::e2e
