@@ -29,8 +29,19 @@
 #include "lib/scopes.h"
 #include "lib/thread.h"
 #include "torch/autograd.h"
+#include "torch/tensors.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* What the flight recorder keeps as a collective's count: NCCL's count
+ * argument, a c10d method's first tensor's elements (torch/tensors.h). */
+FUNC_INLINE __u64 flight_count(const struct entry *en)
+{
+	if (CD_COOKIE_FRAMEWORK_COLL(en->cookie))
+		return en->nested ? CD_FLIGHT_NO_COUNT : c10d_count(en);
+	return CD_COOKIE_COUNT(en->cookie) < CD_NUM_ARGS ? slot_arg(en->args, CD_COOKIE_COUNT(en->cookie))
+							 : CD_FLIGHT_NO_COUNT;
+}
 
 SEC("uprobe.multi")
 int call_enter(struct pt_regs *ctx)
@@ -69,7 +80,7 @@ int call_enter(struct pt_regs *ctx)
 		track_frames(st, &en);
 	counted = count_entry(&en, &key);
 	if (en.role == CD_ROLE_COLLECTIVE && (en.flags & CD_TRACE_FLIGHT) && flight_numbered(&en))
-		seq = flight_record(&en, &key, CD_COOKIE_RET(en.cookie) && st);
+		seq = flight_record(&en, &key, CD_COOKIE_RET(en.cookie) && st, flight_count(&en));
 	/* A return-probed call is recorded at its return, in one record; but a
 	 * thread's first record goes out now (see events.h, cd_call). */
 	first = st && wants_records(&en) && !st->announced;

@@ -50,9 +50,10 @@ FUNC_INLINE __u64 flight_comm(const struct entry *en, const struct cd_count_key 
 }
 
 /* Records the call; returns its number on the communicator, 0 if it could not
- * be kept.  `returns`: its return is probed and will be recorded.  Global
+ * be kept.  `returns`: its return is probed and will be recorded; `count`:
+ * its elements (CD_FLIGHT_NO_COUNT: unknown).  Global
  * (verified once): inlined, its branches multiplied call_enter's paths. */
-FUNC_GLOBAL __u64 flight_record(const struct entry *en, const struct cd_count_key *key, bool returns)
+FUNC_GLOBAL __u64 flight_record(const struct entry *en, const struct cd_count_key *key, bool returns, __u64 count)
 {
 	struct cd_flight_key fk = {};
 	struct cd_flight_entry *e;
@@ -85,8 +86,7 @@ FUNC_GLOBAL __u64 flight_record(const struct entry *en, const struct cd_count_ke
 	e->return_ns = 0;
 	e->state = returns ? CD_FLIGHT_IN_CALL : CD_FLIGHT_UNPROBED;
 	e->status = 0;
-	e->count = CD_COOKIE_COUNT(en->cookie) < CD_NUM_ARGS ? slot_arg(en->args, CD_COOKIE_COUNT(en->cookie))
-							     : CD_FLIGHT_NO_COUNT;
+	e->count = count;
 	e->tid = en->tid;
 	e->sym = key->sym;
 	e->dtype = key->dtype;

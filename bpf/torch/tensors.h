@@ -190,4 +190,63 @@ FUNC_GLOBAL __u32 fill_tensors(struct record_buf *b, const struct cd_torch_cfg *
 	return sizeof(*tn);
 }
 
+/* The first TensorImpl* a parameter of `kind` at `p` holds; 0: none. */
+FUNC_INLINE __u64 first_impl(__u32 kind, __u64 p)
+{
+	__u64 v[2] = {}, impl = 0;
+
+	if (!p)
+		return 0;
+	if (kind != CD_TPARAM_TENSOR) {
+		if (bpf_probe_read_user(v, sizeof(v), (void *)p) || v[1] <= v[0])
+			return 0;
+		/* a std::vector<std::vector<at::Tensor>>: its first inner vector's */
+		if (kind == CD_TPARAM_VECTOR_VECTOR &&
+		    (bpf_probe_read_user(v, sizeof(v), (void *)v[0]) || v[1] <= v[0]))
+			return 0;
+		p = v[0];
+	}
+	if (bpf_probe_read_user(&impl, sizeof(impl), (void *)p))
+		return 0;
+	return impl;
+}
+
+/* The flight recorder's count of a c10d collective (events.h,
+ * cd_flight_entry): the elements of the first tensor of its first tensor
+ * parameter, read as fill_tensors reads it (the same vtable checks), from
+ * `this` in slot 1 and that parameter in slot 2; CD_FLIGHT_NO_COUNT where
+ * the process has no cd_torch_cfg yet or anything is not as userspace said.
+ * Global: verified once. */
+FUNC_GLOBAL __u64 c10d_count(const struct entry *en)
+{
+	const struct cd_torch_cfg *cfg;
+	__u64 self, impl, vt = 0, numel = 0;
+	__u8 sym = 0;
+	__u32 kind;
+	bool group = false;
+
+	if (!en)
+		return CD_FLIGHT_NO_COUNT;
+	cfg = torch_cfg_for(en->cookie, en->tgid);
+	if (!cfg)
+		return CD_FLIGHT_NO_COUNT;
+	self = slot_arg(en->args, CD_TENSOR_THIS_SLOT);
+	if (bpf_probe_read_user(&vt, sizeof(vt), (void *)self))
+		return CD_FLIGHT_NO_COUNT;
+	for (__u32 g = 0; g < CD_TORCH_GROUPS; g++)
+		if (cfg->groups[g].vtable && cfg->groups[g].vtable == vt)
+			group = true;
+	kind = CD_TENSOR_PARAM(CD_COOKIE_TENSORS(en->cookie), 0);
+	if (!group || kind == CD_TPARAM_NONE)
+		return CD_FLIGHT_NO_COUNT;
+	impl = first_impl(kind, slot_arg(en->args, CD_TENSOR_FIRST_SLOT));
+	if (!impl || impl == cfg->undefined || bpf_probe_read_user(&vt, sizeof(vt), (void *)impl) ||
+	    vt != cfg->impl_vtable)
+		return CD_FLIGHT_NO_COUNT;
+	if (bpf_probe_read_user(&sym, sizeof(sym), (void *)(impl + cfg->symbolic_at)) || (sym & cfg->symbolic_mask) ||
+	    bpf_probe_read_user(&numel, sizeof(numel), (void *)(impl + cfg->numel)))
+		return CD_FLIGHT_NO_COUNT;
+	return numel;
+}
+
 #endif /* COMMDBG_TORCH_TENSORS_H */

@@ -15,6 +15,7 @@
 #include "nccl.hpp"
 #include "procfs.hpp"
 #include "snapshot.hpp"
+#include "bpf_py_maps.hpp"
 #include "text.hpp"
 
 namespace commdbg::daemon {
@@ -25,6 +26,9 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kRefreshPeriod = std::chrono::milliseconds(500);
 // Failures said in the log; past these only counted (status).
 constexpr uint64_t kMaxFailureNotes = 8;
+// Refreshes (500 ms apart) a process is tried for its tensors after its
+// adoption: torch maps libc10 and libtorch within moments of each other.
+constexpr int kTensorTries = 20;
 // Exit events held until the next refresh; past it one refresh runs at once
 // (and until then find_gone still finds the processes that are gone).
 constexpr size_t kMaxPendingExits = 4096;
@@ -89,6 +93,11 @@ Result<bool> NodeCounter::open_bpf(std::vector<capture::ProbeSpec> specs) {
     // After the load: the guard keeps only the stopped-pid map, never links.
     guard_ = std::make_unique<capture::ResumeGuard>();
     guard_->start_with_map(bpf_->stopped_pids_fd());
+    const bool tensors = std::any_of(specs.begin(), specs.end(), [](const capture::ProbeSpec& s) { return s.c10d_tensors; });
+    if (tensors && opts_.flight_recorder) {
+        torch_maps_ = std::make_unique<session::BpfTorchMaps>(*bpf_);
+        torch_ = std::make_unique<torch::TorchSupport>(*torch_maps_);
+    }
     attacher_ = std::make_unique<capture::ProbeAttacher>(*bpf_, symbols_, std::move(specs));
     // 3/4 of the kernel's map of probed files for the users other than
     // root; the rest is root's.
@@ -179,6 +188,18 @@ void NodeCounter::adopt(uint32_t pid) {
         return;
     }
     procs_.emplace(pid, read_counted_process(pid, start));
+    if (torch_) tensor_tries_[pid] = kTensorTries;
+}
+
+void NodeCounter::setup_tensors(uint32_t pid) {
+    if (auto note = torch_->setup(pid)) log_notes(pid, {*note});
+    if (torch_->layout(pid) || --tensor_tries_[pid] <= 0) tensor_tries_.erase(pid);
+}
+
+void NodeCounter::retry_tensors() {
+    std::vector<uint32_t> pids;
+    for (const auto& [pid, tries] : tensor_tries_) pids.push_back(pid);
+    for (uint32_t pid : pids) setup_tensors(pid);
 }
 
 void NodeCounter::retire(ProcessKey key) {
@@ -191,6 +212,11 @@ void NodeCounter::retire(ProcessKey key) {
         series_->forget(key);
     }
     metrics_.retire(key, Clock::now());
+    if (torch_) {
+        torch_->clear(key.pid);
+        torch_->forget(key.pid);
+        tensor_tries_.erase(key.pid);
+    }
     bpf_->forget_process(key.pid);
     bpf_->untrace_process(key.pid);
 }
@@ -216,6 +242,9 @@ void NodeCounter::handle_record(std::span<const uint8_t> bytes) {
         return;  // a shutdown only resumes what is stopped: no counts are read any more
     } else if (auto* seen = std::get_if<capture::ProcSeen>(&*d.event)) {
         adopt(seen->tgid);  // its labels, while it still runs
+        // Its first probed call (a process group being made): its tensors
+        // are readable before its first collective, not a refresh later.
+        if (torch_ && tensor_tries_.count(seen->tgid)) setup_tensors(seen->tgid);
     } else if (auto* x = std::get_if<capture::ProcExit>(&*d.event)) {
         // Retired by the next refresh, after it has read the final counts:
         // one refresh for every exit of a poll, not one each (a storm of
@@ -282,6 +311,7 @@ void NodeCounter::refresh() {
     std::set<uint32_t> counted;
     for (const auto& c : snapshot.entries) counted.insert(c.key.tgid);
     for (uint32_t pid : counted) adopt(pid);
+    if (torch_) retry_tensors();
     std::vector<RankRecorder> recorders = read_recorders(snapshot, comms);
     publish(snapshot, std::move(comms), now);
     {

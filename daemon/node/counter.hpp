@@ -28,6 +28,7 @@
 #include "scope.hpp"
 #include "series.hpp"
 #include "symbol_table.hpp"
+#include "torch_support.hpp"
 
 namespace commdbg::daemon {
 
@@ -136,6 +137,11 @@ private:
                                               const std::vector<capture::CounterEntry>& counters);
     std::vector<RankRecorder> read_recorders(const capture::CounterSnapshot& snapshot,
                                              const std::vector<capture::CommEntry>& comms) const;
+    // The flight recorder's c10d counts: the kernel is told how to read a
+    // torch process's tensors (torch::TorchSupport), at adoption and at the
+    // next refreshes until its libc10 and libtorch are both mapped.
+    void setup_tensors(uint32_t pid);
+    void retry_tensors();
 
     NodeCounterOptions opts_;
     CgroupScope scope_;
@@ -143,6 +149,9 @@ private:
     std::unique_ptr<capture::BpfSession> bpf_;
     capture::SymbolTable symbols_;
     std::unique_ptr<capture::ProbeAttacher> attacher_;
+    std::unique_ptr<torch::TorchMaps> torch_maps_;  // null: no spec reads c10d tensors, or no recorder
+    std::unique_ptr<torch::TorchSupport> torch_;
+    std::map<uint32_t, int> tensor_tries_;  // adopted processes whose tensors are not read yet: tries left
     MetricsRegistry metrics_;
     FileShares shares_;
     std::atomic<bool> stopping_{false};

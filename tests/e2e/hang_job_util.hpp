@@ -27,6 +27,7 @@ struct HungJob {
     std::vector<std::string> groups;  // by rank: torch's name of its default group
     int launcher_pid = 0;
     int hang_at = 0;             // the step the stuck rank never all-reduces (0-based)
+    int numel = 0;               // the elements of each all-reduce's tensor
     // The ranks end first, so that the launcher (and trixie_run.sh, which
     // unmounts what it mounted) sees them die and ends by itself.
     ~HungJob() {
@@ -46,6 +47,7 @@ inline void start_hung(HungJob& h, const std::vector<std::string>& argv, const s
     if (plan.is_discarded() || !plan.is_object()) return;
     h.launcher_pid = plan["pid"].get<int>();
     h.hang_at = plan["hang_at"].get<int>();
+    h.numel = plan["numel"].get<int>();
     for (int i = 0; i < 3; ++i) {
         auto line = h.job->wait_for_line("{\"rank\": " + std::to_string(i) + ",", 120);
         if (line.empty()) return;

@@ -15,7 +15,7 @@ is 600 s: the test ends the job first):
            atexit handler: wait_at_exit().
 
 Stdout, one write per line: the plan ({"mode", "pid", "world", "stuck_rank",
-"hang_at"}), each rank's {"rank", "pid", "group": torch's name of its process
+"hang_at", "numel": the elements each all-reduce reduces}), each rank's {"rank", "pid", "group": torch's name of its process
 group} once its process group is up, and
 {"stuck": RANK, "pid", "function"} just before the stuck rank blocks.
 """
@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-WORLD, STUCK, HANG_AT, STEPS = 3, 2, 2, 4
+WORLD, STUCK, HANG_AT, STEPS, BATCH = 3, 2, 2, 4, 16
 MODES = ("loader", "spin", "atexit")
 
 
@@ -45,7 +45,7 @@ def load_batch(rank, step, mode):
     if rank == STUCK and step == HANG_AT and mode == "loader":
         say({"stuck": rank, "pid": os.getpid(), "function": "load_batch"})
         time.sleep(3600)
-    return torch.ones(16) * (rank + step)
+    return torch.ones(BATCH) * (rank + step)
 
 
 def spin():
@@ -93,7 +93,8 @@ def main():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    say({"mode": args.mode, "pid": os.getpid(), "world": WORLD, "stuck_rank": STUCK, "hang_at": HANG_AT})
+    say({"mode": args.mode, "pid": os.getpid(), "world": WORLD, "stuck_rank": STUCK, "hang_at": HANG_AT,
+         "numel": BATCH})
     mp.spawn(worker, args=(port, args.mode), nprocs=WORLD, join=True)
 
 

@@ -94,9 +94,19 @@ Issued Issued::from_json(const nlohmann::json& e) {
 }
 
 std::vector<Divergence> divergences(const std::vector<RankIssued>& ranks) {
+    // A count one rank's recorder could not read (a c10d call before
+    // commdbgd could read that process's tensors) differs from none: at
+    // such a number the counts are left out of every signature.
+    std::map<uint64_t, std::pair<bool, bool>> counted;  // seq -> (some have a count, some have none)
+    for (const RankIssued& r : ranks)
+        for (const Issued& e : *r.last) (e.count ? counted[e.seq].first : counted[e.seq].second) = true;
     std::map<uint64_t, std::map<std::string, std::vector<int>>> at;  // seq -> signature -> who
     for (const RankIssued& r : ranks)
-        for (const Issued& e : *r.last) at[e.seq][e.signature()].push_back(r.who);
+        for (const Issued& e : *r.last) {
+            Issued x = e;
+            if (counted[e.seq].first && counted[e.seq].second) x.count.reset();
+            at[e.seq][x.signature()].push_back(r.who);
+        }
     std::vector<Divergence> out;
     for (const auto& [seq, sigs] : at) {
         if (sigs.size() < 2) continue;

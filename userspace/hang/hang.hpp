@@ -58,7 +58,7 @@ struct InCollective {
 struct Issued {
     uint64_t seq = 0;        // its number on the communicator, from 1
     std::string collective;  // "all_reduce"
-    std::optional<uint64_t> count;  // the count argument (elements); none: the call has none (c10d)
+    std::optional<uint64_t> count;  // the count argument (elements; c10d: its first tensor's); none: unknown
     std::string dtype;       // "float32"; empty: not an NCCL call
     std::string op;          // the reduce op ("sum"); empty: the call has none
     int64_t root = -1;       // broadcast's and reduce's root; -1: none

@@ -133,7 +133,8 @@ TEST(HangVerdict, AnOpOrARootThatDiffersIsADivergenceAndBothSurviveJson) {
     for (const Issued& e : {a[0], a[1], c[1]}) EXPECT_EQ(Issued::from_json(e.to_json()), e) << e.to_json().dump();
 }
 
-// A c10d collective has no count argument: its signature says none (never
+// A collective whose count is unknown (a c10d call made before commdbgd
+// could read its process's tensors): its signature says none (never
 // "count 0"), its kind still tells a divergence, and JSON keeps "no count"
 // apart from a count of 0.
 TEST(HangVerdict, ACollectiveWithoutACountShowsNoneAndStillDiverges) {
@@ -148,6 +149,13 @@ TEST(HangVerdict, ACollectiveWithoutACountShowsNoneAndStillDiverges) {
     const std::vector<Divergence> d = divergences({{10, &a}, {11, &a}, {12, &b}});
     ASSERT_EQ(d.size(), 1u);
     EXPECT_EQ(d[0].odd, std::vector<int>{12});
+    // One rank's count unread is no divergence; counts that differ are; a
+    // kind that differs still is where a count is missing.
+    const std::vector<Issued> c16 = {{1, "all_reduce", 16, "", "", -1}};
+    const std::vector<Issued> c8 = {{1, "all_reduce", 8, "", "", -1}};
+    EXPECT_TRUE(divergences({{10, &c16}, {11, &a}, {12, &c16}}).empty());
+    EXPECT_EQ(divergences({{10, &c16}, {11, &c8}, {12, &c16}}).at(0).odd, std::vector<int>{11});
+    EXPECT_EQ(divergences({{10, &c16}, {11, &b}, {12, &c16}}).at(0).odd, std::vector<int>{11});
 }
 
 TEST(HangVerdict, ARankThatIssuedFewerWhileTheOthersWaitNeverIssuedTheNext) {
