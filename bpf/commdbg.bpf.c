@@ -33,14 +33,20 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-/* What the flight recorder keeps as a collective's count: NCCL's count
- * argument, a c10d method's first tensor's elements (torch/tensors.h). */
-FUNC_INLINE __u64 flight_count(const struct entry *en)
+/* What the flight recorder keeps of a collective's signature: NCCL's count
+ * and datatype arguments, a c10d method's first tensor (torch/tensors.h). */
+FUNC_INLINE void flight_sig_of(const struct entry *en, const struct cd_count_key *key, struct flight_sig *sig)
 {
-	if (CD_COOKIE_FRAMEWORK_COLL(en->cookie))
-		return en->nested ? CD_FLIGHT_NO_COUNT : c10d_count(en);
-	return CD_COOKIE_COUNT(en->cookie) < CD_NUM_ARGS ? slot_arg(en->args, CD_COOKIE_COUNT(en->cookie))
-							 : CD_FLIGHT_NO_COUNT;
+	sig->count = CD_FLIGHT_NO_COUNT;
+	sig->dtype = CD_DTYPE_NONE;
+	if (CD_COOKIE_FRAMEWORK_COLL(en->cookie)) {
+		if (!en->nested)
+			c10d_first(en, sig);
+		return;
+	}
+	if (CD_COOKIE_COUNT(en->cookie) < CD_NUM_ARGS)
+		sig->count = slot_arg(en->args, CD_COOKIE_COUNT(en->cookie));
+	sig->dtype = key->dtype;
 }
 
 SEC("uprobe.multi")
@@ -48,6 +54,7 @@ int call_enter(struct pt_regs *ctx)
 {
 	struct entry en = {};
 	struct cd_count_key key;
+	struct flight_sig sig;
 	struct cd_thread *st = 0;
 	__u64 pid_tgid, cookie;
 	__u32 counted, tid;
@@ -79,8 +86,10 @@ int call_enter(struct pt_regs *ctx)
 	if (st && wants_frames(&en))
 		track_frames(st, &en);
 	counted = count_entry(&en, &key);
-	if (en.role == CD_ROLE_COLLECTIVE && (en.flags & CD_TRACE_FLIGHT) && flight_numbered(&en))
-		seq = flight_record(&en, &key, CD_COOKIE_RET(en.cookie) && st, flight_count(&en));
+	if (en.role == CD_ROLE_COLLECTIVE && (en.flags & CD_TRACE_FLIGHT) && flight_numbered(&en)) {
+		flight_sig_of(&en, &key, &sig);
+		seq = flight_record(&en, &key, CD_COOKIE_RET(en.cookie) && st, &sig);
+	}
 	/* A return-probed call is recorded at its return, in one record; but a
 	 * thread's first record goes out now (see events.h, cd_call). */
 	first = st && wants_records(&en) && !st->announced;

@@ -644,6 +644,7 @@ enum cd_drop_cause {
 #define CD_FLIGHT_COMMS 4096
 #define CD_FLIGHT_NONE 0xffffffffu
 #define CD_FLIGHT_NO_COUNT 0xffffffffffffffffull
+#define CD_FLIGHT_TORCH_DTYPE 0x10000u /* cd_flight_entry.dtype: | a torch TypeMeta index (c10d), not an NCCL type */
 /* Where a recorded call is (cd_flight_entry.state).  Only NCCL's C API is
  * return-probed (design.md: no return probes on C++ that may throw); NCCL
  * returns once the collective is enqueued, so "returned" means enqueued, with
@@ -668,7 +669,7 @@ struct cd_flight_entry {
 	__u64 count;	 /* the count argument (elements); CD_FLIGHT_NO_COUNT: the call has none (c10d) */
 	__u32 tid;
 	__u32 sym;	/* symbol id: the kind, as for counters */
-	__u32 dtype;	/* CD_DTYPE_NONE: none */
+	__u32 dtype;	/* NCCL's; CD_FLIGHT_TORCH_DTYPE | torch's (c10d); CD_DTYPE_NONE: none */
 	__u32 op;	/* the reduce op argument; CD_FLIGHT_NONE: the call has none */
 	__u32 root;	/* the root argument (broadcast, reduce); CD_FLIGHT_NONE: none */
 	__u32 state;	/* CD_FLIGHT_UNPROBED, CD_FLIGHT_IN_CALL, CD_FLIGHT_RETURNED */

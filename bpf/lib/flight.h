@@ -28,6 +28,13 @@ struct {
 	__type(value, struct cd_flight);
 } flight_zero SEC(".maps");
 
+/* What a collective's signature holds beyond its kind, op and root. */
+struct flight_sig {
+	__u64 count; /* elements; CD_FLIGHT_NO_COUNT: unknown */
+	__u32 dtype; /* as cd_flight_entry.dtype */
+	__u32 pad;
+};
+
 /* Whether the call takes a number: a collective, not a send or receive. */
 FUNC_INLINE bool flight_numbered(const struct entry *en)
 {
@@ -50,10 +57,11 @@ FUNC_INLINE __u64 flight_comm(const struct entry *en, const struct cd_count_key 
 }
 
 /* Records the call; returns its number on the communicator, 0 if it could not
- * be kept.  `returns`: its return is probed and will be recorded; `count`:
- * its elements (CD_FLIGHT_NO_COUNT: unknown).  Global
+ * be kept.  `returns`: its return is probed and will be recorded; `sig`: its
+ * count and datatype.  Global
  * (verified once): inlined, its branches multiplied call_enter's paths. */
-FUNC_GLOBAL __u64 flight_record(const struct entry *en, const struct cd_count_key *key, bool returns, __u64 count)
+FUNC_GLOBAL __u64 flight_record(const struct entry *en, const struct cd_count_key *key, bool returns,
+				 const struct flight_sig *sig)
 {
 	struct cd_flight_key fk = {};
 	struct cd_flight_entry *e;
@@ -61,7 +69,7 @@ FUNC_GLOBAL __u64 flight_record(const struct entry *en, const struct cd_count_ke
 	__u32 zero = 0;
 	__u64 seq;
 
-	if (!en || !key)
+	if (!en || !key || !sig)
 		return 0;
 	fk.tgid = key->tgid;
 	fk.comm = flight_comm(en, key);
@@ -86,10 +94,10 @@ FUNC_GLOBAL __u64 flight_record(const struct entry *en, const struct cd_count_ke
 	e->return_ns = 0;
 	e->state = returns ? CD_FLIGHT_IN_CALL : CD_FLIGHT_UNPROBED;
 	e->status = 0;
-	e->count = count;
+	e->count = sig->count;
 	e->tid = en->tid;
 	e->sym = key->sym;
-	e->dtype = key->dtype;
+	e->dtype = sig->dtype;
 	e->op = CD_COOKIE_REDOP(en->cookie) < CD_NUM_ARGS ? (__u32)slot_arg(en->args, CD_COOKIE_REDOP(en->cookie))
 							  : CD_FLIGHT_NONE;
 	e->root = CD_COOKIE_PEER(en->cookie) < CD_NUM_ARGS ? (__u32)slot_arg(en->args, CD_COOKIE_PEER(en->cookie))

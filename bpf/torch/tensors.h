@@ -10,6 +10,7 @@
 #define COMMDBG_TORCH_TENSORS_H
 
 #include "lib/entry.h"
+#include "lib/flight.h"
 #include "python/record_buf.h"
 
 /* tgid -> how to read its tensors and process groups, set by userspace for
@@ -211,42 +212,48 @@ FUNC_INLINE __u64 first_impl(__u32 kind, __u64 p)
 	return impl;
 }
 
-/* The flight recorder's count of a c10d collective (events.h,
- * cd_flight_entry): the elements of the first tensor of its first tensor
- * parameter, read as fill_tensors reads it (the same vtable checks), from
- * `this` in slot 1 and that parameter in slot 2; CD_FLIGHT_NO_COUNT where
- * the process has no cd_torch_cfg yet or anything is not as userspace said.
- * Global: verified once. */
-FUNC_GLOBAL __u64 c10d_count(const struct entry *en)
+/* The flight recorder's count and datatype of a c10d collective (events.h,
+ * cd_flight_entry): the elements and TypeMeta index of the first tensor of
+ * its first tensor parameter, read as fill_tensors reads it (the same vtable
+ * checks), from `this` in slot 1 and that parameter in slot 2; left unknown
+ * where the process has no cd_torch_cfg yet or anything is not as userspace
+ * said.  Global: verified once. */
+FUNC_GLOBAL int c10d_first(const struct entry *en, struct flight_sig *sig)
 {
 	const struct cd_torch_cfg *cfg;
 	__u64 self, impl, vt = 0, numel = 0;
+	__u16 dtype = 0;
 	__u8 sym = 0;
 	__u32 kind;
 	bool group = false;
 
-	if (!en)
-		return CD_FLIGHT_NO_COUNT;
+	if (!en || !sig)
+		return 0;
+	sig->count = CD_FLIGHT_NO_COUNT;
+	sig->dtype = CD_DTYPE_NONE;
 	cfg = torch_cfg_for(en->cookie, en->tgid);
 	if (!cfg)
-		return CD_FLIGHT_NO_COUNT;
+		return 0;
 	self = slot_arg(en->args, CD_TENSOR_THIS_SLOT);
 	if (bpf_probe_read_user(&vt, sizeof(vt), (void *)self))
-		return CD_FLIGHT_NO_COUNT;
+		return 0;
 	for (__u32 g = 0; g < CD_TORCH_GROUPS; g++)
 		if (cfg->groups[g].vtable && cfg->groups[g].vtable == vt)
 			group = true;
 	kind = CD_TENSOR_PARAM(CD_COOKIE_TENSORS(en->cookie), 0);
 	if (!group || kind == CD_TPARAM_NONE)
-		return CD_FLIGHT_NO_COUNT;
+		return 0;
 	impl = first_impl(kind, slot_arg(en->args, CD_TENSOR_FIRST_SLOT));
 	if (!impl || impl == cfg->undefined || bpf_probe_read_user(&vt, sizeof(vt), (void *)impl) ||
 	    vt != cfg->impl_vtable)
-		return CD_FLIGHT_NO_COUNT;
+		return 0;
 	if (bpf_probe_read_user(&sym, sizeof(sym), (void *)(impl + cfg->symbolic_at)) || (sym & cfg->symbolic_mask) ||
-	    bpf_probe_read_user(&numel, sizeof(numel), (void *)(impl + cfg->numel)))
-		return CD_FLIGHT_NO_COUNT;
-	return numel;
+	    bpf_probe_read_user(&numel, sizeof(numel), (void *)(impl + cfg->numel)) ||
+	    bpf_probe_read_user(&dtype, sizeof(dtype), (void *)(impl + cfg->data_type)))
+		return 0;
+	sig->count = numel;
+	sig->dtype = CD_FLIGHT_TORCH_DTYPE | dtype;
+	return 1;
 }
 
 #endif /* COMMDBG_TORCH_TENSORS_H */

@@ -193,7 +193,13 @@ void NodeCounter::adopt(uint32_t pid) {
 
 void NodeCounter::setup_tensors(uint32_t pid) {
     if (auto note = torch_->setup(pid)) log_notes(pid, {*note});
-    if (torch_->layout(pid) || --tensor_tries_[pid] <= 0) tensor_tries_.erase(pid);
+    if (const torch::TensorLayout* l = torch_->layout(pid)) {
+        std::lock_guard lock(mu_);  // counts() reads it
+        if (auto it = procs_.find(pid); it != procs_.end()) it->second.tensors = *l;
+        tensor_tries_.erase(pid);
+    } else if (--tensor_tries_[pid] <= 0) {
+        tensor_tries_.erase(pid);
+    }
 }
 
 void NodeCounter::retry_tensors() {
@@ -375,11 +381,11 @@ nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, co
 
 // A communicator's last collectives from the flight recorder, oldest first,
 // named as the counters name them.
-nlohmann::json NodeCounter::flight_entries(const std::vector<cd_flight_entry>& last) const {
+nlohmann::json NodeCounter::flight_entries(const CountedProcess& p, const std::vector<cd_flight_entry>& last) const {
     nlohmann::json out = nlohmann::json::array();
     for (const cd_flight_entry& e : last) {
         const capture::SymbolInfo* s = symbols_.find(e.sym);
-        nlohmann::json j = issued_of(e, symbols_).to_json();
+        nlohmann::json j = issued_of(e, symbols_, p.tensors ? &*p.tensors : nullptr).to_json();
         j["name"] = s ? s->name : std::string("?");
         j["tid"] = e.tid;
         j["enter_ns"] = e.enter_ns;
@@ -404,7 +410,8 @@ std::vector<RankRecorder> NodeCounter::read_recorders(const capture::CounterSnap
             ++n;
             RankRecorder r{{pid, p.start_time}, c.id, c.rank, c.nranks, fc->seq, 0, {}};
             if (!fc->last.empty()) r.last_enter_ns = fc->last.back().enter_ns;
-            for (const cd_flight_entry& e : fc->last) r.last.push_back(issued_of(e, symbols_));
+            for (const cd_flight_entry& e : fc->last)
+                r.last.push_back(issued_of(e, symbols_, p.tensors ? &*p.tensors : nullptr));
             out.push_back(std::move(r));
         }
     }
@@ -470,7 +477,7 @@ nlohmann::json NodeCounter::counts_from(const CountsSource& src, std::optional<u
             if (c.nranks >= 0) entry["nranks"] = c.nranks;
             nlohmann::json rank = {{"rank", c.rank}, {"pid", p}, {"calls", c.c10d ? fc->seq : calls_by_comm[c.ptr]}};
             if (c.c10d) entry["c10d_group"] = c.name;
-            if (fc != recorded.end()) rank["flight"] = {{"seq", fc->seq}, {"last", flight_entries(fc->last)}};
+            if (fc != recorded.end()) rank["flight"] = {{"seq", fc->seq}, {"last", flight_entries(info, fc->last)}};
             entry["ranks"].push_back(std::move(rank));
         }
     }

@@ -7,13 +7,17 @@
 
 namespace commdbg::daemon {
 
-hang::Issued issued_of(const cd_flight_entry& e, const capture::SymbolTable& symbols) {
+hang::Issued issued_of(const cd_flight_entry& e, const capture::SymbolTable& symbols, const torch::TensorLayout* layout) {
     const capture::SymbolInfo* s = symbols.find(e.sym);
     hang::Issued out{e.seq, s ? std::string(capture::coll_name(s->coll)) : std::string("?"),
                      e.count == CD_FLIGHT_NO_COUNT ? std::nullopt : std::optional<uint64_t>(e.count), {}, {}, -1, {}};
     const bool nccl = s && s->layer == "nccl";
     if (e.dtype != CD_DTYPE_NONE && nccl)
         if (auto n = capture::nccl_datatype_name(e.dtype)) out.dtype = *n;
+    // A c10d call's: torch's name of its tensor's TypeMeta index, from the
+    // process's own files (tensor_layout.hpp); none without them.
+    if (e.dtype != CD_DTYPE_NONE && !nccl && (e.dtype & CD_FLIGHT_TORCH_DTYPE) && layout)
+        out.dtype = torch::dtype_name(*layout, static_cast<uint16_t>(e.dtype & 0xffffu));
     if (e.op != CD_FLIGHT_NONE && nccl) {
         auto n = capture::nccl_redop_name(e.op);
         out.op = n ? std::string(*n) : "op" + std::to_string(e.op);  // one ncclRedOpCreatePreMulSum made

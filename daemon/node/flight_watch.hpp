@@ -21,6 +21,7 @@
 #include "hang.hpp"
 #include "metrics.hpp"
 #include "symbol_table.hpp"
+#include "tensor_layout.hpp"
 
 namespace commdbg::daemon {
 
@@ -40,7 +41,8 @@ struct RankRecorder {
 
 // A recorded collective as `commdbg hang` compares it: its kind as the
 // counters name it, its count and its NCCL datatype.
-hang::Issued issued_of(const cd_flight_entry& e, const capture::SymbolTable& symbols);
+hang::Issued issued_of(const cd_flight_entry& e, const capture::SymbolTable& symbols,
+                       const torch::TensorLayout* layout = nullptr);
 
 class FlightWatch {
 public:

@@ -5,8 +5,11 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "tensor_layout.hpp"
 
 namespace commdbg::daemon {
 
@@ -20,6 +23,7 @@ struct CountedProcess {
     std::string command;
     std::map<std::string, std::string> env;  // RANK, LOCAL_RANK, ... as found
     std::string c10d_job;  // what its c10d groups' ids name the job by (snapshot::c10d_job)
+    std::optional<torch::TensorLayout> tensors;  // how the kernel reads its tensors, once it does
 };
 
 // /proc/PID/stat field 22 (start time, clock ticks after boot); 0 if unreadable.

@@ -28,6 +28,7 @@ struct HungJob {
     int launcher_pid = 0;
     int hang_at = 0;             // the step the stuck rank never all-reduces (0-based)
     int numel = 0;               // the elements of each all-reduce's tensor
+    std::string dtype;           // and its dtype, as torch names it ("float32")
     // The ranks end first, so that the launcher (and trixie_run.sh, which
     // unmounts what it mounted) sees them die and ends by itself.
     ~HungJob() {
@@ -48,6 +49,7 @@ inline void start_hung(HungJob& h, const std::vector<std::string>& argv, const s
     h.launcher_pid = plan["pid"].get<int>();
     h.hang_at = plan["hang_at"].get<int>();
     h.numel = plan["numel"].get<int>();
+    h.dtype = plan["dtype"].get<std::string>();
     for (int i = 0; i < 3; ++i) {
         auto line = h.job->wait_for_line("{\"rank\": " + std::to_string(i) + ",", 120);
         if (line.empty()) return;

@@ -306,14 +306,16 @@ void run_c10d_group_case(const std::vector<std::string>& argv, const std::map<st
         const int want = pid == job.stuck_pid ? issued - 1 : issued;
         EXPECT_EQ(r["flight"]["seq"], want) << r.dump();
         ASSERT_EQ(r["flight"]["last"].size(), static_cast<size_t>(want)) << r.dump();
-        // A c10d call has no count argument: its count is its tensor's
-        // elements, read once commdbgd has told the kernel how (at most
-        // the first ones go without: none is shown, never a wrong one).
+        // A c10d call has no count argument: its count and dtype are its
+        // tensor's, read once commdbgd has told the kernel how (at most the
+        // first ones go without: none is shown, never a wrong one).
         for (const json& e : r["flight"]["last"]) {
             EXPECT_EQ(e["collective"], "all_reduce") << e.dump();
             if (e.contains("count")) EXPECT_EQ(e["count"], job.numel) << e.dump();
+            if (e.contains("dtype")) EXPECT_EQ(e["dtype"], job.dtype) << e.dump();
         }
         EXPECT_EQ(r["flight"]["last"].back().value("count", -1), job.numel) << r.dump();
+        EXPECT_EQ(r["flight"]["last"].back().value("dtype", ""), job.dtype) << r.dump();
     }
     std::string table;
     const json report = hang_report(d, tmp, {job.launcher_pid}, 3, &table);

@@ -15,7 +15,7 @@ is 600 s: the test ends the job first):
            atexit handler: wait_at_exit().
 
 Stdout, one write per line: the plan ({"mode", "pid", "world", "stuck_rank",
-"hang_at", "numel": the elements each all-reduce reduces}), each rank's {"rank", "pid", "group": torch's name of its process
+"hang_at", "numel" and "dtype" of the tensor each all-reduce reduces}), each rank's {"rank", "pid", "group": torch's name of its process
 group} once its process group is up, and
 {"stuck": RANK, "pid", "function"} just before the stuck rank blocks.
 """
@@ -94,7 +94,7 @@ def main():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     say({"mode": args.mode, "pid": os.getpid(), "world": WORLD, "stuck_rank": STUCK, "hang_at": HANG_AT,
-         "numel": BATCH})
+         "numel": BATCH, "dtype": str(torch.ones(BATCH).dtype).replace("torch.", "")})
     mp.spawn(worker, args=(port, args.mode), nprocs=WORLD, join=True)
 
 

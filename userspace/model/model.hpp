@@ -414,7 +414,8 @@ public:
     // Reads again the parameters that were not readable yet (FSDP2 before
     // its first unshard), each at most kMaxParamRetries times in all: call
     // once per batch of records, so that the target has moved on meanwhile.
-    void retry_parameters();
+    // Whether it did any (modules are still not readable).
+    bool retry_parameters();
     // Window reset: records, counts and drops are cleared and exited processes
     // forgotten; the limits stay.  Frames still open become placeholders, so
     // calls that return into them after the reset still nest correctly (they

@@ -18,7 +18,8 @@ constexpr size_t kMaxCtxLinks = 4 * CD_MAX_PY_FRAMES;
 constexpr size_t kMaxParamDepth = 32;
 // Reads of a module whose parameters are not readable yet (FSDP2 before its
 // first unshard) before what could be read is kept: at a batch of records
-// each (TraceSession: at least 5 ms apart), or when the module opens again.
+// each (TraceSession: 5 ms apart, then twice as far each time up to 2 s, so
+// that 16 span ~17 s), or when the module opens again.
 constexpr uint32_t kMaxParamRetries = 16;
 
 // A frame when there is no resolver: counted, never named.
@@ -305,14 +306,17 @@ void TraceModel::read_parameters(ProcessTree& p, uint32_t tgid, std::vector<Proc
     }
 }
 
-void TraceModel::retry_parameters() {
-    if (!params_) return;
+bool TraceModel::retry_parameters() {
+    if (!params_) return false;
+    bool any = false;
     for (auto& [tgid, p] : procs_) {
         if (p->params_pending_.empty()) continue;
+        any = true;
         std::vector<ProcessTree::ParamRead> again;
         again.swap(p->params_pending_);
         read_parameters(*p, tgid, std::move(again));
     }
+    return any;
 }
 
 void TraceModel::on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,

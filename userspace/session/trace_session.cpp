@@ -417,11 +417,14 @@ int TraceSession::poll(int timeout_ms) {
     python_.begin_batch();
     const int n = bpf_->poll(timeout_ms);
     python_.tell_code_kinds();
-    // Parameters not readable yet are read again, at most every kParamRetryEvery:
-    // the target moves on between two tries, however fast batches come.
-    if (auto now = std::chrono::steady_clock::now(); now - params_retried_ >= kParamRetryEvery) {
+    // Parameters not readable yet are read again, kParamRetryEvery apart at
+    // first and twice as far each time while some stay unreadable (up to
+    // kParamRetryMax): the bounded tries then span FSDP2's whole first
+    // forward, however slow the traced job runs (a root's children are asked
+    // at its entry, a unit's unsharded parameters exist from its pre-forward).
+    if (auto now = std::chrono::steady_clock::now(); now - params_retried_ >= params_retry_gap_) {
         params_retried_ = now;
-        model_.retry_parameters();
+        params_retry_gap_ = model_.retry_parameters() ? std::min(params_retry_gap_ * 2, kParamRetryMax) : kParamRetryEvery;
     }
     rescan_after_lost_loader_events();
     return n;

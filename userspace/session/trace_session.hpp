@@ -171,7 +171,8 @@ private:
     std::chrono::steady_clock::time_point access_checked_{};
     SessionCost cost_;
     std::chrono::steady_clock::time_point params_retried_{};
-    static constexpr std::chrono::milliseconds kParamRetryEvery{5};
+    static constexpr std::chrono::milliseconds kParamRetryEvery{5}, kParamRetryMax{2000};
+    std::chrono::milliseconds params_retry_gap_ = kParamRetryEvery;
 };
 
 // "pid 4242 (python3 train.py)" for messages.
