@@ -304,9 +304,9 @@ std::optional<ModuleParams> TorchSupport::module_parameters(uint32_t pid, uint64
     });
     if (!read) return std::nullopt;
     // Not one parameter readable: asked again at the next batches (bounded
-    // by the caller), as for FSDP2's parameters before their first unshard.
-    // Seen in full e2e runs on Linux 6.18 for a plain torch 2.6 model, never
-    // when the test ran alone; the cause is not found yet.
+    // by the caller, with a backoff), as for FSDP2's parameters before their
+    // first unshard.  Also seen once in a full e2e run for a plain torch 2.6
+    // model, never when the test ran alone; the cause there is not found.
     if (out.params.empty() && out.unread != 0) out.retry = true;
     if (uint64_t modules = py_->attr(pid, module, "_modules")) {
         py_->dict_items(pid, modules, [&](uint64_t key, uint64_t child) {
