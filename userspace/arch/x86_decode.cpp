@@ -79,6 +79,17 @@ size_t step_move(const std::vector<uint8_t>& c, size_t i, int rex, uint64_t vadd
     return len;
 }
 
+// mov $imm32,%r32 (b8+r): in a non-PIE executable, how a function takes a
+// static's address (Ubuntu's python3.12: mov $_PyRuntime+N,%edi).  Whether
+// it is one is the caller's to check, with the ELF's load address.
+size_t step_immediate(const std::vector<uint8_t>& c, size_t i, int rex, std::array<RegVal, 16>& regs) {
+    if (c[i] < 0xb8 || c[i] > 0xbf || (rex & 8) || i + 5 > c.size()) return 0;
+    uint32_t imm;
+    std::memcpy(&imm, &c[i + 1], 4);
+    regs[(c[i] - 0xb8) | ((rex & 1) ? 8 : 0)] = RegVal{RegVal::pointer, false, 0, imm, true};
+    return 5;
+}
+
 // Instructions with no effect on the registers followed: compares, tests,
 // pushes, conditional branches (the fall-through path reads the key).
 size_t step_neutral(const std::vector<uint8_t>& c, size_t i, int rex) {
@@ -110,6 +121,7 @@ FirstCall decode_to_first_call(const std::vector<uint8_t>& c, uint64_t vaddr) {
         if (i >= c.size()) break;
         if (c[i] == 0xe8 || c[i] == 0xe9) return FirstCall{FirstCall::Stop::call, regs[7], 0, 0};  // call / tail call
         size_t len = step_move(c, i, rex, vaddr, regs);
+        if (len == 0) len = step_immediate(c, i, rex, regs);
         if (len == 0) len = step_neutral(c, i, rex);
         if (len == 0) return FirstCall{FirstCall::Stop::unknown_instruction, {}, start, c[start]};
         i += len;

@@ -20,6 +20,7 @@ struct RegVal {
     bool via_got = false;  // relative to the value of the GOT slot `slot`
     uint64_t slot = 0;     // GOT slot (via_got)
     uint64_t addr = 0;     // link-time address, or offset from *slot (via_got)
+    bool absolute = false; // an immediate (mov $imm32,%r32): an address only in a non-PIE executable
 };
 
 // Where decoding a function's entry stopped.

@@ -40,6 +40,7 @@ Result<KeyLoad> decode_key_load(const std::vector<uint8_t>& c, uint64_t vaddr) {
     out.got_slot = rdi.slot;
     out.target = rdi.addr;
     out.is_tss_pointer = rdi.kind == arch::RegVal::pointer;
+    out.absolute = rdi.absolute;
     return out;
 }
 
@@ -185,6 +186,9 @@ Step find_key(const Found& f, host::ProcessMemory& mem, PyDiscovery& d, Status& 
     if (!k) return Step::fail(k.error());
     uint64_t runtime_link = f.elf.symbols.at("_PyRuntime");
     uint64_t target = k->target;
+    if (k->absolute && f.bias != 0)
+        return Step::fail("PyGILState_GetThisThreadState passes an immediate, but the interpreter is relocated (bias " +
+                          hex(f.bias) + "): not an address — this build is not supported");
     if (k->via_got) {
         uint64_t got = 0;
         if (auto r = read_field(mem, f.bias + k->got_slot, got, "the GOT slot of _PyRuntime"); !r) return as_error(r, st);

@@ -121,6 +121,7 @@ struct KeyLoad {
     uint64_t got_slot = 0;    // link-time address of that slot (via_got)
     uint64_t target = 0;      // link-time address (direct) or offset from _PyRuntime (via_got)
     bool is_tss_pointer = false;  // target is a Py_tss_t*, the key is at +4
+    bool absolute = false;    // target came as an immediate: valid only where the ELF is not relocated
 };
 // Decodes the instructions of PyGILState_GetThisThreadState at link-time
 // address `vaddr`; an error names the first byte it does not know.

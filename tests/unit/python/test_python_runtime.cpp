@@ -264,6 +264,25 @@ TEST(PythonKeyDecoder, SharedLibraryGotLoadThenLeaOfThePyTss) {
     EXPECT_EQ(k->target, 0x608u);
 }
 
+TEST(PythonKeyDecoder, NonPieImmediateAddressOfThePyTss) {
+    // A non-PIE executable: Ubuntu 24.04's /usr/bin/python3.12 (3.12.3), as read
+    // on the GPU machine: endbr64; push %rbp; mov $0xb369c8,%edi;
+    // mov %rsp,%rbp; call PyThread_tss_is_created.
+    std::vector<uint8_t> c = {0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0xbf, 0xc8, 0x69, 0xb3, 0x00,
+                              0x48, 0x89, 0xe5, 0xe8, 0x2e, 0x82, 0x00, 0x00};
+    auto k = decode_key_load(c, 0x608290);
+    ASSERT_TRUE(k) << k.error();
+    EXPECT_FALSE(k->via_got);
+    EXPECT_TRUE(k->is_tss_pointer);
+    EXPECT_TRUE(k->absolute);
+    EXPECT_EQ(k->target, 0xb369c8u);
+    // Into another register than the argument's: not the key.
+    c[5] = 0xbe;  // mov $imm32,%esi
+    auto other = decode_key_load(c, 0x608290);
+    ASSERT_FALSE(other);
+    EXPECT_NE(other.error().find("not a load relative to a symbol"), std::string::npos) << other.error();
+}
+
 TEST(PythonKeyDecoder, RefusesAnUnknownInstructionWithItsByte) {
     // 3.13t-style or another compiler: a SIB-addressed load is not a form we follow.
     std::vector<uint8_t> c = {0x48, 0x8b, 0x04, 0x25, 0x10, 0x00, 0x00, 0x00, 0xe9, 0, 0, 0, 0};
