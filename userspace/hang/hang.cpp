@@ -318,6 +318,23 @@ std::map<int, std::vector<CommSeq>> comm_seqs(const nlohmann::json& j) {
     return out;
 }
 
+bool rank_moved(const RankSample& was, const RankSample& now) {
+    if (now.comms != was.comms || now.exited != was.exited) return true;
+    // Without numbers, a Python thread that ran moved too: a loop in one
+    // frame may show the same instruction twice, and a thread blocked in a
+    // CPU collective (gloo) uses no CPU.
+    const bool counted = !now.comms.empty();
+    std::map<uint32_t, const ThreadSample*> before;
+    for (const ThreadSample& t : was.threads) before[t.tid] = &t;
+    for (const ThreadSample& t : now.threads) {
+        if (!t.python) continue;
+        auto it = before.find(t.tid);
+        if (it == before.end() || it->second->where != t.where) return true;
+        if (!counted && it->second->cpu_ticks != t.cpu_ticks) return true;
+    }
+    return false;
+}
+
 Report examine(const std::vector<int>& ranks, double interval_s, const CommCounts& counts,
                const std::string& proc_root) {
     Report rep;
@@ -333,20 +350,9 @@ Report examine(const std::vector<int>& ranks, double interval_s, const CommCount
     auto comms_now = daemon();
     for (size_t i = 0; i < ranks.size(); ++i) {
         RankSample now = sample_rank(ranks[i], proc_root);
-        const RankSample& was = first[i];
+        first[i].comms = comms_first[ranks[i]];
         now.comms = comms_now[ranks[i]];
-        now.moved |= now.comms != comms_first[ranks[i]];
-        // A Python thread moved: its frames changed, or it ran (a loop in
-        // one frame may show the same instruction twice; a thread blocked
-        // in a collective uses no CPU).
-        std::map<uint32_t, const ThreadSample*> before;
-        for (const ThreadSample& t : was.threads) before[t.tid] = &t;
-        for (const ThreadSample& t : now.threads) {
-            if (!t.python) continue;
-            auto it = before.find(t.tid);
-            now.moved |= it == before.end() || it->second->where != t.where || it->second->cpu_ticks != t.cpu_ticks;
-        }
-        now.moved |= now.exited != was.exited;
+        now.moved = rank_moved(first[i], now);
         rep.ranks.push_back(std::move(now));
     }
     decide(rep);

@@ -167,6 +167,12 @@ std::map<int, std::vector<CommSeq>> comm_seqs(const nlohmann::json& by_comm);
 
 // One look at a rank, now.
 RankSample sample_rank(int pid, const std::string& proc_root = "/proc");
+// Whether a rank moved between two looks (`now.comms` and `was.comms` filled):
+// its sequence numbers, its exit, or a Python thread's frames changed.  CPU
+// time counts only for a rank commdbgd gave no numbers of: CUDA waits for the
+// GPU spinning (a rank in torch.cuda.synchronize burns a CPU and never moves),
+// while a rank's numbers are the exact evidence of its progress.
+bool rank_moved(const RankSample& was, const RankSample& now);
 // Two looks at each rank `interval_s` apart (and at commdbgd's counts, when
 // `counts` is given and answers), and the verdict on the second.
 Report examine(const std::vector<int>& ranks, double interval_s, const CommCounts& counts = {},

@@ -31,6 +31,32 @@ RankSample elsewhere(int pid, bool moved = false, const std::string& rank = "") 
     return s;
 }
 
+// One Python thread in one frame, with `ticks` of CPU so far, and commdbgd's
+// number `seq` on one communicator (0: none given).
+RankSample look(uint64_t ticks, uint64_t seq, std::vector<uint64_t> where = {0x7f00, 12}) {
+    RankSample s;
+    s.pid = 7;
+    ThreadSample t;
+    t.tid = 7;
+    t.python = true;
+    t.cpu_ticks = ticks;
+    t.where = std::move(where);
+    s.threads.push_back(t);
+    if (seq) s.comms.push_back(CommSeq{"0xabc", 0, 3, seq, {}});
+    return s;
+}
+
+// A rank spinning in torch.cuda.synchronize (as CUDA waits for the GPU) uses
+// CPU in one frame: with commdbgd's numbers, unchanged, it did not move.
+TEST(HangMoved, CpuInOneFrameIsNoMovementWhereTheDaemonNumbersTheRank) {
+    EXPECT_FALSE(rank_moved(look(100, 3), look(180, 3)));
+    EXPECT_TRUE(rank_moved(look(100, 3), look(180, 4))) << "its number moved";
+    EXPECT_TRUE(rank_moved(look(100, 3), look(100, 3, {0x7f00, 14}))) << "its frame moved";
+    // Without numbers, CPU time is all there is: a Python loop in one line.
+    EXPECT_TRUE(rank_moved(look(100, 0), look(180, 0)));
+    EXPECT_FALSE(rank_moved(look(100, 0), look(100, 0)));
+}
+
 Verdict verdict_of(std::vector<RankSample> ranks) {
     Report r;
     r.interval_s = 1;
