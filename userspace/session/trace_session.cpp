@@ -115,7 +115,9 @@ Result<std::unique_ptr<TraceSession>> TraceSession::create(const SessionOptions&
     apply_py_stack_mode(specs, opts.py_stack);
     skip_hidden_ops(specs, opts.view_noise_level, opts.records);
     auto guard = std::make_unique<capture::ResumeGuard>();
-    auto bpf = capture::BpfSession::open(capture::BpfOptions{opts.ringbuf_bytes});
+    capture::BpfOptions bpf_opts;
+    bpf_opts.ringbuf_bytes = opts.ringbuf_bytes;
+    auto bpf = capture::BpfSession::open(bpf_opts);
     if (!bpf) return R::fail(bpf.error());
     std::unique_ptr<TraceSession> s(
         new TraceSession(std::move(guard), std::move(bpf.value()), std::move(specs), opts));
