@@ -210,14 +210,30 @@ std::string commdbgd_bin() {
     return dir && *dir ? std::string(dir) + "/commdbgd" : std::string(BUILD_DIR) + "/bin/commdbgd";
 }
 
-std::string torch_python(std::string& why_not) {
+namespace {
+
+// The first python3 that runs `check` with exit 0.
+std::string python_that(const std::string& check, std::string& why_not) {
     for (const char* py : {"python3", "/usr/bin/python3"}) {
-        auto r = run({py, "-c", "import torch, torch.distributed as d; assert d.is_gloo_available()"}, {}, 60);
+        auto r = run({py, "-c", check}, {}, 60);
         if (r.status == 0) return py;
         why_not += std::string("\n  ") + py + ": " +
                    (r.err.empty() ? "exit " + std::to_string(r.status) : r.err.substr(r.err.rfind('\n', r.err.size() - 2) + 1));
     }
     return {};
+}
+
+}  // namespace
+
+std::string torch_python(std::string& why_not) {
+    return python_that("import torch, torch.distributed as d; assert d.is_gloo_available()", why_not);
+}
+
+std::string cuda_torch_python(std::string& why_not) {
+    return python_that("import torch, torch.distributed as d\n"
+                       "assert torch.cuda.is_available(), 'torch sees no CUDA device'\n"
+                       "assert d.is_nccl_available(), 'torch has no NCCL'",
+                       why_not);
 }
 
 }  // namespace commdbg::e2e

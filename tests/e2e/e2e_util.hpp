@@ -61,6 +61,19 @@ std::string torch_python(std::string& why_not);
         REQUIRE_OR_SKIP(!py.empty(), "no python3 imports torch with gloo (apt install python3-torch):" + why_); \
     } while (0)
 
+// A python3 whose torch sees a CUDA device and has NCCL (the device machine's
+// image).  Empty when none does, `why_not` then says what each printed.
+std::string cuda_torch_python(std::string& why_not);
+// No GPU is a skip even under CI=true: CI machines have none, and these
+// tests are run on a GPU machine by hand (docs/hang.md says how).
+#define REQUIRE_CUDA_TORCH(py)                                                              \
+    std::string py;                                                                         \
+    do {                                                                                    \
+        std::string why_;                                                                   \
+        py = ::commdbg::e2e::cuda_torch_python(why_);                                       \
+        if (py.empty()) GTEST_SKIP() << "no GPU: no python3 here runs torch on CUDA with NCCL:" << why_; \
+    } while (0)
+
 using testproc::Background;
 using testproc::ProcResult;
 using testproc::run;

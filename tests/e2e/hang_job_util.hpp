@@ -29,6 +29,12 @@ struct HungJob {
     int hang_at = 0;             // the step the stuck rank never all-reduces (0-based)
     int numel = 0;               // the elements of each all-reduce's tensor
     std::string dtype;           // and its dtype, as torch names it ("float32")
+    // The stuck rank's number (its index in rank_pids); -1 before it said so.
+    int stuck_rank() const {
+        for (size_t i = 0; i < rank_pids.size(); ++i)
+            if (rank_pids[i] == stuck_pid) return static_cast<int>(i);
+        return -1;
+    }
     // The ranks end first, so that the launcher (and trixie_run.sh, which
     // unmounts what it mounted) sees them die and ends by itself.
     ~HungJob() {
@@ -39,8 +45,9 @@ struct HungJob {
 };
 
 // Starts the job and waits until it hangs: every rank up, the stuck one
-// about to block, and the others' time to enter the all-reduce.
-inline void start_hung(HungJob& h, const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {}) {
+// about to block, and `settle_s` for the others to enter the all-reduce.
+inline void start_hung(HungJob& h, const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {},
+                       int settle_s = 2) {
     h.job = std::make_unique<Background>(argv, env);
     h.rank_pids.assign(3, 0);
     h.groups.assign(3, "");
@@ -62,7 +69,7 @@ inline void start_hung(HungJob& h, const std::vector<std::string>& argv, const s
     if (stuck.is_discarded() || !stuck.is_object()) return;
     h.stuck_pid = stuck["pid"].get<int>();
     h.stuck_function = stuck["function"].get<std::string>();
-    std::this_thread::sleep_for(std::chrono::seconds(2));
+    std::this_thread::sleep_for(std::chrono::seconds(settle_s));
 }
 
 }  // namespace commdbg::e2e

@@ -7,6 +7,8 @@
 #include "daemon_util.hpp"
 #include "hang_job_util.hpp"
 
+#include <algorithm>
+#include <numeric>
 #include <regex>
 
 namespace commdbg::e2e {
@@ -46,8 +48,9 @@ uint64_t first_mismatch_seen(const Daemon& d) {
 }
 
 // The daemon counted collective #seq of the ranks' communicator once, as
-// differing, within 2 s of the call that made it differ (the last rank's,
-// its time from the flight recorder), and says so in its status.
+// differing, within 2 s of the call that made it differ (the last of the
+// ranks' calls #seq, its time from the flight recorder), and says so in its
+// status.
 void expect_mismatch_counted(const Daemon& d, const std::vector<int>& pids, int seq, uint64_t seen_ns) {
     const json counts = flight_counts(d);
     const json comms = counts.value("communicators", json::array());
@@ -55,7 +58,8 @@ void expect_mismatch_counted(const Daemon& d, const std::vector<int>& pids, int 
     const std::string comm = comms[0]["comm_id"];
     uint64_t call_ns = 0;
     for (const json& r : comms[0]["ranks"])
-        if (r["pid"] == pids.back()) call_ns = r["flight"]["last"].back()["enter_ns"];
+        call_ns = std::max(call_ns, r["flight"]["last"].back()["enter_ns"].get<uint64_t>());
+    ASSERT_EQ(comms[0]["ranks"].size(), pids.size()) << counts.dump();
     ASSERT_NE(call_ns, 0u) << counts.dump();
     EXPECT_LT(seen_ns - call_ns, 2000000000ull) << "the counter moved " << (seen_ns - call_ns) / 1e6
                                                 << " ms after the mismatching call";
@@ -311,8 +315,12 @@ void run_c10d_group_case(const std::vector<std::string>& argv, const std::map<st
         // first ones go without: none is shown, never a wrong one).
         for (const json& e : r["flight"]["last"]) {
             EXPECT_EQ(e["collective"], "all_reduce") << e.dump();
-            if (e.contains("count")) EXPECT_EQ(e["count"], job.numel) << e.dump();
-            if (e.contains("dtype")) EXPECT_EQ(e["dtype"], job.dtype) << e.dump();
+            if (e.contains("count")) {
+                EXPECT_EQ(e["count"], job.numel) << e.dump();
+            }
+            if (e.contains("dtype")) {
+                EXPECT_EQ(e["dtype"], job.dtype) << e.dump();
+            }
         }
         EXPECT_EQ(r["flight"]["last"].back().value("count", -1), job.numel) << r.dump();
         EXPECT_EQ(r["flight"]["last"].back().value("dtype", ""), job.dtype) << r.dump();
@@ -349,6 +357,131 @@ TEST(HangDaemon, Torch26GlooGroupIsOneCommunicatorOnEveryRank) {
     run_c10d_group_case({kRunScript, "--bind", kTestprogs + ":" + kInRoot, root, "python3", kInRoot + "/hang_job.py",
                          "loader"},
                         kRootJobEnv);
+}
+
+// ---- the real libnccl, on a GPU: torch's NCCL process group, 3 ranks on
+// the one device (tests/testprogs/hang_job.py --backend nccl), commdbgd from
+// before the job.  No GPU: skipped, also under CI (docs/hang.md says how
+// these ran on a GPU machine and what they printed).
+
+// The job's one NCCL communicator as commdbgd has it, once every rank's
+// number reached `issued` (polled for 30 s): each rank numbered as torch
+// numbered it, and each of its all-reduces recorded with the job's count and
+// dtype, `last_numel` by rank for the last.  Its id, empty on a failure.
+std::string real_nccl_comm(const Daemon& d, const HungJob& job, const std::vector<int>& issued,
+                           const std::vector<int>& last_numel) {
+    json comm;
+    for (int tries = 0; tries < 300; ++tries, sleep_ms(100)) {
+        const json counts = flight_counts(d);
+        std::vector<json> comms;
+        for (const json& c : counts.value("communicators", json::array()))
+            if (!c["comm_id"].get<std::string>().starts_with("c10d:")) comms.push_back(c);
+        if (comms.size() != 1 || comms[0]["ranks"].size() != 3) continue;
+        comm = comms[0];
+        bool all = true;
+        for (const json& r : comm["ranks"]) all = all && r["flight"]["seq"] != nullptr;
+        if (!all) continue;
+        std::vector<int> seqs;
+        for (const json& r : comm["ranks"]) seqs.push_back(r["flight"]["seq"]);
+        if (std::accumulate(seqs.begin(), seqs.end(), 0) == std::accumulate(issued.begin(), issued.end(), 0)) break;
+    }
+    EXPECT_EQ(comm.value("nranks", 0), 3) << comm.dump();
+    if (!comm.contains("ranks") || comm["ranks"].size() != 3) {
+        ADD_FAILURE() << "no communicator of 3 ranks: " << flight_counts(d).dump().substr(0, 3000);
+        return {};
+    }
+    for (const json& r : comm["ranks"]) {
+        const auto at = std::find(job.rank_pids.begin(), job.rank_pids.end(), r["pid"].get<int>());
+        if (at == job.rank_pids.end()) {
+            ADD_FAILURE() << "not a rank of the job: " << r.dump();
+            continue;
+        }
+        const size_t rank = at - job.rank_pids.begin();
+        EXPECT_EQ(r["rank"], rank) << r.dump();
+        EXPECT_EQ(r["flight"]["seq"], issued[rank]) << r.dump();
+        const json& last = r["flight"]["last"];
+        EXPECT_EQ(last.size(), static_cast<size_t>(issued[rank])) << r.dump();
+        for (size_t i = 0; i < last.size(); ++i) {
+            EXPECT_EQ(last[i]["collective"], "all_reduce") << last[i].dump();
+            EXPECT_EQ(last[i]["count"], i + 1 == last.size() ? last_numel[rank] : job.numel) << last[i].dump();
+            EXPECT_EQ(last[i]["dtype"], job.dtype) << last[i].dump();
+        }
+    }
+    return comm["comm_id"];
+}
+
+// Rank 2 stuck in its data loader before step 2: ranks 0 and 1 issued step
+// 2's all-reduce and wait for the GPU, which waits for rank 2.
+TEST(HangDaemon, RealNcclOnAGpuARankOneAllReduceShortIsNamed) {
+    REQUIRE_BPF();
+    REQUIRE_CUDA_TORCH(py);
+    SharedDir tmp;
+    START_DAEMON(d, tmp, {"--probes", "nccl"});
+    HungJob job;
+    start_hung(job, {py, kJob, "--backend", "nccl", "loader"});
+    ASSERT_NE(job.stuck_pid, 0) << "the job did not hang as planned";
+    const int issued = job.hang_at + 1, stuck = job.stuck_rank();
+    std::vector<int> want(3, issued), numel(3, job.numel);
+    want.at(stuck) = issued - 1;
+    const std::string id = real_nccl_comm(d, job, want, numel);
+    ASSERT_FALSE(id.empty());
+    std::string table;
+    const json report = hang_report(d, tmp, {job.launcher_pid}, 3, &table);
+    ASSERT_FALSE(report.empty());
+    const json& v = report["verdict"];
+    EXPECT_EQ(v["kind"], "missing_ranks") << v.dump();
+    EXPECT_EQ(v["culprits"], json::array({job.stuck_pid})) << v.dump();
+    EXPECT_EQ(v["comm_id"], id) << v.dump();
+    EXPECT_EQ(v["seq"], issued) << v.dump();
+    EXPECT_NE(table.find("pid " + std::to_string(job.stuck_pid) + " never issued collective #" + std::to_string(issued) +
+                         " of communicator " + id),
+              std::string::npos)
+        << table;
+    for (const json& r : report["ranks"]) {
+        if (r["pid"] != job.stuck_pid) continue;
+        const json at = r.value("at", json::object());
+        EXPECT_EQ(at.value("function", ""), job.stuck_function) << r.dump().substr(0, 2000);
+    }
+    // Never stopped nor signalled: ranks 0 and 1 spin in CUDA's wait (R),
+    // rank 2 sleeps (S), as before.
+    for (int pid : job.rank_pids) {
+        const char state = proc_state(pid);
+        EXPECT_TRUE(state == 'R' || state == 'S') << pid << " is " << state;
+    }
+}
+
+// Every rank issues step 2's all-reduce, rank 2 with twice the elements:
+// the daemon counts the mismatch as the calls arrive, and hang names it with
+// both signatures.
+TEST(HangDaemon, RealNcclOnAGpuAnAllReduceWithAnotherCountIsAMismatch) {
+    REQUIRE_BPF();
+    REQUIRE_CUDA_TORCH(py);
+    SharedDir tmp;
+    START_DAEMON(d, tmp, {"--probes", "nccl"});
+    HungJob job;
+    start_hung(job, {py, kJob, "--backend", "nccl", "mismatch"}, {}, 0);
+    ASSERT_NE(job.stuck_pid, 0) << "the job did not hang as planned";
+    const uint64_t seen_ns = first_mismatch_seen(d);
+    ASSERT_NE(seen_ns, 0u) << "commdbg_collective_mismatch_total never appeared";
+    const int issued = job.hang_at + 1, stuck = job.stuck_rank();
+    std::vector<int> numel(3, job.numel);
+    numel.at(stuck) = 2 * job.numel;
+    const std::string id = real_nccl_comm(d, job, std::vector<int>(3, issued), numel);
+    ASSERT_FALSE(id.empty());
+    const json report = hang_report(d, tmp, {job.launcher_pid});
+    const json& v = report["verdict"];
+    EXPECT_EQ(v["kind"], "collective_mismatch") << v.dump();
+    EXPECT_EQ(v["seq"], issued) << v.dump();
+    EXPECT_EQ(v["culprits"], json::array({job.stuck_pid})) << v.dump();
+    std::vector<int> others;
+    for (int pid : job.rank_pids)
+        if (pid != job.stuck_pid) others.push_back(pid);
+    EXPECT_EQ(v["signatures"],
+              two_signatures("all_reduce count " + std::to_string(job.numel) + " " + job.dtype + " sum", others,
+                             "all_reduce count " + std::to_string(2 * job.numel) + " " + job.dtype + " sum",
+                             job.stuck_pid))
+        << v.dump();
+    ASSERT_NO_FATAL_FAILURE(expect_mismatch_counted(d, job.rank_pids, issued, seen_ns));
 }
 
 }  // namespace

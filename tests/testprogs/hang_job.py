@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""A 3-rank gloo job that hangs, for `commdbg hang` (torch 1.13 and 2.x, CPU).
+"""A 3-rank job that hangs, for `commdbg hang` (gloo on CPU: torch 1.13 and 2.x;
+NCCL on one GPU: torch 2.x).
 
-    hang_job.py MODE
+    hang_job.py [--backend gloo|nccl] MODE
 
 torch.multiprocessing.spawn starts 3 ranks on 127.0.0.1; each runs steps of
 load_batch() then step(), which all-reduces the batch.  At step 2 rank 2
@@ -13,6 +14,14 @@ is 600 s: the test ends the job first):
   spin     rank 2 spins in pure Python, holding the GIL: spin().
   atexit   rank 2 leaves its loop and, at interpreter teardown, blocks in an
            atexit handler: wait_at_exit().
+  mismatch every rank issues step 2's all-reduce, rank 2 with twice the
+           elements; then every rank waits in wait_after_mismatch().
+
+--backend nccl runs the 3 ranks on the one GPU there is (cuda:0) through the
+real libnccl torch ships: NCCL refuses two ranks of a communicator on one
+device of one host, so each rank gets its own NCCL_HOSTID and the ranks talk
+over sockets on lo.  step() waits for the GPU, so a rank whose all-reduce
+never completes blocks there, as a training step that reads its loss does.
 
 Stdout, one write per line: the plan ({"mode", "pid", "world", "stuck_rank",
 "hang_at", "numel" and "dtype" of the tensor each all-reduce reduces}), each rank's {"rank", "pid", "group": torch's name of its process
@@ -33,7 +42,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 WORLD, STUCK, HANG_AT, STEPS, BATCH = 3, 2, 2, 4, 16
-MODES = ("loader", "spin", "atexit")
+MODES = ("loader", "spin", "atexit", "mismatch")
 
 
 def say(obj):
@@ -41,17 +50,24 @@ def say(obj):
     sys.stdout.flush()
 
 
-def load_batch(rank, step, mode):
+def load_batch(rank, step, mode, device):
     if rank == STUCK and step == HANG_AT and mode == "loader":
         say({"stuck": rank, "pid": os.getpid(), "function": "load_batch"})
         time.sleep(3600)
-    return torch.ones(BATCH) * (rank + step)
+    numel = 2 * BATCH if rank == STUCK and step == HANG_AT and mode == "mismatch" else BATCH
+    return torch.ones(numel, device=device) * (rank + step)
 
 
 def spin():
     n = 0
     while True:
         n = (n + 1) % 1000003
+
+
+def wait_after_mismatch(rank):
+    if rank == STUCK:
+        say({"stuck": rank, "pid": os.getpid(), "function": "wait_after_mismatch"})
+    time.sleep(3600)
 
 
 def wait_at_exit():
@@ -66,28 +82,40 @@ def group_name():
     return names[dist.group.WORLD]
 
 
-def step(batch):
+def step(batch, wait):
     dist.all_reduce(batch)
+    if wait and batch.is_cuda:
+        torch.cuda.synchronize()
     return batch
 
 
-def worker(rank, port, mode):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+def worker(rank, port, mode, backend):
+    device = "cpu"
+    if backend == "nccl":
+        device = "cuda:0"
+        torch.cuda.set_device(0)
+        os.environ.update({"NCCL_HOSTID": f"commdbg-hang-rank{rank}", "NCCL_SOCKET_IFNAME": "lo",
+                           "NCCL_IB_DISABLE": "1"})
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=600))
     say({"rank": rank, "pid": os.getpid(), "group": group_name()})
     for s in range(STEPS):
+        if s == HANG_AT and mode == "mismatch":
+            step(load_batch(rank, s, mode, device), wait=False)
+            wait_after_mismatch(rank)
         if rank == STUCK and s == HANG_AT and mode == "spin":
             say({"stuck": rank, "pid": os.getpid(), "function": "spin"})
             spin()
         if rank == STUCK and s == HANG_AT and mode == "atexit":
             atexit.register(wait_at_exit)
             return
-        step(load_batch(rank, s, mode))
+        step(load_batch(rank, s, mode, device), wait=True)
     dist.destroy_process_group()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     ap.add_argument("mode", choices=MODES)
     args = ap.parse_args()
     with socket.socket() as s:
@@ -95,7 +123,7 @@ def main():
         port = s.getsockname()[1]
     say({"mode": args.mode, "pid": os.getpid(), "world": WORLD, "stuck_rank": STUCK, "hang_at": HANG_AT,
          "numel": BATCH, "dtype": str(torch.ones(BATCH).dtype).replace("torch.", "")})
-    mp.spawn(worker, args=(port, args.mode), nprocs=WORLD, join=True)
+    mp.spawn(worker, args=(port, args.mode, args.backend), nprocs=WORLD, join=True)
 
 
 if __name__ == "__main__":
