@@ -7,6 +7,7 @@
 #ifndef COMMDBG_LIB_COMMS_H
 #define COMMDBG_LIB_COMMS_H
 
+#include "lib/cxx_string.h"
 #include "lib/drops.h"
 #include "lib/entry.h"
 #include "lib/records.h"
@@ -132,17 +133,16 @@ FUNC_INLINE bool is_c10d_note(__u64 cookie)
 	return tail == CD_TAIL_C10D_STORE || tail == CD_TAIL_C10D_GROUP;
 }
 
-/* The std::string at `str` (libstdc++: data at +0, length at +8) into
- * v->name, NUL-terminated; cut to fit. */
+/* The std::string at `str` into v->name, NUL-terminated; cut to fit. */
 FUNC_INLINE void read_c10d_name(struct cd_comm_val *v, __u64 str)
 {
-	__u64 sv[2] = {};
+	__u64 data, size;
 	__u32 len;
 
-	if (!str || bpf_probe_read_user(sv, sizeof(sv), (void *)str))
+	if (!read_std_string(str, &data, &size))
 		return;
-	len = sv[1] < sizeof(v->name) - 1 ? (__u32)sv[1] : sizeof(v->name) - 1;
-	if (len && bpf_probe_read_user(v->name, len & (sizeof(v->name) - 1), (void *)sv[0]))
+	len = size < sizeof(v->name) - 1 ? (__u32)size : sizeof(v->name) - 1;
+	if (len && bpf_probe_read_user(v->name, len & (sizeof(v->name) - 1), (void *)data))
 		__builtin_memset(v->name, 0, sizeof(v->name));
 }
 

@@ -8,6 +8,7 @@
 #ifndef COMMDBG_PYTHON_LABEL_H
 #define COMMDBG_PYTHON_LABEL_H
 
+#include "lib/cxx_string.h"
 #include "python/record_buf.h"
 #include "python/walk.h"
 
@@ -25,13 +26,13 @@ FUNC_INLINE void copy_label(struct record_buf *b, __u64 data, __u64 size)
 		b->context.label_len = len;
 }
 
-/* std::string const* (libstdc++: data at +0, length at +8) -> the label. */
+/* std::string const* -> the label. */
 FUNC_INLINE void read_label(struct record_buf *b, __u64 str)
 {
-	__u64 sv[2] = {};
+	__u64 data, len;
 
-	if (str && bpf_probe_read_user(sv, sizeof(sv), (void *)str) == 0)
-		copy_label(b, sv[0], sv[1]);
+	if (read_std_string(str, &data, &len))
+		copy_label(b, data, len);
 }
 
 #define CD_STR_COMPACT_ASCII 0x60 /* PyASCIIObject state: compact (bit 5) and ascii (bit 6) */

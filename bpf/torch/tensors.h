@@ -36,6 +36,32 @@ FUNC_INLINE struct cd_tensors *record_tensors(struct record_buf *b)
 /* Fields of the TensorImpl copied to b->impl (span bytes of it). */
 #define IMPL_AT(b, off) ((b)->impl + ((off) & (CD_TENSOR_WINDOW - 1)))
 
+/* What a TensorImpl's first word (its vtable) and symbolic-flags byte say of
+ * it: CD_TENSOR_OK for a plain tensor, whose fields cfg names. */
+FUNC_INLINE __u8 impl_status(const struct cd_torch_cfg *cfg, __u64 vtable, __u8 symbolic)
+{
+	if (vtable != cfg->impl_vtable)
+		return CD_TENSOR_NOT_PLAIN;
+	if (symbolic & cfg->symbolic_mask)
+		return CD_TENSOR_SYMBOLIC;
+	return CD_TENSOR_OK;
+}
+
+/* Which of cfg's process-group classes the object at `self` is (by its
+ * vtable); -1: none of them, or unreadable. */
+FUNC_INLINE int group_of(const struct cd_torch_cfg *cfg, __u64 self)
+{
+	__u64 vt = 0;
+	int grp = -1;
+
+	if (bpf_probe_read_user(&vt, sizeof(vt), (void *)self))
+		return -1;
+	for (__u32 g = 0; g < CD_TORCH_GROUPS; g++)
+		if (cfg->groups[g].vtable && cfg->groups[g].vtable == vt)
+			grp = g;
+	return grp;
+}
+
 /* The TensorImpl at `impl` into t[idx].  Global: verified once, not once
  * per tensor of each caller's paths. */
 FUNC_GLOBAL int read_tensor(struct record_buf *b, const struct cd_torch_cfg *cfg, __u64 impl, __u32 idx)
@@ -61,14 +87,10 @@ FUNC_GLOBAL int read_tensor(struct record_buf *b, const struct cd_torch_cfg *cfg
 		return 0;
 	if (bpf_probe_read_user(b->impl, span, (void *)impl))
 		return 0;
-	if (*(__u64 *)b->impl != cfg->impl_vtable) {
-		t->status = CD_TENSOR_NOT_PLAIN;
+	t->status = impl_status(cfg, *(__u64 *)b->impl, *IMPL_AT(b, cfg->symbolic_at));
+	if (t->status != CD_TENSOR_OK)
 		return 0;
-	}
-	if (*IMPL_AT(b, cfg->symbolic_at) & cfg->symbolic_mask) {
-		t->status = CD_TENSOR_SYMBOLIC;
-		return 0;
-	}
+	t->status = CD_TENSOR_FAULT;
 	dims = *(__u64 *)IMPL_AT(b, cfg->dim);
 	t->ndim = dims > 255 ? 255 : (__u8)dims;
 	n = dims > CD_TENSOR_DIMS ? CD_TENSOR_DIMS : (__u32)dims;
@@ -132,10 +154,9 @@ FUNC_GLOBAL __u32 fill_tensors(struct record_buf *b, const struct cd_torch_cfg *
 {
 	struct cd_tensors *tn;
 	__u64 ptrs[CD_MAX_TENSORS];
-	__u64 vt = 0;
 	__s32 v = 0;
 	__u32 g, i, kind, room, filled = 0;
-	int grp = -1;
+	int grp;
 
 	if (!b || !cfg)
 		return 0;
@@ -147,11 +168,7 @@ FUNC_GLOBAL __u32 fill_tensors(struct record_buf *b, const struct cd_torch_cfg *
 	tn->total[0] = 0;
 	tn->total[1] = 0;
 	tn->status = CD_TENSORS_FAULT;
-	if (bpf_probe_read_user(&vt, sizeof(vt), (void *)self))
-		return sizeof(*tn);
-	for (g = 0; g < CD_TORCH_GROUPS; g++)
-		if (cfg->groups[g].vtable && cfg->groups[g].vtable == vt)
-			grp = g;
+	grp = group_of(cfg, self);
 	if (grp < 0) {
 		tn->status = CD_TENSORS_NOT_A_GROUP;
 		return sizeof(*tn);
@@ -214,18 +231,17 @@ FUNC_INLINE __u64 first_impl(__u32 kind, __u64 p)
 
 /* The flight recorder's count and datatype of a c10d collective (events.h,
  * cd_flight_entry): the elements and TypeMeta index of the first tensor of
- * its first tensor parameter, read as fill_tensors reads it (the same vtable
- * checks), from `this` in slot 1 and that parameter in slot 2; left unknown
+ * its first tensor parameter, read as fill_tensors reads it (group_of,
+ * impl_status), from `this` in slot 1 and that parameter in slot 2; left unknown
  * where the process has no cd_torch_cfg yet or anything is not as userspace
  * said.  Global: verified once. */
 FUNC_GLOBAL int c10d_first(const struct entry *en, struct flight_sig *sig)
 {
 	const struct cd_torch_cfg *cfg;
-	__u64 self, impl, vt = 0, numel = 0;
+	__u64 impl, vt = 0, numel = 0;
 	__u16 dtype = 0;
 	__u8 sym = 0;
 	__u32 kind;
-	bool group = false;
 
 	if (!en || !sig)
 		return 0;
@@ -234,20 +250,13 @@ FUNC_GLOBAL int c10d_first(const struct entry *en, struct flight_sig *sig)
 	cfg = torch_cfg_for(en->cookie, en->tgid);
 	if (!cfg)
 		return 0;
-	self = slot_arg(en->args, CD_TENSOR_THIS_SLOT);
-	if (bpf_probe_read_user(&vt, sizeof(vt), (void *)self))
-		return 0;
-	for (__u32 g = 0; g < CD_TORCH_GROUPS; g++)
-		if (cfg->groups[g].vtable && cfg->groups[g].vtable == vt)
-			group = true;
 	kind = CD_TENSOR_PARAM(CD_COOKIE_TENSORS(en->cookie), 0);
-	if (!group || kind == CD_TPARAM_NONE)
+	if (kind == CD_TPARAM_NONE || group_of(cfg, slot_arg(en->args, CD_TENSOR_THIS_SLOT)) < 0)
 		return 0;
 	impl = first_impl(kind, slot_arg(en->args, CD_TENSOR_FIRST_SLOT));
 	if (!impl || impl == cfg->undefined || bpf_probe_read_user(&vt, sizeof(vt), (void *)impl) ||
-	    vt != cfg->impl_vtable)
-		return 0;
-	if (bpf_probe_read_user(&sym, sizeof(sym), (void *)(impl + cfg->symbolic_at)) || (sym & cfg->symbolic_mask) ||
+	    bpf_probe_read_user(&sym, sizeof(sym), (void *)(impl + cfg->symbolic_at)) ||
+	    impl_status(cfg, vt, sym) != CD_TENSOR_OK ||
 	    bpf_probe_read_user(&numel, sizeof(numel), (void *)(impl + cfg->numel)) ||
 	    bpf_probe_read_user(&dtype, sizeof(dtype), (void *)(impl + cfg->data_type)))
 		return 0;
