@@ -318,8 +318,10 @@ void NodeCounter::refresh() {
     for (const auto& c : snapshot.entries) counted.insert(c.key.tgid);
     for (uint32_t pid : counted) adopt(pid);
     if (torch_) retry_tensors();
-    std::vector<RankRecorder> recorders = read_recorders(snapshot, comms);
-    publish(snapshot, std::move(comms), now);
+    SeriesExporter::CommsByPid nccl;
+    for (const auto& [pid, p] : procs_) nccl[pid] = snapshot::communicators_of(pid, comms, snapshot.entries);
+    std::vector<RankRecorder> recorders = read_recorders(nccl, comms);
+    publish(snapshot, std::move(comms), nccl, now);
     {
         std::lock_guard lock(mu_);
         timespec ts{};
@@ -344,7 +346,7 @@ void NodeCounter::uncharge_file(FileShares::FileId f) {
 // What the control and HTTP threads read: the snapshot for counts and
 // status, the series for /metrics.
 void NodeCounter::publish(const capture::CounterSnapshot& snapshot, std::vector<capture::CommEntry> comms,
-                          Clock::time_point now) {
+                          const SeriesExporter::CommsByPid& nccl, Clock::time_point now) {
     std::lock_guard lock(mu_);
     counters_ = snapshot.entries;
     counter_loss_ = snapshot.loss;
@@ -352,7 +354,7 @@ void NodeCounter::publish(const capture::CounterSnapshot& snapshot, std::vector<
     files_ = attacher_->files();  // the attacher itself is the main thread's
     shares_json_ = shares_.to_json();
     known_files_ = {bpf_->known_files(), bpf_->known_files_capacity(), bpf_->known_files_full()};
-    series_->export_counts(snapshot, comms_, procs_, now);
+    series_->export_counts(snapshot, nccl, procs_, now);
 }
 
 nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, const ProcessFilter& may_see,
@@ -398,12 +400,12 @@ nlohmann::json NodeCounter::flight_entries(const CountedProcess& p, const std::v
 // Every adopted process's recorders of communicators with an id: those it
 // created while commdbgd watched, numbered from their first collective on
 // every rank alike.
-std::vector<RankRecorder> NodeCounter::read_recorders(const capture::CounterSnapshot& snapshot,
+std::vector<RankRecorder> NodeCounter::read_recorders(const SeriesExporter::CommsByPid& nccl,
                                                       const std::vector<capture::CommEntry>& comms) const {
     std::vector<RankRecorder> out;
     for (const auto& [pid, p] : procs_) {
         size_t n = 0;
-        for (const NamedComm& c : named_comms(pid, p.c10d_job, comms, snapshot.entries)) {
+        for (const NamedComm& c : named_comms(pid, p.c10d_job, nccl.at(pid), comms)) {
             if (c.id.empty() || n == kFlightCommsPerProcess) continue;
             std::optional<capture::BpfSession::FlightComm> fc = bpf_->flight_of(pid, c.ptr);
             if (!fc) continue;
@@ -420,10 +422,10 @@ std::vector<RankRecorder> NodeCounter::read_recorders(const capture::CounterSnap
 
 std::vector<NodeCounter::NamedComm> NodeCounter::named_comms(uint32_t pid,
                                                               const std::string& c10d_job,
-                                                              const std::vector<capture::CommEntry>& comms,
-                                                              const std::vector<capture::CounterEntry>& counters) {
+                                                              const std::vector<snapshot::CommInfo>& nccl,
+                                                              const std::vector<capture::CommEntry>& comms) {
     std::vector<NamedComm> out;
-    for (const snapshot::CommInfo& ci : snapshot::communicators_of(pid, comms, counters))
+    for (const snapshot::CommInfo& ci : nccl)
         out.push_back({ci.ptr, ci.id ? hex16(*ci.id) : "", ci.rank, ci.nranks, false, ""});
     for (const snapshot::C10dGroup& g : snapshot::c10d_groups_of(pid, comms))
         out.push_back({g.ptr, snapshot::c10d_comm_id(g, c10d_job).value_or(""), g.rank, g.nranks, true, g.name});
@@ -466,7 +468,7 @@ nlohmann::json NodeCounter::counts_from(const CountsSource& src, std::optional<u
         if (!by_comm) continue;
         std::vector<capture::BpfSession::FlightComm> recorded;
         if (flight) recorded = bpf_->flight(p);
-        for (const NamedComm& c : named_comms(p, info.c10d_job, src.comms, src.counters)) {
+        for (const NamedComm& c : named_comms(p, info.c10d_job, snap.comms, src.comms)) {
             auto fc = std::find_if(recorded.begin(), recorded.end(),
                                    [&](const capture::BpfSession::FlightComm& f) { return f.comm == c.ptr; });
             // A c10d group is counted by kind, not by group: only its

@@ -109,7 +109,7 @@ private:
     std::vector<ProcessKey> find_gone();
     // refresh()'s steps.
     void publish(const capture::CounterSnapshot& snapshot, std::vector<capture::CommEntry> comms,
-                 std::chrono::steady_clock::time_point now);
+                 const SeriesExporter::CommsByPid& nccl, std::chrono::steady_clock::time_point now);
     void log_notes(uint32_t pid, const std::vector<std::string>& notes);
     nlohmann::json status_errors() const;  // with mu_ held
     // counts()'s reply from one set of processes and kernel state.
@@ -132,10 +132,11 @@ private:
         bool c10d = false;
         std::string name;  // c10d: torch's group name
     };
+    // `nccl`: its NCCL communicators, as communicators_of joined them.
     static std::vector<NamedComm> named_comms(uint32_t pid, const std::string& c10d_job,
-                                              const std::vector<capture::CommEntry>& comms,
-                                              const std::vector<capture::CounterEntry>& counters);
-    std::vector<RankRecorder> read_recorders(const capture::CounterSnapshot& snapshot,
+                                              const std::vector<snapshot::CommInfo>& nccl,
+                                              const std::vector<capture::CommEntry>& comms);
+    std::vector<RankRecorder> read_recorders(const SeriesExporter::CommsByPid& nccl,
                                              const std::vector<capture::CommEntry>& comms) const;
     // The flight recorder's c10d counts: the kernel is told how to read a
     // torch process's tensors (torch::TorchSupport), at adoption and at the

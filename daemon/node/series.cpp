@@ -90,8 +90,7 @@ Labels SeriesExporter::labels_of(const CountedProcess& p, const std::string& lay
     return labels;
 }
 
-void SeriesExporter::export_counts(const capture::CounterSnapshot& snapshot,
-                                   const std::vector<capture::CommEntry>& comms,
+void SeriesExporter::export_counts(const capture::CounterSnapshot& snapshot, const CommsByPid& comms,
                                    const std::map<uint32_t, CountedProcess>& procs, Clock::time_point now) {
     // Several counters can fall into one series (a coarse counter, label
     // sets past a process's share): summed before they are set.
@@ -100,7 +99,7 @@ void SeriesExporter::export_counts(const capture::CounterSnapshot& snapshot,
         uint64_t calls = 0, bytes = 0, errors = 0;
     };
     std::map<Labels, Sum> series;
-    std::map<uint32_t, std::vector<snapshot::CommInfo>> comm_info;
+    static const std::vector<snapshot::CommInfo> kNone;
     Budget budget{metrics_.series(), {}};
     // Whose share each process's series count in.
     for (const auto& [pid, p] : procs) metrics_.assign(ProcessKey{pid, p.start_time}, p.uid);
@@ -110,10 +109,9 @@ void SeriesExporter::export_counts(const capture::CounterSnapshot& snapshot,
         auto pit = procs.find(c.key.tgid);
         if (pit == procs.end()) continue;
         const ProcessKey owner{c.key.tgid, pit->second.start_time};
-        if (!comm_info.count(c.key.tgid))
-            comm_info[c.key.tgid] = snapshot::communicators_of(c.key.tgid, comms, snapshot.entries);
+        const auto info = comms.find(c.key.tgid);
         const std::string collective(capture::coll_name(s->coll));
-        Breakdown b = breakdown_of(c, comm_info[c.key.tgid]);
+        Breakdown b = breakdown_of(c, info == comms.end() ? kNone : info->second);
         fit_budget(pit->second, s->layer, collective, b, budget);
         Sum& sum = series[labels_of(pit->second, s->layer, collective, b)];
         sum.owner = owner;

@@ -27,9 +27,12 @@ public:
 
     // HELP and TYPE of every family it sets.
     void describe();
+    // A refresh's NCCL communicators of each process (communicators_of),
+    // joined once and read by the series and the flight recorder alike.
+    using CommsByPid = std::map<uint32_t, std::vector<snapshot::CommInfo>>;
     // The collective and counter-loss series of every process in `procs`,
     // and how many processes there are, from one counter snapshot.
-    void export_counts(const capture::CounterSnapshot& snapshot, const std::vector<capture::CommEntry>& comms,
+    void export_counts(const capture::CounterSnapshot& snapshot, const CommsByPid& comms,
                        const std::map<uint32_t, CountedProcess>& procs, Clock::time_point now);
     // The node's own series: kernel-side drops by cause, the build.
     void export_node(const std::array<uint64_t, CD_DROP_MAX>& drops, Clock::time_point now);
