@@ -273,6 +273,26 @@ TEST(HangDaemon, WithoutTheFlightRecorderCountsRemainButNoSignature) {
     for (const Sample& s : scrape(d.port())) EXPECT_NE(s.name, "commdbg_collective_mismatch_total");
 }
 
+// `commdbg hang --socket` on the job's launcher names its stuck rank as the
+// one that never issued collective #issued of communicator `id`, in its
+// verdict and its table, and exits 3.  Its report (empty when it did not).
+json hang_names_the_stuck_rank(const Daemon& d, const SharedDir& tmp, const HungJob& job, const std::string& id,
+                               int issued) {
+    std::string table;
+    const json report = hang_report(d, tmp, {job.launcher_pid}, 3, &table);
+    if (report.empty()) return report;
+    const json& v = report["verdict"];
+    EXPECT_EQ(v["kind"], "missing_ranks") << v.dump();
+    EXPECT_EQ(v["culprits"], json::array({job.stuck_pid})) << v.dump();
+    EXPECT_EQ(v["comm_id"], id) << v.dump();
+    EXPECT_EQ(v["seq"], issued) << v.dump();
+    EXPECT_NE(table.find("pid " + std::to_string(job.stuck_pid) + " never issued collective #" + std::to_string(issued) +
+                         " of communicator " + id),
+              std::string::npos)
+        << table;
+    return report;
+}
+
 // c10d process groups under commdbgd from before the job (3 gloo ranks,
 // rank 2 stuck in its loader before step hang_at's all-reduce): a group is
 // known by the prefixes of the store keys its ranks meet under, the same on
@@ -325,18 +345,8 @@ void run_c10d_group_case(const std::vector<std::string>& argv, const std::map<st
         EXPECT_EQ(r["flight"]["last"].back().value("count", -1), job.numel) << r.dump();
         EXPECT_EQ(r["flight"]["last"].back().value("dtype", ""), job.dtype) << r.dump();
     }
-    std::string table;
-    const json report = hang_report(d, tmp, {job.launcher_pid}, 3, &table);
+    const json report = hang_names_the_stuck_rank(d, tmp, job, id, issued);
     ASSERT_FALSE(report.empty());
-    const json& v = report["verdict"];
-    EXPECT_EQ(v["kind"], "missing_ranks") << v.dump();
-    EXPECT_EQ(v["culprits"], json::array({job.stuck_pid})) << v.dump();
-    EXPECT_EQ(v["comm_id"], id) << v.dump();
-    EXPECT_EQ(v["seq"], issued) << v.dump();
-    EXPECT_NE(table.find("pid " + std::to_string(job.stuck_pid) + " never issued collective #" + std::to_string(issued) +
-                         " of communicator " + id),
-              std::string::npos)
-        << table;
     // The fleet view: every rank's number, under the same communicator.
     std::map<std::string, double> seqs;
     for (const Sample& s : scrape(d.port()))
@@ -425,18 +435,8 @@ TEST(HangDaemon, RealNcclOnAGpuARankOneAllReduceShortIsNamed) {
     want.at(stuck) = issued - 1;
     const std::string id = real_nccl_comm(d, job, want, numel);
     ASSERT_FALSE(id.empty());
-    std::string table;
-    const json report = hang_report(d, tmp, {job.launcher_pid}, 3, &table);
+    const json report = hang_names_the_stuck_rank(d, tmp, job, id, issued);
     ASSERT_FALSE(report.empty());
-    const json& v = report["verdict"];
-    EXPECT_EQ(v["kind"], "missing_ranks") << v.dump();
-    EXPECT_EQ(v["culprits"], json::array({job.stuck_pid})) << v.dump();
-    EXPECT_EQ(v["comm_id"], id) << v.dump();
-    EXPECT_EQ(v["seq"], issued) << v.dump();
-    EXPECT_NE(table.find("pid " + std::to_string(job.stuck_pid) + " never issued collective #" + std::to_string(issued) +
-                         " of communicator " + id),
-              std::string::npos)
-        << table;
     for (const json& r : report["ranks"]) {
         if (r["pid"] != job.stuck_pid) continue;
         const json at = r.value("at", json::object());

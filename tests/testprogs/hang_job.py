@@ -15,7 +15,8 @@ is 600 s: the test ends the job first):
   atexit   rank 2 leaves its loop and, at interpreter teardown, blocks in an
            atexit handler: wait_at_exit().
   mismatch every rank issues step 2's all-reduce, rank 2 with twice the
-           elements; then every rank waits in wait_after_mismatch().
+           elements; then every rank waits in wait_after_mismatch().  With
+           --backend nccl only: gloo aborts a rank whose sizes differ.
 
 --backend nccl runs the 3 ranks on the one GPU there is (cuda:0) through the
 real libnccl torch ships: NCCL refuses two ranks of a communicator on one
