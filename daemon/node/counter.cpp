@@ -10,12 +10,12 @@
 #include <ctime>
 #include <iostream>
 
+#include "bpf_py_maps.hpp"
 #include "comm_registry.hpp"
 #include "files.hpp"
 #include "nccl.hpp"
 #include "procfs.hpp"
 #include "snapshot.hpp"
-#include "bpf_py_maps.hpp"
 #include "text.hpp"
 
 namespace commdbg::daemon {
@@ -381,13 +381,17 @@ nlohmann::json NodeCounter::counts(std::optional<uint32_t> pid, bool by_comm, co
     return counts_from({one, snap.entries, snap.loss, comms}, pid, by_comm, may_see, flight);
 }
 
+hang::Issued NodeCounter::issued(const CountedProcess& p, const cd_flight_entry& e) const {
+    return issued_of(e, symbols_, p.tensors ? &*p.tensors : nullptr);
+}
+
 // A communicator's last collectives from the flight recorder, oldest first,
 // named as the counters name them.
 nlohmann::json NodeCounter::flight_entries(const CountedProcess& p, const std::vector<cd_flight_entry>& last) const {
     nlohmann::json out = nlohmann::json::array();
     for (const cd_flight_entry& e : last) {
         const capture::SymbolInfo* s = symbols_.find(e.sym);
-        nlohmann::json j = issued_of(e, symbols_, p.tensors ? &*p.tensors : nullptr).to_json();
+        nlohmann::json j = issued(p, e).to_json();
         j["name"] = s ? s->name : std::string("?");
         j["tid"] = e.tid;
         j["enter_ns"] = e.enter_ns;
@@ -412,8 +416,7 @@ std::vector<RankRecorder> NodeCounter::read_recorders(const SeriesExporter::Comm
             ++n;
             RankRecorder r{{pid, p.start_time}, c.id, c.rank, c.nranks, fc->seq, 0, {}};
             if (!fc->last.empty()) r.last_enter_ns = fc->last.back().enter_ns;
-            for (const cd_flight_entry& e : fc->last)
-                r.last.push_back(issued_of(e, symbols_, p.tensors ? &*p.tensors : nullptr));
+            for (const cd_flight_entry& e : fc->last) r.last.push_back(issued(p, e));
             out.push_back(std::move(r));
         }
     }

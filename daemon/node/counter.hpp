@@ -122,6 +122,8 @@ private:
     nlohmann::json counts_from(const CountsSource& src, std::optional<uint32_t> pid, bool by_comm,
                                const ProcessFilter& may_see, bool flight = false) const;
     nlohmann::json flight_entries(const CountedProcess& p, const std::vector<cd_flight_entry>& last) const;
+    // One of p's recorded collectives, its c10d dtype named by p's tensor layout.
+    hang::Issued issued(const CountedProcess& p, const cd_flight_entry& e) const;
     // A process's communicators as commdbgd names them: NCCL's by commHash
     // (or a split's derived id), c10d groups by snapshot::c10d_comm_id; `id`
     // empty where none is the same on every rank.

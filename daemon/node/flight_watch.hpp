@@ -40,7 +40,8 @@ struct RankRecorder {
 };
 
 // A recorded collective as `commdbg hang` compares it: its kind as the
-// counters name it, its count and its NCCL datatype.
+// counters name it, its count and its datatype (NCCL's, or a c10d call's
+// torch dtype, named by `layout`; without it, none).
 hang::Issued issued_of(const cd_flight_entry& e, const capture::SymbolTable& symbols,
                        const torch::TensorLayout* layout = nullptr);
 
