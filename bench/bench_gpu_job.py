@@ -28,12 +28,15 @@ to `alone` in the same round (median and range).
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+# The 3-rank NCCL set-up on one GPU and a free port, as the hang tests' job has them.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "testprogs"))
+from hang_job import free_port, nccl_on_one_gpu  # noqa: E402
 
 WORLD, WARMUP, SYNC_EVERY = 3, 200, 50
 
@@ -41,13 +44,7 @@ WORLD, WARMUP, SYNC_EVERY = 3, 200, 50
 def rank_main(rank, port, backend, iters, numel, out):
     import torch
     import torch.distributed as dist
-    device = "cpu"
-    if backend == "nccl":
-        device = "cuda:0"
-        torch.cuda.set_device(0)
-        # 3 ranks on one GPU: NCCL refuses them as one host (docs/hang.md).
-        os.environ.update({"NCCL_HOSTID": f"commdbg-bench-rank{rank}", "NCCL_SOCKET_IFNAME": "lo",
-                           "NCCL_IB_DISABLE": "1"})
+    device = nccl_on_one_gpu(rank, "bench") if backend == "nccl" else "cpu"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     x = torch.ones(numel, device=device)
 
@@ -69,12 +66,6 @@ def rank_main(rank, port, backend, iters, numel, out):
     with open(out, "a") as f:
         f.write(json.dumps({"rank": rank, "us": per_call * 1e6}) + "\n")
     dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_job(args, env):

@@ -90,13 +90,25 @@ def step(batch, wait):
     return batch
 
 
+def nccl_on_one_gpu(rank, job):
+    """Makes this process rank `rank` of job `job` on the one GPU there is, for
+    NCCL: NCCL refuses two ranks of a communicator on one device of one host,
+    so each rank gets its own NCCL_HOSTID and the ranks talk over sockets on
+    lo.  Returns the device (bench/bench_gpu_job.py uses it too)."""
+    torch.cuda.set_device(0)
+    os.environ.update({"NCCL_HOSTID": f"commdbg-{job}-rank{rank}", "NCCL_SOCKET_IFNAME": "lo",
+                       "NCCL_IB_DISABLE": "1"})
+    return "cuda:0"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def worker(rank, port, mode, backend):
-    device = "cpu"
-    if backend == "nccl":
-        device = "cuda:0"
-        torch.cuda.set_device(0)
-        os.environ.update({"NCCL_HOSTID": f"commdbg-hang-rank{rank}", "NCCL_SOCKET_IFNAME": "lo",
-                           "NCCL_IB_DISABLE": "1"})
+    device = nccl_on_one_gpu(rank, "hang") if backend == "nccl" else "cpu"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=600))
     say({"rank": rank, "pid": os.getpid(), "group": group_name()})
@@ -119,9 +131,7 @@ def main():
     ap.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     ap.add_argument("mode", choices=MODES)
     args = ap.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     say({"mode": args.mode, "pid": os.getpid(), "world": WORLD, "stuck_rank": STUCK, "hang_at": HANG_AT,
          "numel": BATCH, "dtype": str(torch.ones(BATCH).dtype).replace("torch.", "")})
     mp.spawn(worker, args=(port, args.mode, args.backend), nprocs=WORLD, join=True)
