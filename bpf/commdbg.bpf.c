@@ -172,6 +172,7 @@ int BPF_PROG(on_exit, struct task_struct *p)
 		emit_thread_exit(tgid, tid);
 	bpf_map_delete_elem(&threads, &tid);
 	bpf_map_delete_elem(&record_bufs, &tid);
+	forget_stop_retry(tid);
 	note_exit(&tgid, p);
 	return 0;
 }

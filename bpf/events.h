@@ -614,6 +614,10 @@ struct cd_comm_val {
 	};
 };
 
+/* Stops a new library file's mapping is tried with (bpf/lib/loader.h):
+ * past them CD_DROP_STOP_REFUSED. */
+#define CD_STOP_TRIES 8
+
 /* Kernel-side losses, by cause (per-CPU array index). */
 enum cd_drop_cause {
 	CD_DROP_RINGBUF_FULL = 0,   /* call record not emitted: ring buffer full */
@@ -629,7 +633,8 @@ enum cd_drop_cause {
 	CD_DROP_PY_CONTEXT = 10,    /* record sent without its label / Python stack: no scratch buffer */
 	CD_DROP_FILE_SHARE = 11,    /* new library file not stopped for: its user holds its share of probed files */
 	CD_DROP_FLIGHT_FULL = 12,   /* collective not in the flight recorder: its map is full */
-	CD_DROP_MAX = 13,
+	CD_DROP_STOP_REFUSED = 13,  /* new library file: the kernel refused every stop, the process ran on */
+	CD_DROP_MAX = 14,
 };
 
 /* The flight recorder: per traced process and communicator (NCCL's comm

@@ -134,43 +134,129 @@ FUNC_CALLBACK long check_vma(struct task_struct *task, struct vm_area_struct *vm
 	return 0;
 }
 
+/*
+ * A stop that could not be sent is tried again at the thread's next system
+ * call exit, before it can run far (the loader makes many more before any
+ * library code runs).  bpf_send_signal_thread fails with -EBUSY when this
+ * CPU's signal work is still pending: two processes stopped on one CPU at
+ * once, as when the ranks of a job start together.  Without the retry such
+ * a rank ran free while its file was attached and its first calls were not
+ * counted.  By thread: (file, tries); CD_STOP_TRIES tries in all.
+ */
+
+struct stop_retry {
+	struct file_key k;
+	__u32 tries;
+	__u32 uid;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, struct stop_retry);
+} stop_retries SEC(".maps");
+
+/* How many stop_retries entries there may be: every system call exit looks
+ * in the map only while it is not 0. */
+volatile __u32 stop_retries_pending = 0;
+
+/* Fault injection for the tests (commdbgd's COMMDBG_TEST_FAILED_STOPS): the
+ * first so many stops are taken as refused by the kernel. */
+const volatile __u32 test_failed_stops = 0;
+volatile __u32 test_stops_failed = 0;
+
+FUNC_INLINE long send_stop(void)
+{
+	if (test_failed_stops && test_stops_failed < test_failed_stops) {
+		__sync_fetch_and_add(&test_stops_failed, 1);
+		return -16; /* -EBUSY */
+	}
+	return bpf_send_signal_thread(SIGSTOP);
+}
+
+/* Stops the thread for file `k` and tells userspace; `r`: the tries so far.
+ * A refused stop is kept for a retry while tries are left, else userspace
+ * is told the process runs on (its calls until the file is probed are not
+ * counted: CD_DROP_STOP_REFUSED). */
+FUNC_INLINE void stop_and_tell(struct stop_retry *r)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	struct cd_dl_change *e;
+
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_drop(CD_DROP_DL_EVENT);
+		return;
+	}
+	e->stopped = send_stop() == 0;
+	if (!e->stopped && ++r->tries < CD_STOP_TRIES &&
+	    bpf_map_update_elem(&stop_retries, &tid, r, BPF_ANY) == 0) {
+		__sync_fetch_and_add(&stop_retries_pending, 1);
+		bpf_ringbuf_discard(e, 0);
+		return;
+	}
+	if (e->stopped) {
+		__u32 one = 1;
+
+		bpf_map_update_elem(&stopped_pids, &tgid, &one, BPF_ANY);
+	} else {
+		count_drop(CD_DROP_STOP_REFUSED);
+	}
+	fill_header(&e->h, CD_EV_DL_CHANGE, sizeof(*e), CD_TAIL_NONE, 0, tgid, tid, bpf_ktime_get_ns());
+	e->uid = r->uid;
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP); /* the process waits for it */
+}
+
+/* A stop kept for this thread: tried again unless its file was probed
+ * meanwhile.  True when one was kept. */
+FUNC_INLINE bool retry_stop(void)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct stop_retry *p = bpf_map_lookup_elem(&stop_retries, &tid), r;
+
+	if (!p)
+		return false;
+	r = *p;
+	if (bpf_map_delete_elem(&stop_retries, &tid) == 0)
+		__sync_fetch_and_add(&stop_retries_pending, -1);
+	if (!bpf_map_lookup_elem(&known_files, &r.k))
+		stop_and_tell(&r);
+	return true;
+}
+
 /* At an mmap's return (`ret`: the address mapped): such a file not yet
  * in known_files stops the process until commdbgd has probed it, unless
  * its user holds their share of probed files. */
 FUNC_INLINE void stop_for_new_file(struct pt_regs *regs, long ret)
 {
 	struct vma_match m = {};
-	struct cd_dl_change *e;
-	__u64 pid_tgid;
-	__u32 uid;
+	struct stop_retry r = {};
 
-	if (!count_all || !stop_on_new_file || CD_SYSCALL_NR(regs) != CD_NR_MMAP ||
-	    (unsigned long)ret >= (unsigned long)-4095L)
+	if (!count_all || !stop_on_new_file)
+		return;
+	if (stop_retries_pending && retry_stop())
+		return; /* stopped now, or known: a scan sees all it maps */
+	if (CD_SYSCALL_NR(regs) != CD_NR_MMAP || (unsigned long)ret >= (unsigned long)-4095L)
 		return;
 	bpf_find_vma(bpf_get_current_task_btf(), (__u64)ret, check_vma, &m, 0);
 	if (!m.hit || bpf_map_lookup_elem(&known_files, &m.k) || !in_scope())
 		return;
-	uid = (__u32)bpf_get_current_uid_gid();
-	if (uid != 0 && (others_capped || bpf_map_lookup_elem(&capped_uids, &uid))) {
+	r.uid = (__u32)bpf_get_current_uid_gid();
+	if (r.uid != 0 && (others_capped || bpf_map_lookup_elem(&capped_uids, &r.uid))) {
 		count_drop(CD_DROP_FILE_SHARE);
 		return;
 	}
-	pid_tgid = bpf_get_current_pid_tgid();
-	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		count_drop(CD_DROP_DL_EVENT);
-		return;
-	}
-	e->stopped = bpf_send_signal_thread(SIGSTOP) == 0;
-	if (e->stopped) {
-		__u32 tgid = pid_tgid >> 32, one = 1;
+	r.k = m.k;
+	stop_and_tell(&r);
+}
 
-		bpf_map_update_elem(&stopped_pids, &tgid, &one, BPF_ANY);
-	}
-	fill_header(&e->h, CD_EV_DL_CHANGE, sizeof(*e), CD_TAIL_NONE, 0, pid_tgid >> 32, (__u32)pid_tgid,
-		    bpf_ktime_get_ns());
-	e->uid = uid;
-	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP); /* the process waits for it */
+/* A thread that exits keeps no stop for its tid's next owner. */
+FUNC_INLINE void forget_stop_retry(__u32 tid)
+{
+	if (stop_retries_pending && bpf_map_delete_elem(&stop_retries, &tid) == 0)
+		__sync_fetch_and_add(&stop_retries_pending, -1);
 }
 
 #endif /* COMMDBG_LIB_LOADER_H */

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <iostream>
 
@@ -48,6 +49,13 @@ capture::CounterSnapshot counters_of(const capture::BpfSession& bpf, uint32_t pi
     return out;
 }
 
+// The tests' fault injection: COMMDBG_TEST_FAILED_STOPS=N makes the kernel
+// side take its first N stops for a new library file as refused.
+uint32_t test_failed_stops() {
+    const char* v = getenv("COMMDBG_TEST_FAILED_STOPS");
+    return v ? static_cast<uint32_t>(strtoul(v, nullptr, 10)) : 0;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<NodeCounter>> NodeCounter::create(const NodeCounterOptions& opts) {
@@ -84,7 +92,7 @@ Result<std::unique_ptr<NodeCounter>> NodeCounter::create(const NodeCounterOption
 Result<bool> NodeCounter::open_bpf(std::vector<capture::ProbeSpec> specs) {
     auto bpf = capture::BpfSession::open(capture::BpfOptions{opts_.ringbuf_bytes, true, scope_.fd(),
                                                              opts_.counter_keys_per_process, opts_.flight_recorder,
-                                                             capture::file_prefixes_of(specs)});
+                                                             capture::file_prefixes_of(specs), test_failed_stops()});
     if (!bpf) return Result<bool>::fail(bpf.error());
     bpf_ = std::move(bpf.value());
     // Always on: armed before the first file is attached and never disarmed
@@ -274,6 +282,10 @@ void NodeCounter::on_loader_change(const capture::DlChange& dl) {
         }
     } resume{*this, dl};
     if (stopping()) return;  // resumed at once: a shutdown waits on no scan
+    if (!dl.stopped && ++unstopped_ <= kMaxFailureNotes)
+        std::cerr << "commdbgd: pid " << dl.tgid << " maps a library file not probed yet and the kernel refused "
+                  << CD_STOP_TRIES << " times to stop it: its calls until the file is probed are not counted "
+                  << "(drop cause stop_refused)\n";
     const capture::ScanLimits limits{shares_.room(dl.uid), stop_flag_ ? stop_flag_ : &stopping_};
     auto r = attacher_->scan_process(static_cast<int>(dl.tgid), limits);
     if (!r) return;

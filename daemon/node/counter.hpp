@@ -174,7 +174,7 @@ private:
         size_t used = 0, capacity = 0;
         bool full = false;
     } known_files_;
-    uint64_t events_ = 0, decode_errors_ = 0, resumed_ = 0, failed_records_ = 0, untraced_ = 0;
+    uint64_t events_ = 0, decode_errors_ = 0, resumed_ = 0, failed_records_ = 0, untraced_ = 0, unstopped_ = 0;
     std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
     std::chrono::steady_clock::time_point last_refresh_{};
     std::string host_;

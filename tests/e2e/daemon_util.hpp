@@ -99,12 +99,13 @@ inline json cli_json(const std::vector<std::string>& args, bool as_nobody = fals
 // shutdown detaches), then Background's SIGKILL.
 class Daemon {
 public:
-    Daemon(std::string socket, int port, const std::vector<std::string>& extra = {})
+    Daemon(std::string socket, int port, const std::vector<std::string>& extra = {},
+           const std::map<std::string, std::string>& env = {})
         : socket_(std::move(socket)), port_(port) {
         std::vector<std::string> argv = {commdbgd_bin(), "--socket", socket_, "--metrics-listen",
                                          "127.0.0.1:" + std::to_string(port_)};
         argv.insert(argv.end(), extra.begin(), extra.end());
-        proc_ = std::make_unique<Background>(argv);
+        proc_ = std::make_unique<Background>(argv, env);
     }
     ~Daemon() { stop(SIGTERM, 10); }
     Daemon(const Daemon&) = delete;

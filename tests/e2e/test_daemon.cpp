@@ -17,6 +17,7 @@
 // is a pipe the test fills beforehand: the workload makes all its calls,
 // then blocks in write(1, report) until the test drains the pipe.
 #include "daemon_util.hpp"
+#include "events.h"
 
 namespace commdbg::e2e {
 namespace daemon_tests {
@@ -806,6 +807,54 @@ TEST(Daemon, RanksStartingTogetherOnFreshLibraryCopiesAreAllCountedExactly) {
     }
     EXPECT_TRUE(lost.empty()) << lost.size() << " of " << 2 * rounds << " ranks miscounted:\n"
                               << ::testing::PrintToString(lost);
+}
+
+// bpf_send_signal refuses a stop (-EBUSY) while another is still pending on
+// the CPU: the ranks of a job starting together, stopped by two daemons or
+// one.  COMMDBG_TEST_FAILED_STOPS=N takes the first N stops as refused.  A
+// rank refused fewer than CD_STOP_TRIES times is stopped at its next system
+// call, before its first NCCL call: counted exactly, resumed once.  Past
+// them it runs on, is not left stopped, and stop_refused says so.
+void refused_stops(int refusals, bool counted_exactly) {
+    SharedDir tmp;
+    Daemon d(tmp.path("commdbgd.sock"), free_loopback_port(), {"--series-ttl", "120"},
+             {{"COMMDBG_TEST_FAILED_STOPS", std::to_string(refusals)}});
+    std::string why = d.wait_ready();
+    ASSERT_TRUE(why.empty()) << why;
+    const std::vector<std::pair<std::string, int>> pattern = {{"all_reduce", 9}, {"all_gather", 4}};
+    const auto want = expected_map(pattern);
+    const std::string dir = tmp.path("fresh");
+    std::filesystem::create_directories(dir);
+    std::filesystem::copy_file(std::filesystem::canonical(lib_path(false)), dir + "/libnccl.so.2");
+    Background w({testprog("nccl_workload_dl"), "--dlopen", dir + "/libnccl.so.2", "--calls", pattern_arg(pattern),
+                  "--fake-comm"});
+    ProcResult r = w.wait(60);
+    ASSERT_EQ(r.status, 0) << "the workload was left stopped or failed: " << r.err;
+    json st = cli_json({"status", "--socket", d.socket()});
+    const long refused = st["drops"].value("stop_refused", -1L);
+    if (counted_exactly) {
+        EXPECT_EQ(metrics_calls_settled(d.port(), w.pid(), want), want)
+            << "the calls made before the file was probed are missing: the retried stop came too late";
+        EXPECT_EQ(st.value("resumed_after_new_library", -1L), 1) << "no stop after the refused one: " << st.dump();
+        EXPECT_EQ(refused, 0) << st.dump();
+    } else {
+        EXPECT_EQ(st.value("resumed_after_new_library", -1L), 0) << st.dump();
+        EXPECT_EQ(refused, 1) << "a stop refused every time is not said: " << st.dump();
+        const ProcResult log = d.stop(SIGTERM, 10);
+        EXPECT_NE(log.err.find("pid " + std::to_string(w.pid()) + " maps a library file not probed yet"),
+                  std::string::npos)
+            << "commdbgd's log does not name the rank that ran on:\n" << log.err;
+    }
+}
+
+TEST(Daemon, ARankWhoseStopTheKernelRefusesIsStoppedAtItsNextSystemCall) {
+    REQUIRE_BPF();
+    refused_stops(CD_STOP_TRIES - 1, true);
+}
+
+TEST(Daemon, ARankWhoseStopsAreAllRefusedRunsOnAndTheLossIsSaid) {
+    REQUIRE_BPF();
+    refused_stops(1000, false);
 }
 
 }  // namespace

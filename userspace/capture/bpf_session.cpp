@@ -37,6 +37,7 @@ const char* drop_cause_name(uint32_t cause) {
     case CD_DROP_PY_CONTEXT: return "py_context_lost";
     case CD_DROP_FILE_SHARE: return "file_share_per_uid";
     case CD_DROP_FLIGHT_FULL: return "flight_recorder_full";
+    case CD_DROP_STOP_REFUSED: return "stop_refused";
     default: return "unknown";
     }
 }
@@ -91,6 +92,7 @@ Result<std::unique_ptr<BpfSession>> BpfSession::open(const BpfOptions& opts) {
     s->skel_->rodata->scope_cgroup = opts.scope_cgroup_fd >= 0 ? 1 : 0;
     s->skel_->rodata->fine_keys_per_process = opts.counter_keys_per_process;
     s->skel_->rodata->wakeup_bytes = s->ringbuf_bytes_ / kWakeupFraction;
+    s->skel_->rodata->test_failed_stops = opts.test_failed_stops;
     if (!opts.file_prefixes.empty()) {
         if (opts.file_prefixes.size() > CD_FILE_PREFIXES)
             return R::fail("commdbg: " + std::to_string(opts.file_prefixes.size()) +

@@ -39,6 +39,9 @@ struct BpfOptions {
     // count_all: the beginnings of the file names whose first mapping stops
     // a process until they are probed (file_prefixes_of); empty: libnccl's.
     std::vector<std::string> file_prefixes;
+    // Tests only (commdbgd reads COMMDBG_TEST_FAILED_STOPS): the first so
+    // many stops for a new file are taken as refused by the kernel.
+    uint32_t test_failed_stops = 0;
 };
 
 // One exact kernel counter.  coarse: the process's own per-symbol counter,

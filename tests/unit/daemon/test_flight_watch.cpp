@@ -21,7 +21,7 @@ const std::string kComm = "0x00000000000000aa";
 
 RankRecorder rank_of(uint32_t pid, int rank, std::vector<uint64_t> counts, uint64_t last_ns = 0) {
     RankRecorder r{{pid, 1}, kComm, rank, 3, counts.size(), last_ns, {}};
-    for (size_t i = 0; i < counts.size(); ++i) r.last.push_back({i + 1, "all_reduce", counts[i], "float32"});
+    for (size_t i = 0; i < counts.size(); ++i) r.last.push_back({i + 1, "all_reduce", counts[i], "float32", "", -1, ""});
     return r;
 }
 
