@@ -95,6 +95,10 @@ size_t ProcessTree::memory_bytes() const {
     for (const auto& [key, id] : tensor_index_) n += sizeof(key) + key.capacity() + sizeof(id) + kNode;
     n += tensor_sets_.capacity() * sizeof(TensorSet) + tensor_rows_.capacity() * sizeof(TensorInfo) +
          tensor_dims_.capacity() * sizeof(int64_t);
+    n += credited_.bucket_count() * sizeof(void*);
+    for (const auto& [rec, chain] : credited_) n += sizeof(rec) + sizeof(chain) + chain.capacity() * sizeof(uint32_t) + kNode;
+    for (const auto* v : {&begun_, &begun_before_})
+        for (const auto& fqn : *v) n += sizeof(fqn) + fqn.capacity();
     n += params_tried_.bucket_count() * sizeof(void*);
     for (const auto& [fqn, tried] : params_tried_) n += sizeof(fqn) + fqn.capacity() + sizeof(tried) + kNode;
     for (const auto& [fqn, k] : params_retries_) n += sizeof(fqn) + fqn.capacity() + sizeof(k) + kNode;
@@ -217,6 +221,7 @@ void ProcessTree::reset_window() {
     stack_frames_.clear();
     module_index_.clear();
     modules_.clear();
+    credited_.clear();
     params_.clear();
     params_tried_.clear();
     params_retries_.clear();
@@ -428,6 +433,14 @@ std::map<std::string, ProcessTree::ModuleCommCounts> ProcessTree::module_comm_co
             counted.push_back(id);
             ModuleCommCounts& c = out[std::string(text(id.first))];
             ++(id.second ? c.backward : c.forward)[key];
+        }
+        auto credit = credited_.find(static_cast<uint32_t>(&r - records_.data()));
+        if (credit == credited_.end()) continue;
+        for (uint32_t fqn : credit->second) {
+            std::pair id{fqn, true};
+            if (std::find(counted.begin(), counted.end(), id) != counted.end()) continue;
+            counted.push_back(id);
+            ++out[std::string(text(fqn))].backward[key];
         }
     }
     return out;

@@ -382,6 +382,17 @@ private:
     std::deque<uint64_t> node_order_;               // insertion order, for eviction
     std::unordered_map<uint64_t, std::string> node_names_;  // vtable -> class, bounded by kMaxChains
     uint64_t nodes_run_ = 0, nodes_unmapped_ = 0;
+    // CommDebugMode's module in backward (its module tracker's name): the
+    // module whose backward began last, as its full-backward pre-hook sets
+    // it, kept until a forward; its chain's paths, outermost first.  The
+    // node whose run began it, and what it was before that node (what the
+    // node's tensor hooks, which run before that pre-hook, still see).
+    std::vector<std::string> begun_, begun_before_;
+    uint64_t begun_by_ = 0;
+    // A backward collective under a module the last begun one lies inside
+    // (FSDP2's reduce-scatter under its unit, blocks.0.up begun last): that
+    // module's chain (text ids), counted for it as CommDebugMode does.
+    std::unordered_map<uint32_t, std::vector<uint32_t>> credited_;
 };
 
 class TraceModel {
@@ -439,6 +450,8 @@ private:
                         bool entering = false);
     void want_modules(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e);
     void backward_runs(ProcessTree::ThreadState& th, const capture::CallEnter& e);
+    void begin_backward(ProcessTree& p, const ProcessTree::Chain& chain, uint64_t node);
+    void credit_backward(ProcessTree& p, const ProcessTree::ThreadState& th, uint32_t rec);
     void on_grad_fn(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
                     const capture::SymbolInfo& info);
     void on_autograd_node(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,

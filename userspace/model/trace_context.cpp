@@ -95,6 +95,11 @@ void TraceModel::want_modules(ProcessTree& p, ProcessTree::ThreadState& th, cons
                          in_backward && f.kind == python::PyFrameKind::ModuleCall && node_known});
     }
     in_backward_ = in_backward;
+    if (!in_backward && !want_.empty()) {  // a forward: CommDebugMode's pre-hooks name it
+        p.begun_.clear();
+        p.begun_before_.clear();
+        p.begun_by_ = 0;
+    }
     if (in_backward) unit_modules(p, th, entry_depth);
     if (!want_.empty() && !want_.front().backward) p.last_root_ = want_.front().module;
 }
@@ -143,6 +148,46 @@ void TraceModel::backward_runs(ProcessTree::ThreadState& th, const capture::Call
     runs.resize(keep);
 }
 
+// CommDebugMode's module tracker names, in backward, the module whose
+// full-backward pre-hook ran last: a pre-hook of the first node that module's
+// call made (the one wrapping its output), run after that node's tensor hooks
+// (FSDP2's pre-backward).  So a node of a module that began no later than the
+// named one (it, or a module it lies in: blocks.N's own nodes after
+// blocks.N.up's) leaves the name as it is; any other node's module begins.
+void TraceModel::begin_backward(ProcessTree& p, const ProcessTree::Chain& chain, uint64_t node) {
+    if (chain.empty()) return;
+    const std::string& module = chain.back().fqn;
+    if (std::find(p.begun_.begin(), p.begun_.end(), module) != p.begun_.end()) return;
+    std::swap(p.begun_before_, p.begun_);
+    p.begun_.clear();
+    for (const ProcessTree::ChainModule& m : chain) p.begun_.push_back(m.fqn);
+    p.begun_by_ = node;
+}
+
+// A backward collective record under a module that the last begun one lies
+// inside is counted for the begun one and those between too, as
+// CommDebugMode counts it (FSDP2's reduce-scatter of blocks.N, issued from
+// the node its pre-forward made in blocks.N, after blocks.N.up began); the
+// record stays where it runs.
+void TraceModel::credit_backward(ProcessTree& p, const ProcessTree::ThreadState& th, uint32_t rec) {
+    // While the node that began the module runs, its hooks may still run
+    // before that pre-hook: they see the one before (a collective in its
+    // body is under the node's own module, which lies in neither).
+    const bool by_this_node = !th.backward.empty() && th.backward.back().node == p.begun_by_;
+    const std::vector<std::string>& begun = by_this_node ? p.begun_before_ : p.begun_;
+    if (begun.empty()) return;
+    const ProcessTree::CtxLink* inner = nullptr;
+    for (const ProcessTree::CtxLink& l : th.ctx)
+        if (!l.scope && l.backward && l.rec != kNoRecord) inner = &l;
+    if (!inner) return;
+    const std::string_view module = p.text(p.modules_[p.records_[inner->rec].ctx].fqn);
+    auto at = std::find(begun.begin(), begun.end(), module);
+    if (at == begun.end() || at + 1 == begun.end()) return;
+    std::vector<uint32_t> chain;
+    for (++at; at != begun.end(); ++at) chain.push_back(p.intern_text(*at));
+    p.credited_.emplace(rec, std::move(chain));
+}
+
 // A node made (a tensor's grad_fn set): the modules a record made now would
 // nest in are the node's, kept until its backward runs it.
 void TraceModel::on_grad_fn(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
@@ -166,7 +211,8 @@ void TraceModel::on_autograd_node(ProcessTree& p, ProcessTree::ThreadState& th, 
     uint64_t node = 0;
     if (!slot_value(e, info.slots.count, node) || node == 0) return;
     ++p.nodes_run_;
-    if (p.nodes_.find(node) == p.nodes_.end()) ++p.nodes_unmapped_;
+    if (auto it = p.nodes_.find(node); it == p.nodes_.end()) ++p.nodes_unmapped_;
+    else begin_backward(p, p.chains_[it->second], node);
     ProcessTree::BackwardRun run{0, 0, node, e.args[CD_NODE_VTABLE_SLOT]};
     const size_t n = frames_.size();
     if (e.py_status != CD_PY_NO_TSTATE) {

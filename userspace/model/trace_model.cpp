@@ -168,6 +168,7 @@ void TraceModel::on_enter(const capture::CallEnter& e) {
         on_scope(p, th, e, *info);
     else
         idx = add_call(p, th, e, *info);
+    if (collective && idx != kNoRecord && in_backward_) credit_backward(p, th, idx);
 
     if (info->return_probe) {
         if (th.pending.size() >= kMaxPendingLeaves) th.pending.erase(th.pending.begin());

@@ -795,7 +795,9 @@ TEST(ContextModel, BackwardCollectivesSitUnderTheModulesWhoseForwardMadeTheRunni
                                             {"<root>:bw", "encoder:bw[MmBackward0]"}}));
     auto counts = c.tree().module_comm_counts();
     using Side = std::map<std::string, uint64_t>;
-    EXPECT_EQ(counts["encoder.blocks.1"].backward, (Side{{"c10d.all_reduce", 1}}));
+    // C's collective, under encoder in the tree, is counted for
+    // encoder.blocks.1 too: its backward began before (CommDebugMode's name).
+    EXPECT_EQ(counts["encoder.blocks.1"].backward, (Side{{"c10d.all_reduce", 2}}));
     EXPECT_EQ(counts["encoder"].backward, (Side{{"c10d.all_reduce", 2}}));
     EXPECT_EQ(counts["<root>"].backward, (Side{{"c10d.all_reduce", 2}}));
     EXPECT_EQ(c.tree().autograd_nodes_run(), 3u);
@@ -870,11 +872,62 @@ TEST(ContextModel, ABackwardScopeNamingAUnitPutsItsCollectivesUnderThatUnit) {
     EXPECT_EQ(parents, (std::vector<std::string>{"encoder.blocks.1", "FSDP::post_backward_reduce (encoder)",
                                                  "encoder.blocks.1", "FSDP::post_backward_reduce",
                                                  "FSDP::something_else (encoder)"}));
+    // Counted as CommDebugMode counts them: the root's reduction, after
+    // blocks.1's backward began, for encoder and encoder.blocks.1 too; the
+    // encoder's, in a hook of the node that began blocks.1, for encoder alone.
     auto counts = c.tree().module_comm_counts();
     using Side = std::map<std::string, uint64_t>;
-    EXPECT_EQ(counts["encoder"].backward, (Side{{"c10d.all_reduce", 2}}));
-    EXPECT_EQ(counts["encoder.blocks.1"].backward, (Side{{"c10d.all_reduce", 1}}));
+    EXPECT_EQ(counts["encoder"].backward, (Side{{"c10d.all_reduce", 3}}));
+    EXPECT_EQ(counts["encoder.blocks.1"].backward, (Side{{"c10d.all_reduce", 2}}));
     EXPECT_EQ(counts["<root>"].backward, (Side{{"c10d.all_reduce", 3}}));
+}
+
+// module_comm_counts counts a backward collective as CommDebugMode does: also
+// for the module whose backward began last (its full-backward pre-hook, as
+// the first node of that module's call runs), where the collective's module
+// holds it.  FSDP2's reduce-scatter of a unit, issued from a node the unit's
+// pre-forward made, runs after the unit's first submodule began: counted for
+// that submodule too.  A hook of the node that begins a module runs before
+// that pre-hook; a forward names the module afresh.  The tree is unchanged.
+TEST(ContextModel, BackwardCountsAlsoCreditTheModuleWhoseBackwardBeganLastAsCommDebugModeDoes) {
+    Ctx c;
+    c.model.set_unit_namer([](std::string_view l) -> std::optional<std::string> {
+        if (l.rfind("unit (", 0) == 0) return std::string(l.substr(6, l.size() - 7));
+        return std::nullopt;
+    });
+    const Stack in_scope = kInEngineHook + Stack{F(kRfEnter), F(kOpsCall)};
+    c.collective(kInBlock);      // #1 forward: names the root
+    c.made(kNodeA, kInEncoder);  // the encoder's last op
+    c.made(kNodeB, kInBlock);    // blocks.1's
+    c.made(kNodeC, kInEncoder);  // made in the encoder before blocks.1 ran
+    c.runs(kNodeA, kEngine);     // the encoder's backward begins
+    c.collective(kInEngineHook);  // #2
+    c.runs(kNodeB, kEngine);     // blocks.1's begins, after the node's hooks:
+    c.scope_label("unit (encoder)", in_scope);
+    c.scope_begin(0x91, in_scope);
+    c.collective(kInEngineHook);  // #3 a hook of B, for the encoder
+    c.scope_end(0x91);
+    c.collective(kInEngineHook);  // #4 B itself
+    c.runs(kNodeC, kEngine);      // the encoder's own node: blocks.1 stays the last begun
+    c.collective(kInEngineHook);  // #5
+    c.collective(kInBlock);       // #6 a forward
+    c.runs(kNodeC, kEngine);      // the encoder's backward begins again
+    c.collective(kInEngineHook);  // #7
+
+    using Chains = std::vector<std::vector<std::string>>;
+    EXPECT_EQ(collective_chains(c), (Chains{{"<root>", "encoder", "encoder.blocks.1"},
+                                            {"<root>:bw", "encoder:bw"},
+                                            {"<root>:bw", "encoder:bw"},
+                                            {"<root>:bw", "encoder:bw", "encoder.blocks.1:bw"},
+                                            {"<root>:bw", "encoder:bw"},
+                                            {"<root>", "encoder", "encoder.blocks.1"},
+                                            {"<root>:bw", "encoder:bw"}}));
+    auto counts = c.tree().module_comm_counts();
+    using Side = std::map<std::string, uint64_t>;
+    EXPECT_EQ(counts["encoder.blocks.1"].backward, (Side{{"c10d.all_reduce", 2}}));  // #4, #5
+    EXPECT_EQ(counts["encoder.blocks.1"].forward, (Side{{"c10d.all_reduce", 2}}));   // #1, #6
+    EXPECT_EQ(counts["encoder"].backward, (Side{{"c10d.all_reduce", 5}}));
+    EXPECT_EQ(counts["<root>"].backward, (Side{{"c10d.all_reduce", 5}}));
 }
 
 // A node no forward record made (AccumulateGrad, made lazily) is counted
@@ -912,9 +965,11 @@ TEST(ContextModel, ARecomputedForwardInsideBackwardIsMarkedAndCountedBackward) {
                                             {"<root>:bw", "encoder.blocks.1:recompute", "<root>:bw",
                                              "encoder.blocks.1:bw"},
                                             {"<root>:bw"}}));
+    // The last, back in the checkpoint's node after the recomputed block's
+    // backward began, counts for the block too (CommDebugMode's name).
     auto counts = c.tree().module_comm_counts();
     using Side = std::map<std::string, uint64_t>;
-    EXPECT_EQ(counts["encoder.blocks.1"].backward, (Side{{"c10d.all_reduce", 2}}));
+    EXPECT_EQ(counts["encoder.blocks.1"].backward, (Side{{"c10d.all_reduce", 3}}));
     EXPECT_EQ(counts["<root>"].backward, (Side{{"c10d.all_reduce", 3}}));
     ordered_json j = output::to_json(c.report(), c.t, 2);
     EXPECT_NE(j.dump().find("\"event_type\":\"checkpointing\""), std::string::npos);
