@@ -362,7 +362,7 @@ enum cd_py_code_kind {
 	CD_CODE_UNKNOWN = 0,  /* not in the table: read; may be an autograd entry */
 	CD_CODE_NO_ARGS = 1,  /* no arguments: localsplus[0] is no `self` */
 	CD_CODE_PLAIN = 2,    /* `self` is used only inside the autograd engine */
-	CD_CODE_SELF = 3,     /* nn.Module._call_impl & co, record_function.__enter__ */
+	CD_CODE_SELF = 3,     /* nn.Module._call_impl & co, record_function.__enter__, BackwardCFunction.apply */
 	CD_CODE_BACKWARD = 4, /* the autograd engine's entry from Python */
 };
 #define CD_CODE_KIND_MASK 7ull

@@ -117,10 +117,14 @@ void expect_attributed(const std::vector<std::string>& job, const std::map<std::
         // Siblings of one class: each canopy's backward is its own record, each step.
         EXPECT_EQ(b.backward_records_with_collective["grove.0.canopy"], 2);
         EXPECT_EQ(b.backward_records_with_collective["grove.1.canopy"], 2);
-        // The custom Function's node is a Python one; the tail's hook runs in its multiplication's.
+        // The custom Function's node is a Python one, named as torch names it
+        // in the job (grad_fn.name(): "AllReduceGradBackward", not "PyNode");
+        // the tail's hook runs in its multiplication's.
         for (const char* m : {"grove.0.canopy", "grove.1.canopy"}) {
             ASSERT_FALSE(b.nodes[m].empty()) << m;
-            for (const auto& n : b.nodes[m]) EXPECT_EQ(n, "PyNode") << m;
+            const std::string torch_name = rank["nodes"].value(m, "");
+            ASSERT_FALSE(torch_name.empty()) << "the job did not say its node's name: " << rank.dump();
+            for (const auto& n : b.nodes[m]) EXPECT_EQ(n, torch_name) << m;
         }
         EXPECT_NE(std::find(b.nodes["tail"].begin(), b.nodes["tail"].end(), "MulBackward0"), b.nodes["tail"].end())
             << json(b.nodes["tail"]).dump();

@@ -59,6 +59,7 @@ def in_backward():
 COUNTS = defaultdict(lambda: {"forward": defaultdict(int), "backward": defaultdict(int)})
 RUNNING = []  # FQNs whose forward runs, outermost first (forward hooks)
 CALLS = [0]
+NODES = {}  # module FQN -> torch's own name of the node its custom Function made (grad_fn.name())
 
 
 def callers(fqn):
@@ -100,7 +101,9 @@ class AllReduceGrad(torch.autograd.Function):
 
 class Canopy(nn.Module):
     def forward(self, x):
-        return AllReduceGrad.apply(x, self.fqn)
+        y = AllReduceGrad.apply(x, self.fqn)
+        NODES[self.fqn] = y.grad_fn.name()
+        return y
 
 
 class Tree(nn.Module):
@@ -191,7 +194,7 @@ def rank_main(rank, world, port, steps):
                 for k, v in sides.get(side, {}).items():
                     into = commdebug.setdefault(fqn, {}).setdefault(side, {})
                     into[str(k)] = into.get(str(k), 0) + v
-    out = {"rank": rank, "pid": os.getpid(), "torch": torch.__version__, "calls": CALLS[0],
+    out = {"rank": rank, "pid": os.getpid(), "torch": torch.__version__, "calls": CALLS[0], "nodes": NODES,
            "module_comm_counts": {fqn: {side: dict(v) for side, v in sides.items() if v}
                                   for fqn, sides in COUNTS.items()}}
     if commdebug:

@@ -487,6 +487,10 @@ private:
         bool scope;
         uint32_t idx;
     };
+    std::string node_class(ProcessTree& p, uint32_t tgid, const WantModule& m);
+    std::string_view py_function_node(uint32_t entry_depth) const;
+    void name_py_nodes(ProcessTree& p, const ProcessTree::ThreadState& th, size_t kept);
+    static constexpr std::string_view kPyNode = "PyNode";
 
     const capture::SymbolTable& syms_;
     ModelLimits limits_;

@@ -257,6 +257,42 @@ std::string TraceModel::node_name(ProcessTree& p, uint32_t tgid, uint64_t vtable
     return name;
 }
 
+// A Python autograd.Function's node (PyNode) as torch names it
+// (grad_fn.name(): "AllReduceGradBackward"): the type of the node object its
+// BackwardCFunction.apply frame runs as, the first such frame above the
+// engine's entry at `entry_depth`; "" when the stack shows none.
+std::string_view TraceModel::py_function_node(uint32_t entry_depth) const {
+    const size_t n = frames_.size();
+    for (size_t i = n; i-- > 0;)
+        if (n - i > entry_depth && frames_[i]->kind == python::PyFrameKind::FunctionApply)
+            return frames_[i]->label;
+    return {};
+}
+
+// A backward module's node class: from its vtable, a PyNode from the stack.
+std::string TraceModel::node_class(ProcessTree& p, uint32_t tgid, const WantModule& m) {
+    std::string name = node_name(p, tgid, m.vtable);
+    if (name != kPyNode) return name;
+    const std::string_view py = py_function_node(m.depth);
+    return py.empty() ? name : std::string(py);
+}
+
+// A PyNode's module record opened by a record without a stack (an ATen op
+// the node ran first) is named by the first of its records that shows the
+// node's BackwardCFunction.apply frame.
+void TraceModel::name_py_nodes(ProcessTree& p, const ProcessTree::ThreadState& th, size_t kept) {
+    for (size_t i = 0; i < kept; ++i) {
+        const ProcessTree::CtxLink& l = th.ctx[i];
+        if (l.scope || !l.backward || l.node == 0 || l.rec == kNoRecord) continue;
+        Record& r = p.records_[l.rec];
+        if (p.autograd_node(r) != kPyNode) continue;
+        const std::string_view py = py_function_node(l.depth);
+        if (py.empty()) continue;
+        const ProcessTree::ModuleInfo info = p.modules_[r.ctx];
+        r.ctx = p.intern_module(std::string(p.text(info.fqn)), std::string(p.text(info.module_class)), py);
+    }
+}
+
 // The thread's chain becomes the record's modules merged with its open
 // scopes by depth (a module at a scope's depth called the code that opened
 // it: outside).  The common prefix stays; the rest of the old chain ends
@@ -291,6 +327,7 @@ void TraceModel::update_context(ProcessTree& p, ProcessTree::ThreadState& th, co
     while (keep < th.ctx.size() && keep < desired_.size() && same(th.ctx[keep], desired_[keep])) ++keep;
     for (size_t i = th.ctx.size(); i-- > keep;) p.end_link(th.ctx[i], e.ts_ns, true);
     th.ctx.resize(keep);
+    name_py_nodes(p, th, keep);
     if (entering) return;
     for (size_t i = keep; i < desired_.size(); ++i)
         if (!desired_[i].scope) open_module(p, th, e, desired_[i].idx);
@@ -312,7 +349,7 @@ void TraceModel::open_module(ProcessTree& p, ProcessTree::ThreadState& th, const
         // a node's modules were named when it was made.
         std::string fqn = m.chained ? m.chained->fqn : module_fqn(resolver_, e.tgid, p.last_root_, m.module);
         std::string_view cls = m.chained ? std::string_view(m.chained->cls) : m.frame->module_class;
-        r.ctx = p.intern_module(fqn, cls, m.node ? node_name(p, e.tgid, m.vtable) : std::string());
+        r.ctx = p.intern_module(fqn, cls, m.node ? node_class(p, e.tgid, m) : std::string());
         rec = p.append(r, th);
         if (params_ && !m.backward && fqn != "<unknown>") read_parameters(p, e.tgid, {{fqn, m.module, 0}});
     }

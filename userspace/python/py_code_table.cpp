@@ -7,6 +7,7 @@ cd_py_code_kind py_code_kind(PyFrameKind kind, int32_t argcount) {
     switch (kind) {
     case PyFrameKind::ModuleCall:
     case PyFrameKind::RecordFunctionEnter:
+    case PyFrameKind::FunctionApply:
         return CD_CODE_SELF;
     case PyFrameKind::BackwardEntry:
         return CD_CODE_BACKWARD;

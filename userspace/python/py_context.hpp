@@ -23,6 +23,9 @@ enum class PyFrameKind : uint8_t {
     BackwardEntry,        // the autograd engine's entry from Python (_engine_run_backward,
                           // Variable._execution_engine.run_backward's caller): frames above
                           // it run on behalf of gradients
+    FunctionApply,        // torch.autograd.function.BackwardCFunction.apply: `self` is the
+                          // autograd node of a Python autograd.Function, whose type torch
+                          // names "<Function>Backward" (grad_fn.name()); label = that name
 };
 
 struct PyFrameInfo {
@@ -35,7 +38,7 @@ struct PyFrameInfo {
     // (ModuleCall frames, and methods of modules such as hooks): 0 otherwise.
     uint64_t module = 0;
     std::string module_class;  // the module's type name ("Linear"), when module != 0
-    std::string label;         // RecordFunctionEnter: the record_function's name
+    std::string label;         // RecordFunctionEnter: the record_function's name; FunctionApply: the node's class
     // A file of the Python runtime or of torch itself (not user code): the
     // table shows the innermost frame that is not.
     bool library = false;

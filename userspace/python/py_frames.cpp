@@ -41,6 +41,9 @@ PyFrameKind kind_of(std::string_view q, std::string_view file, int minor) {
     if (ends_with(file, "torch/autograd/graph.py") && q == "_engine_run_backward") return PyFrameKind::BackwardEntry;
     if (ends_with(file, "torch/autograd/__init__.py") && (q == "backward" || q == "grad"))
         return PyFrameKind::BackwardEntry;
+    // 3.10's bare "apply" is also Function.apply (a classmethod: its first local is cls, not self).
+    if (ends_with(file, "torch/autograd/function.py") && is("BackwardCFunction", "apply"))
+        return PyFrameKind::FunctionApply;
     return PyFrameKind::Plain;
 }
 
@@ -212,6 +215,10 @@ const PyFrameInfo& LivePyResolver::Process::frame(const cd_py_frame& f) {
     if (kind == PyFrameKind::RecordFunctionEnter) {
         if ((d_.layout.minor == 10 && st_name != "record_function") || c->first_local != "self") kind = PyFrameKind::Plain;
         else label = frame_label(f);
+    }
+    if (kind == PyFrameKind::FunctionApply) {
+        if (c->first_local != "self" || st_name.empty()) kind = PyFrameKind::Plain;
+        else label = st_name;
     }
     // Past kMaxFrames only labels are dropped: the rest is bounded by the program's code and modules.
     if (frames_.size() >= kMaxFrames && !label.empty()) {

@@ -39,6 +39,7 @@ enum Code : uint64_t {
     kAllReduce,  // torch.distributed.all_reduce
     kEngineRun,  // _engine_run_backward
     kHook,       // Block.grad_hook (a method of the block)
+    kApply,      // BackwardCFunction.apply, self an AllReduceGradBackward node
     kFreed,      // never registered: a freed code object
 };
 
@@ -65,6 +66,8 @@ public:
         code(kEngineRun, "_engine_run_backward", "/torch/autograd/graph.py", 825, python::PyFrameKind::BackwardEntry,
              true);
         code(kHook, "Block.grad_hook", "/src/model.py", 50);
+        code(kApply, "BackwardCFunction.apply", "/torch/autograd/function.py", 307,
+             python::PyFrameKind::FunctionApply, true).label = "AllReduceGradBackward";
         modules_ = {{kModel, "Model"}, {kEncoder, "Encoder"}, {kBlock, "Block"}};
         paths_ = {{{kModel, kEncoder}, "encoder"}, {{kModel, kBlock}, "encoder.blocks.1"}};
     }
@@ -813,6 +816,27 @@ TEST(ContextModel, BackwardCollectivesSitUnderTheModulesWhoseForwardMadeTheRunni
     // JSON and table name the node.
     ordered_json j = output::to_json(c.report(), c.t, 2);
     EXPECT_NE(j.dump().find("\"autograd_node\":\"PyNode\""), std::string::npos);
+}
+
+// A Python autograd.Function's node (PyNode by its vtable) is named as torch
+// names it, from the type of self in its BackwardCFunction.apply frame; the
+// module record it opened with a record that shows no stack (an ATen op) is
+// named by its first record that does.
+TEST(ContextModel, APythonFunctionsNodeIsNamedAsTorchNamesIt) {
+    Ctx c;
+    c.model.set_node_namer([&](uint32_t, uint64_t vt) { return vt == 0x5b0 ? "torch::autograd::PyNode" : ""; });
+    c.collective(kInBlock);
+    c.made(kNodeA, kInBlock);
+    c.made(kNodeB, kInBlock);
+    c.runs(kNodeA, kEngine, 0x5b0);
+    c.enter(c.add, 0x5000);  // no stack: the record opens A's modules, named PyNode for now
+    c.collective(kEngine + Stack{F(kApply, 0xf00), F(kHook), F(kAllReduce)});
+    c.runs(kNodeB, kEngine, 0x5b0);
+    c.collective(kEngine + Stack{F(kAllReduce)});  // no apply frame: stays PyNode
+    using Chains = std::vector<std::vector<std::string>>;
+    EXPECT_EQ(collective_chains(c), (Chains{{"<root>", "encoder", "encoder.blocks.1"},
+                                            {"<root>:bw", "encoder:bw", "encoder.blocks.1:bw[AllReduceGradBackward]"},
+                                            {"<root>:bw", "encoder:bw", "encoder.blocks.1:bw[PyNode]"}}));
 }
 
 // Once backward returned (no engine entry below), or under another entry
