@@ -210,7 +210,8 @@ FUNC_INLINE void stop_and_tell(struct stop_retry *r)
 }
 
 /* A stop kept for this thread: tried again unless its file was probed
- * meanwhile.  True when one was kept. */
+ * meanwhile.  True when it was (stopped, kept again, or given up and told):
+ * the scan that follows sees every file the process maps. */
 FUNC_INLINE bool retry_stop(void)
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
@@ -221,8 +222,9 @@ FUNC_INLINE bool retry_stop(void)
 	r = *p;
 	if (bpf_map_delete_elem(&stop_retries, &tid) == 0)
 		__sync_fetch_and_add(&stop_retries_pending, -1);
-	if (!bpf_map_lookup_elem(&known_files, &r.k))
-		stop_and_tell(&r);
+	if (bpf_map_lookup_elem(&known_files, &r.k))
+		return false; /* probed meanwhile: this call's own mapping is looked at */
+	stop_and_tell(&r);
 	return true;
 }
 
@@ -237,7 +239,7 @@ FUNC_INLINE void stop_for_new_file(struct pt_regs *regs, long ret)
 	if (!count_all || !stop_on_new_file)
 		return;
 	if (stop_retries_pending && retry_stop())
-		return; /* stopped now, or known: a scan sees all it maps */
+		return;
 	if (CD_SYSCALL_NR(regs) != CD_NR_MMAP || (unsigned long)ret >= (unsigned long)-4095L)
 		return;
 	bpf_find_vma(bpf_get_current_task_btf(), (__u64)ret, check_vma, &m, 0);
