@@ -629,6 +629,8 @@ TEST(Fleet, PrometheusAggregatesTwoNodesAndFindsTheLaggingRank) {
     for (int n = 1; n >= 0; --n) {
         ProcResult r = daemons[n]->stop();
         EXPECT_EQ(r.status, 0) << daemons[n]->name() << " did not stop cleanly: " << r.err;
+        // What it logged (a rank it could not stop, ...), where anything failed.
+        if (::testing::Test::HasFailure()) std::cout << "--- " << daemons[n]->name() << "'s log:\n" << r.err;
     }
     double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     std::cout << "[fleet] took " << secs << " s\n";

@@ -257,7 +257,8 @@ TEST_P(FrameworkContext, JobRanOnTheIntendedTorch) {
 // module_comm_counts is exactly what each rank counted as it issued:
 // forward counts transitive over the modules running (<root> 4 per step,
 // encoder 3, encoder.blocks.0[.mixer] 1, encoder.blocks.1[.mixer] 2), the
-// hook's collective backward under encoder.blocks.1.mixer and the modules it was called from.
+// hook's collective backward under encoder.blocks.1.mixer, the modules it was called from
+// and encoder.blocks.1.mixer.proj, whose backward began last (as CommDebugMode counts it).
 TEST_P(FrameworkContext, ModuleCommCountsExactPerRank) {
     REQUIRE_VARIANT();
     const JobRun* j = job_or_fail();

@@ -32,8 +32,10 @@ scopes).
             "calls": {"all_reduce": n}
             "module_comm_counts": {fqn: {"forward": {"c10d.all_reduce": n},
                                          "backward": {...}}}
-              every collective under every module whose forward (or, for
-              backward, whose hook) was running, root "<root>"
+              every collective under every module whose forward was
+              running; in backward, as CommDebugMode counts it: under the
+              hooked module and those it was called from, and the module
+              inside it whose backward began last; root "<root>"
             "per_step": the same for one step
             "scopes": {label: times entered}, "scope_collectives": {label:
               collectives issued directly inside it}
@@ -88,10 +90,24 @@ class Tally:
         self.scopes = defaultdict(int)
         self.scope_collectives = defaultdict(int)
         self.calls = 0
+        self.began = None      # the module whose backward began last (CommDebugMode's name)
 
     def name(self, model):
         for fqn, m in model.named_modules():
             self.fqn[id(m)] = fqn or "<root>"
+            m.register_forward_hook(self.output_of)
+
+    def output_of(self, module, args, out):
+        # A module's backward begins when its output's gradient is ready
+        # (CommDebugMode's full-backward pre-hook).  Modules returning one
+        # tensor (Mixer and its proj) begin outermost first, the innermost
+        # last, as CommDebugMode's nested output wrappers do; forward hooks
+        # run innermost first, so the first one seen is the one named.
+        if not isinstance(out, torch.Tensor) or not out.requires_grad:
+            return
+        if not hasattr(out, "_tally_began"):
+            out._tally_began = self.fqn[id(module)]
+            out.register_hook(lambda g, fqn=out._tally_began: setattr(self, "began", fqn))
 
     def forward_of(self, module):
         tally = self
@@ -110,9 +126,17 @@ class Tally:
         self.calls += 1
         if backward_of is not None:
             # As CommDebugMode counts backward: the module and the modules it
-            # was called from when its forward ran.
+            # was called from when its forward ran, and the module inside it
+            # whose backward began last (a full backward hook runs after its
+            # module's whole backward: proj's began after the Mixer's) with
+            # those between.
             for fqn in backward_of.forward_chain:
                 self.counts[fqn]["backward"][KIND] += 1
+            own = self.fqn[id(backward_of)]
+            if self.began and self.began.startswith(own + "."):
+                parts = self.began.split(".")
+                for n in range(len(own.split(".")) + 1, len(parts) + 1):
+                    self.counts[".".join(parts[:n])]["backward"][KIND] += 1
         for fqn in self.running:
             self.counts[fqn]["forward"][KIND] += 1
 
@@ -196,6 +220,7 @@ def failing():
 
 def step(model, opt, x):
     opt.zero_grad()
+    TALLY.began = None  # a forward names no module's backward
     model(x).sum().backward()
     scoped("my_phase", lambda: TALLY.all_reduce(torch.ones(1)))
     try:

@@ -167,6 +167,8 @@ void collective_fields(const model::Record& r, const snapshot::ProcessSnapshot& 
     if (r.has(model::kHasComm)) f.table("comm", FieldType::Hex, r.comm, kPosComm);
     if (r.has(model::kHasNewComm)) f.table("new_comm", FieldType::Hex, r.new_comm, kPosNewComm);
     if (r.has(model::kHasTensors) && p.tree) tensor_fields(r, *p.tree, nranks >= 0, f);
+    if (p.tree)
+        if (auto m = p.tree->also_counted_for(r); !m.empty()) f.json("also_counted_for", FieldType::Text, 0, 0, std::string(m));
     // Addresses are noise for reading the flow: the table shows them from level 2.
     if (r.has(model::kHasStream)) f.hex_both("stream", r.stream, kPosStream, 2);
     if (r.has(model::kHasSendBuf)) f.hex_both("sendbuff", r.sendbuf, kPosSendBuf, 2);

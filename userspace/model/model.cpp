@@ -417,6 +417,12 @@ bool ProcessTree::nested_in_collective(const Record& r) const {
     return false;
 }
 
+std::string_view ProcessTree::also_counted_for(const Record& r) const {
+    if (&r < records_.data() || &r >= records_.data() + records_.size()) return {};
+    auto it = credited_.find(static_cast<uint32_t>(&r - records_.data()));
+    return it == credited_.end() || it->second.empty() ? std::string_view() : text(it->second.back());
+}
+
 std::map<std::string, ProcessTree::ModuleCommCounts> ProcessTree::module_comm_counts() const {
     std::map<std::string, ModuleCommCounts> out;
     std::vector<std::pair<uint32_t, bool>> counted;  // (fqn, backward): a recursive module counts once

@@ -240,6 +240,10 @@ public:
         std::map<std::string, uint64_t> forward, backward;
     };
     std::map<std::string, ModuleCommCounts> module_comm_counts() const;
+    // The module a backward collective is also counted for there (the one
+    // whose backward began last, inside the record's own module: CommDebugMode's
+    // name), or "" (docs/design/backward.md).
+    std::string_view also_counted_for(const Record& r) const;
 
     // ---- the parameters of the modules seen (torch::ParameterSource) ----
     // Read once per module path a window, when its first record opens, in

@@ -952,6 +952,13 @@ TEST(ContextModel, BackwardCountsAlsoCreditTheModuleWhoseBackwardBeganLastAsComm
     EXPECT_EQ(counts["encoder.blocks.1"].forward, (Side{{"c10d.all_reduce", 2}}));   // #1, #6
     EXPECT_EQ(counts["encoder"].backward, (Side{{"c10d.all_reduce", 5}}));
     EXPECT_EQ(counts["<root>"].backward, (Side{{"c10d.all_reduce", 5}}));
+    // The record says so (JSON "also_counted_for").
+    std::vector<std::string> also;
+    for (const Record& r : c.recs())
+        if (c.name(r) == "c10d::ProcessGroupNCCL::allreduce") also.emplace_back(c.tree().also_counted_for(r));
+    EXPECT_EQ(also, (std::vector<std::string>{"", "", "", "", "encoder.blocks.1", "", ""}));
+    EXPECT_NE(output::to_json(c.report(), c.t, 2).dump().find("\"also_counted_for\":\"encoder.blocks.1\""),
+              std::string::npos);
 }
 
 // A node no forward record made (AccumulateGrad, made lazily) is counted
