@@ -284,8 +284,8 @@ void NodeCounter::on_loader_change(const capture::DlChange& dl) {
     if (stopping()) return;  // resumed at once: a shutdown waits on no scan
     if (!dl.stopped && ++unstopped_ <= kMaxFailureNotes)
         std::cerr << "commdbgd: pid " << dl.tgid << " maps a library file not probed yet and the kernel refused "
-                  << CD_STOP_TRIES << " times to stop it: its calls until the file is probed are not counted "
-                  << "(drop cause stop_refused)\n";
+                  << "to stop it (tried up to " << CD_STOP_TRIES << " times): its calls until the file is probed "
+                  << "are not counted (drop cause stop_refused)\n";
     const capture::ScanLimits limits{shares_.room(dl.uid), stop_flag_ ? stop_flag_ : &stopping_};
     auto r = attacher_->scan_process(static_cast<int>(dl.tgid), limits);
     if (!r) return;
