@@ -157,7 +157,9 @@ void expect_records_carry_the_tensors(const json& rank, const json& p) {
 void expect_parameter_info_matches(const json& rank, const json& p, bool local) {
     const json& cdm = rank["steps"][0]["parameter_info"];
     ASSERT_FALSE(cdm.empty()) << "CommDebugMode saw no parameters";
-    ASSERT_TRUE(p.contains("parameter_info")) << "commdbg read no parameters";
+    ASSERT_TRUE(p.contains("parameter_info"))
+        << "commdbg read no parameters; process notes: " << p.value("notes", json::array()).dump()
+        << " modules unread: " << p.value("parameter_modules_unread", json()).dump();
     const json& got = p["parameter_info"];
     std::set<std::string> want_modules, got_modules;
     for (const auto& [fqn, params] : cdm.items()) {
@@ -172,7 +174,9 @@ void expect_parameter_info_matches(const json& rank, const json& p, bool local) 
             const json& g = got[path][name];
             EXPECT_EQ(g["shape"], info["shape"]) << name;
             EXPECT_EQ(g["dtype"], info["dtype"]) << name;
-            if (local) EXPECT_EQ(g["local_shape"], info["local_shape"]) << name;
+            if (local) {
+                EXPECT_EQ(g["local_shape"], info["local_shape"]) << name;
+            }
         }
         for (const auto& [name, info] : got[path].items()) got_names.insert(name);
         EXPECT_EQ(got_names, want_names);
@@ -300,6 +304,26 @@ TEST(CommDebugModeSideBySide, Fsdp2JobCountsTensorsParametersAndShardingEqualCom
             expect_sharding_info_matches(rank, p);
         });
     }
+}
+
+// FSDP2 makes a unit's unsharded parameters at its first all-gather.  A job
+// that ends before any (inside the root's first forward, before FSDP2's
+// pre-hook, having made one record there) still shows each module's
+// parameters as its forward would see them: torch's own, printed by the job
+// from the model before fully_shard.  Before, commdbg waited for the
+// unsharded ones, and a short job's end could come first (a CI failure).
+TEST(CommDebugModeSideBySide, Fsdp2ParametersAreReadBeforeTheirFirstAllGather) {
+    REQUIRE_BPF();
+    REQUIRE_TRIXIE_ROOT(trixie_root());
+    Traced t = trace_job({"--fsdp", "--exit-in-first-forward", "3"});
+    ASSERT_EQ(t.ranks.size(), 2u);
+    for_each_rank_process(processes_of(t.dump), t.ranks, [&](const json& rank, const json& p) {
+        ASSERT_FALSE(rank["parameter_info"].empty());
+        EXPECT_EQ(p.value("parameter_info", json()), rank["parameter_info"])
+            << "process notes: " << p.value("notes", json::array()).dump();
+        EXPECT_EQ(p.value("sharding_info", json::object()), json::object());
+        EXPECT_FALSE(p.contains("parameters_unread")) << p["parameters_unread"].dump();
+    });
 }
 
 }  // namespace

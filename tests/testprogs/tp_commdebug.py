@@ -4,7 +4,7 @@
 it, the ground truth commdbg's tensor and parameter records are compared
 with (torch 2.6 on CPU + gloo, run in the trixie root).
 
-    tp_commdebug.py [--steps N] [--fsdp] [--timed N [--with-commdebug]]
+    tp_commdebug.py [--steps N] [--fsdp [--exit-in-first-forward S]] [--timed N [--with-commdebug]]
 
 2 ranks (torch.multiprocessing.spawn) on 127.0.0.1, a 1-D device mesh.
 The model: `blocks`, three MLP blocks (up: Linear(16, 32), down:
@@ -28,12 +28,17 @@ passed to c10d).  After the steps the ranks meet in one dist.barrier().
 With --timed N (bench_tp) each rank instead times N steps after 3 untimed
 ones, alone or each in its own CommDebugMode, and prints {"rank", "pid",
 "step_s"}: the median.
+With --fsdp --exit-in-first-forward S each rank prints {"rank", "pid",
+"parameter_info"} (each module's own parameters as torch had them before
+fully_shard) at the start of the root's first forward, then sleeps S
+seconds and exits: no block is ever all-gathered.
 """
 import argparse
 import json
 import os
 import socket
 import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -62,8 +67,11 @@ class TPModel(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(MLP() for _ in range(BLOCKS))
         self.head = nn.Linear(DIM, 4)
+        self.first_forward = None  # --exit-in-first-forward
 
     def forward(self, x):
+        if self.first_forward:
+            self.first_forward()
         for b in self.blocks:
             x = b(x)
         return self.head(x)
@@ -143,7 +151,35 @@ def run_timed(rank, model, opt, x, timed, with_commdebug):
     os._exit(0)
 
 
-def rank_main(rank, world, port, steps, fsdp, timed=0, with_commdebug=False):
+def own_parameters(model):
+    """Each module's own parameters as its forward sees them, keyed as
+    commdbg names modules (the root's: "<root>")."""
+    out = {}
+    for fqn, m in model.named_modules():
+        params = {n: {"shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch."), "local_shape": list(p.shape)}
+                  for n, p in m.named_parameters(recurse=False)}
+        if params:
+            out[fqn or "<root>"] = params
+    return out
+
+
+def end_in_first_forward(rank, model, truth, seconds):
+    """--exit-in-first-forward S: the root's first forward (after FSDP2's
+    pre-hook has gathered the root's own parameters, before any block's)
+    makes one op (a record under the root), prints the parameters taken
+    before fully_shard, sleeps S seconds and ends the rank: no block is ever
+    all-gathered, so FSDP2 never makes their unsharded parameters."""
+
+    def first_forward():
+        torch.ones(1).add_(1)
+        emit({"rank": rank, "pid": os.getpid(), "parameter_info": truth})
+        time.sleep(seconds)
+        os._exit(0)
+
+    model.first_forward = first_forward
+
+
+def rank_main(rank, world, port, steps, fsdp, timed=0, with_commdebug=False, exit_in_forward=0.0):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -157,9 +193,12 @@ def rank_main(rank, world, port, steps, fsdp, timed=0, with_commdebug=False):
 
         patch_torch_cpu()
         fully_shard = import_fully_shard()
+        truth = own_parameters(model)
         for b in model.blocks:
             fully_shard(b, mesh=mesh)
         fully_shard(model, mesh=mesh)
+        if exit_in_forward:
+            end_in_first_forward(rank, model, truth, exit_in_forward)
     else:
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -194,6 +233,8 @@ def main():
     ap.add_argument("--fsdp", action="store_true")
     ap.add_argument("--timed", type=int, default=0, help="bench_tp: time this many steps, no accounting")
     ap.add_argument("--with-commdebug", action="store_true", help="bench_tp: each timed step in CommDebugMode")
+    ap.add_argument("--exit-in-first-forward", type=float, default=0.0, metavar="S",
+                    help="with --fsdp: print the parameters, sleep S s and exit before the first all-gather")
     a = ap.parse_args()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -201,7 +242,7 @@ def main():
     emit({"mode": "fsdp2" if a.fsdp else "tp", "pid": os.getpid(), "torch": torch.__version__})
     import torch.multiprocessing as mp
 
-    mp.spawn(rank_main, args=(WORLD, port, a.steps, a.fsdp, a.timed, a.with_commdebug), nprocs=WORLD, join=True)
+    mp.spawn(rank_main, args=(WORLD, port, a.steps, a.fsdp, a.timed, a.with_commdebug, a.exit_in_first_forward), nprocs=WORLD, join=True)
     return 0
 
 

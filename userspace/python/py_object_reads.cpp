@@ -360,11 +360,20 @@ uint64_t LivePyResolver::Process::member_value(uint64_t obj, uint64_t descr, std
     return mem_->get(obj + static_cast<uint64_t>(offset), value) ? value : 0;
 }
 
-std::optional<int64_t> LivePyResolver::Process::small_int(uint64_t obj) {
+std::optional<int64_t> LivePyResolver::Process::small_int(uint64_t obj) { return one_digit(obj, "int"); }
+
+// True and False are ints too (PyLongObject, one digit or none).
+std::optional<bool> LivePyResolver::Process::truth(uint64_t obj) {
+    auto v = one_digit(obj, "bool");
+    return v ? std::optional<bool>(*v != 0) : std::nullopt;
+}
+
+// The value of an object of built-in int type `name` (int, bool) that fits one digit.
+std::optional<int64_t> LivePyResolver::Process::one_digit(uint64_t obj, std::string_view name) {
     uint64_t h[4] = {};  // refcnt, type, ob_size / lv_tag, digit
     if (!mem_->read(obj, h, sizeof h) || !plausible_refcnt(h[0])) return std::nullopt;
     const Type* t = type(h[1]);
-    if (t == nullptr || t->facts.heap || t->facts.name != "int" || !(t->flags & kFlagLong)) return std::nullopt;
+    if (t == nullptr || t->facts.heap || t->facts.name != name || !(t->flags & kFlagLong)) return std::nullopt;
     const auto digit = static_cast<int64_t>(static_cast<uint32_t>(h[3]));
     if (d_.layout.minor <= 11) {
         const auto size = static_cast<int64_t>(h[2]);

@@ -224,6 +224,11 @@ std::optional<int64_t> LivePyResolver::small_int(uint32_t pid, uint64_t obj) {
     return p.discovery().ok() ? p.small_int(obj) : std::nullopt;
 }
 
+std::optional<bool> LivePyResolver::truth(uint32_t pid, uint64_t obj) {
+    Process& p = process(pid);
+    return p.discovery().ok() ? p.truth(obj) : std::nullopt;
+}
+
 std::optional<std::vector<uint64_t>> LivePyResolver::list_items(uint32_t pid, uint64_t list, size_t max) {
     Process& p = process(pid);
     return p.discovery().ok() ? p.list_items(list, max) : std::nullopt;

@@ -127,12 +127,13 @@ public:
     // at most kMaxDictEntries (fn returns false to stop; false: not a dict);
     // a tuple's first `max` items; the value of an attribute its class keeps
     // in a __slots__ member (the member descriptor found through the MRO
-    // and checked: 0 when there is none); an int that fits one digit.
+    // and checked: 0 when there is none); an int that fits one digit; a bool.
     uint64_t type_of(uint32_t pid, uint64_t obj);
     bool dict_items(uint32_t pid, uint64_t dict, const std::function<bool(uint64_t key, uint64_t value)>& fn);
     std::optional<std::vector<uint64_t>> tuple_items(uint32_t pid, uint64_t tuple, size_t max);
     uint64_t slot(uint32_t pid, uint64_t obj, std::string_view name);
     std::optional<int64_t> small_int(uint32_t pid, uint64_t obj);
+    std::optional<bool> truth(uint32_t pid, uint64_t obj);  // True or False; nullopt for anything else
     // A list's first `max` items; the object a bound method is bound to
     // (its __self__: 0 for anything but a method object).
     std::optional<std::vector<uint64_t>> list_items(uint32_t pid, uint64_t list, size_t max);

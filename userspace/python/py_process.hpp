@@ -149,6 +149,7 @@ public:
     }
     uint64_t slot(uint64_t obj, std::string_view name);
     std::optional<int64_t> small_int(uint64_t obj);
+    std::optional<bool> truth(uint64_t obj);
     std::optional<std::vector<uint64_t>> list_items(uint64_t list, size_t max);
     uint64_t method_self(uint64_t method);
 
@@ -211,6 +212,7 @@ private:
     bool has_flag(uint64_t obj_type, uint64_t flag);
     bool header(uint64_t obj, uint64_t& ob_type);
     std::optional<std::vector<uint64_t>> tuple_items(uint64_t tuple, size_t max);
+    std::optional<int64_t> one_digit(uint64_t obj, std::string_view name);
     bool keys_items(uint64_t keys, uint64_t values, const ItemFn& fn);
     bool dict_items(uint64_t dict, const ItemFn& fn);
     uint64_t find_in(uint64_t keys, uint64_t values, uint64_t dict, std::string_view name);

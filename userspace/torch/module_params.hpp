@@ -42,8 +42,8 @@ struct ModuleParams {
     std::vector<ParamInfo> params;
     uint32_t unread = 0;  // parameters whose tensor could not be read (or past kMaxModuleParams)
     // Some parameter is not readable yet but will be (an FSDP2 parameter
-    // before its first unshard), or none was readable: asking again later
-    // may read it.
+    // before its first unshard whose FSDPParam does not say all of it), or
+    // none was readable: asking again later may read it.
     bool retry = false;
     // Its submodules (its _modules dict: key, module object), at most
     // kMaxModuleParams: a module that issues no record is seen through its parent.

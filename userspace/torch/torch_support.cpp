@@ -264,13 +264,41 @@ void TorchSupport::learn_fsdp_unit(uint32_t pid, Process& p, uint64_t module) {
 
 // The object a forward sees for `param`: its FSDPParam's unsharded parameter
 // when `param` is (still) that FSDPParam's sharded one, else `param`; 0 and
-// `pending` when FSDP2 has not made the unsharded one yet.
-uint64_t TorchSupport::fsdp_forward_view(uint32_t pid, const Process& p, uint64_t param, bool& pending) {
+// the FSDPParam in `unmade` when FSDP2 has not made the unsharded one yet
+// (before the unit's first all-gather).
+uint64_t TorchSupport::fsdp_forward_view(uint32_t pid, const Process& p, uint64_t param, uint64_t& unmade) {
     auto it = p.fsdp_params.find(param);
     if (it == p.fsdp_params.end() || py_->attr(pid, it->second, "sharded_param") != param) return param;
     uint64_t unsharded = py_->attr(pid, it->second, "_unsharded_param");
-    if (unsharded == 0) pending = true;
+    if (unsharded == 0) unmade = it->second;
     return unsharded;
+}
+
+// What the unsharded parameter of FSDPParam `fp` will be, before FSDP2 makes
+// it, from the FSDPParam itself (torch/distributed/fsdp/_fully_shard/
+// _fsdp_param.py, init_unsharded_param): a plain tensor of `_orig_size` in
+// `param_dtype or orig_dtype`, orig_dtype being the sharded parameter's.
+// Only where that is all it says: nullopt under mixed precision (a dtype
+// object commdbg does not name) and for a DTensor parameter (FSDP with TP:
+// the unsharded one is a DTensor whose spec is made then).  So the read no
+// longer waits for the unit's first all-gather, which a short job's end may
+// come before.
+std::optional<ParamInfo> TorchSupport::fsdp_unsharded_info(uint32_t pid, const Process& p, host::RemoteMemory& mem,
+                                                           uint64_t fp, uint64_t sharded) {
+    if (py_->truth(pid, py_->attr(pid, fp, "is_dtensor")) != false) return std::nullopt;
+    auto none = py_->type(pid, py_->type_of(pid, py_->attr(pid, fp, "param_dtype")));
+    if (!none || none->heap || none->name != "NoneType") return std::nullopt;
+    auto dims = py_->tuple_items(pid, py_->attr(pid, fp, "_orig_size"), kMaxParamDims + 1);
+    if (!dims || dims->size() > kMaxParamDims) return std::nullopt;
+    ParamInfo info;
+    for (uint64_t d : *dims) {
+        auto n = py_->small_int(pid, d);
+        if (!n) return std::nullopt;
+        info.shape.push_back(*n);
+    }
+    if (!shape_at(p, mem, py_->slot(pid, sharded, "_local_tensor"), &info.dtype)) return std::nullopt;
+    info.local_shape = info.shape;
+    return info;
 }
 
 std::optional<ModuleParams> TorchSupport::module_parameters(uint32_t pid, uint64_t module) {
@@ -289,11 +317,16 @@ std::optional<ModuleParams> TorchSupport::module_parameters(uint32_t pid, uint64
     learn_fsdp_unit(pid, p, module);
     bool read = py_->dict_items(pid, dict, [&](uint64_t key, uint64_t registered) {
         auto name = py_->str(pid, key);
-        uint64_t value = fsdp_forward_view(pid, p, registered, out.retry);
+        uint64_t unmade = 0;
+        uint64_t value = fsdp_forward_view(pid, p, registered, unmade);
         auto type = py_->type(pid, py_->type_of(pid, value));
         if (type && !type->heap && type->name == "NoneType") return true;  // named_parameters() skips None
-        auto info = name && type && out.params.size() < kMaxModuleParams ? read_param(pid, p, mem, value, *type)
-                                                                           : std::nullopt;
+        std::optional<ParamInfo> info;
+        if (name && out.params.size() < kMaxModuleParams) {
+            if (unmade != 0) info = fsdp_unsharded_info(pid, p, mem, unmade, registered);
+            else if (type) info = read_param(pid, p, mem, value, *type);
+        }
+        if (unmade != 0 && !info) out.retry = true;
         if (!info) {
             ++out.unread;
             return true;

@@ -85,6 +85,7 @@ private:
     enum class Kind { c10, libtorch, python };
     static constexpr int kPythonTries = 3;
     static constexpr size_t kMaxFsdpParams = 65536;  // sharded parameters known per process
+    static constexpr size_t kMaxParamDims = 64;       // dims of an FSDPParam's _orig_size read
     struct Process {
         std::shared_ptr<const TorchFile> c10;
         bool ready = false;
@@ -104,7 +105,9 @@ private:
                                         const python::PyTypeFacts& type);
     std::optional<std::string> placement(uint32_t pid, uint64_t obj);
     void learn_fsdp_unit(uint32_t pid, Process& p, uint64_t module);
-    uint64_t fsdp_forward_view(uint32_t pid, const Process& p, uint64_t param, bool& pending);
+    uint64_t fsdp_forward_view(uint32_t pid, const Process& p, uint64_t param, uint64_t& unmade);
+    std::optional<ParamInfo> fsdp_unsharded_info(uint32_t pid, const Process& p, host::RemoteMemory& mem, uint64_t fp,
+                                                 uint64_t sharded);
 
     TorchMaps& maps_;
     bool enabled_;

@@ -201,7 +201,7 @@ def make_doomed(name, body="    return a\n"):
 model = Model()
 plain, mat, many, slotted = Plain(), Plain(), Many(), Slotted()
 slotted_child = SlottedChild()
-ints = [0, 7, -3, 2 ** 29, 2 ** 40, True]
+ints = [0, 7, -3, 2 ** 29, 2 ** 40, True, False]
 bound = slotted.method
 empty_dict = {}
 vars(mat)  # materialized: the dict, no longer the values array
@@ -555,7 +555,7 @@ TEST_P(PyObjectsOn, InstanceAttributesFromValuesDictsAndCombinedDicts) {
 }
 
 // What torch/ reads of a module's parameters: __slots__ members through the
-// MRO, one-digit ints, lists, a bound method's __self__, an empty dict.
+// MRO, one-digit ints, bools, lists, a bound method's __self__, an empty dict.
 TEST_P(PyObjectsOn, SlotsIntsListsAndBoundMethodsReadAsTheInterpreterHasThem) {
     const uint64_t slotted = u(self_["slotted"]), child = u(self_["slotted_child"]);
     EXPECT_EQ(res_.slot(pid_, slotted, "name"), u(self_["slot_name"]));
@@ -571,9 +571,14 @@ TEST_P(PyObjectsOn, SlotsIntsListsAndBoundMethodsReadAsTheInterpreterHasThem) {
     for (size_t i = 0; i < items->size(); ++i) EXPECT_EQ((*items)[i], u(self_["int_ids"][i])) << i;
     EXPECT_EQ(res_.list_items(pid_, u(self_["ints"]), 2)->size(), 2u) << "bounded";
     EXPECT_FALSE(res_.list_items(pid_, u(self_["plain"]), 8).has_value()) << "not a list";
-    // 0, 7, -3, 2**29: one digit; 2**40: two (not read); True: a bool, not an int.
-    const std::vector<std::optional<int64_t>> want = {0, 7, -3, int64_t{1} << 29, std::nullopt, std::nullopt};
+    // 0, 7, -3, 2**29: one digit; 2**40: two (not read); True, False: bools, not ints.
+    const std::vector<std::optional<int64_t>> want = {0, 7, -3, int64_t{1} << 29, std::nullopt, std::nullopt,
+                                                      std::nullopt};
     for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(res_.small_int(pid_, (*items)[i]), want[i]) << i;
+    // And a bool is read as one; an int is none (0 is not False).
+    const std::vector<std::optional<bool>> truths = {std::nullopt, std::nullopt, std::nullopt, std::nullopt,
+                                                     std::nullopt, true, false};
+    for (size_t i = 0; i < truths.size(); ++i) EXPECT_EQ(res_.truth(pid_, (*items)[i]), truths[i]) << i;
 
     EXPECT_EQ(res_.method_self(pid_, u(self_["bound"])), slotted);
     EXPECT_EQ(res_.method_self(pid_, slotted), 0u) << "not a method";
