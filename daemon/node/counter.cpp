@@ -286,12 +286,26 @@ void NodeCounter::on_loader_change(const capture::DlChange& dl) {
         std::cerr << "commdbgd: pid " << dl.tgid << " maps a library file not probed yet and the kernel refused "
                   << "to stop it (tried up to " << CD_STOP_TRIES << " times): its calls until the file is probed "
                   << "are not counted (drop cause stop_refused)\n";
+    if (dl.exec && torch_) forget_image(dl.tgid);
     const capture::ScanLimits limits{shares_.room(dl.uid), stop_flag_ ? stop_flag_ : &stopping_};
     auto r = attacher_->scan_process(static_cast<int>(dl.tgid), limits);
     if (!r) return;
     charge_files(dl.uid, dl.tgid, *r);
     log_notes(dl.tgid, r->notes);
     if (!r->libraries.empty() && scope_.contains(dl.tgid)) adopt(dl.tgid);
+}
+
+// pid exec'd: how its old image's tensors were read (a forked child's, set
+// up from its parent's) goes, here and in the kernel; an adopted process's
+// new image is set up again, as at its adoption.
+void NodeCounter::forget_image(uint32_t pid) {
+    torch_->clear(pid);
+    torch_->forget(pid);
+    std::lock_guard lock(mu_);  // counts() reads it
+    auto it = procs_.find(pid);
+    if (it == procs_.end()) return;
+    it->second.tensors.reset();
+    tensor_tries_[pid] = kTensorTries;
 }
 
 void NodeCounter::step(int timeout_ms) {

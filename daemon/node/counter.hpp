@@ -145,6 +145,7 @@ private:
     // next refreshes until its libc10 and libtorch are both mapped.
     void setup_tensors(uint32_t pid);
     void retry_tensors();
+    void forget_image(uint32_t pid);
 
     NodeCounterOptions opts_;
     CgroupScope scope_;

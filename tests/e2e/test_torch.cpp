@@ -189,5 +189,57 @@ TEST(Torch, ThrowingAtenOpSurvivesEntryProbes) {
     EXPECT_GE(names["aten::mm"], 1000);
 }
 
+// Each outermost c10d collective record below `records`.
+void c10d_collectives(const nlohmann::json& records, std::vector<nlohmann::json>& out) {
+    for (const auto& r : records) {
+        if (r.value("type", "") == "collective" && r.value("layer", "") == "c10d") {
+            out.push_back(r);
+            continue;
+        }
+        c10d_collectives(r.value("children", nlohmann::json::array()), out);
+    }
+}
+
+// A child forked from a torch process holds its parent's image until it
+// execs; commdbg sets up what it reads of torch and Python (tensor layout,
+// process-group classes, the interpreter) at the fork, from that image.  The
+// exec must drop it: the new interpreter maps torch elsewhere, and what it
+// was told of the old image would name no process group and walk no stack.
+// The child here waits 2 s before its exec, so the fork is handled while it
+// still has the old image (in CI a spawned rank once lost every tensor so).
+TEST(Torch, WhatAForkedImageTaughtIsForgottenAtExec) {
+    REQUIRE_BPF();
+    REQUIRE_TORCH(py);
+    TempDir tmp;
+    const std::string job = std::string(SOURCE_DIR) + "/tests/testprogs/fork_exec_job.py";
+    auto r = run({commdbg_bin(), "run", "--probes", "nccl,torch-c10d", "--json", tmp.path("out.json"), "--", py, job,
+                  "2", "4"},
+                 {}, 240);
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto ranks = workload_lines(r.out, "rank");
+    ASSERT_EQ(ranks.size(), 1u) << r.out;
+    const nlohmann::json& rank = ranks[0];
+    auto ps = processes_of(read_json(tmp.path("out.json")));
+    const nlohmann::json* p = process_by_pid(ps, rank["pid"].get<int>());
+    ASSERT_NE(p, nullptr) << "rank pid " << rank["pid"] << " not in the dump";
+    std::vector<nlohmann::json> recs;
+    c10d_collectives((*p)["records"], recs);
+    ASSERT_EQ(recs.size(), rank["issued"].get<size_t>());
+    for (const auto& rec : recs) {
+        SCOPED_TRACE(rec.dump().substr(0, 1500));
+        EXPECT_FALSE(rec.contains("tensors_status"));
+        EXPECT_EQ(rec.value("group_size", -1), 1);
+        ASSERT_TRUE(rec.contains("inputs"));
+        ASSERT_EQ(rec["inputs"].size(), 1u);
+        EXPECT_EQ(rec["inputs"][0]["shape"], nlohmann::json::array({rank["numel"]}));
+        EXPECT_EQ(rec["inputs"][0]["dtype"], rank["dtype"]);
+        // The new interpreter's stack: the job's own function issued it.
+        bool in_job = false;
+        for (const auto& f : rec.value("py_stack", nlohmann::json::array()))
+            in_job = in_job || f.value("qualname", "") == "do_all_reduces";
+        EXPECT_TRUE(in_job) << "no do_all_reduces frame on the record's Python stack";
+    }
+}
+
 }  // namespace
 }  // namespace commdbg::e2e

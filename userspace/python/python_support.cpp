@@ -99,6 +99,12 @@ void PythonSupport::withhold(uint32_t pid) {
     if (auto it = procs_.find(pid); it != procs_.end()) it->second.ready = false;
 }
 
+void PythonSupport::new_image(uint32_t pid) {
+    maps_.clear(pid);
+    resolver_.forget(pid);
+    procs_.erase(pid);
+}
+
 void PythonSupport::forget(uint32_t pid) {
     resolver_.drop_stats(pid);
     procs_.erase(pid);

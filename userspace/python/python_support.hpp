@@ -89,6 +89,10 @@ public:
     void withhold(uint32_t pid);
     // The session forgets pid: its state and its cache losses.
     void forget(uint32_t pid);
+    // pid exec'd: what its old image taught (set up at its fork, from its
+    // parent's) goes, here and in the kernel; the new image is set up as a
+    // new process is, at its loader changes.
+    void new_image(uint32_t pid);
 
     // nullptr: never set up (or forgotten).
     const PyProcess* process(uint32_t pid) const;

@@ -359,7 +359,14 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
     }
     if (auto* dl = std::get_if<capture::DlChange>(&ev)) {
         // After an exec the scan finds the new image's loader (another
-        // file in another root) and probes it before the image runs.
+        // file in another root) and probes it before the image runs.  What
+        // the old image taught (a forked child is set up from its parent's)
+        // is dropped first: the new one maps torch and Python elsewhere.
+        if (dl->exec && procs_.count(dl->tgid)) {
+            python_.new_image(dl->tgid);
+            torch_.clear(dl->tgid);
+            torch_.forget(dl->tgid);
+        }
         if (procs_.count(dl->tgid)) scan(dl->tgid);
         // SIGCONT after the attach: the stop was queued before the event, so
         // this can only end it (or cancel it while still pending).
