@@ -807,6 +807,8 @@ TEST(Daemon, RanksStartingTogetherOnFreshLibraryCopiesAreAllCountedExactly) {
     }
     EXPECT_TRUE(lost.empty()) << lost.size() << " of " << 2 * rounds << " ranks miscounted:\n"
                               << ::testing::PrintToString(lost);
+    // What it logged (a rank it could not stop, a scan that failed), where a rank was lost.
+    if (!lost.empty()) std::cout << "--- commdbgd's log:\n" << d.stop(SIGTERM, 10).err;
 }
 
 // bpf_send_signal refuses a stop (-EBUSY) while another is still pending on
