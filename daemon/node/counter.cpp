@@ -227,8 +227,7 @@ void NodeCounter::retire(ProcessKey key) {
     }
     metrics_.retire(key, Clock::now());
     if (torch_) {
-        torch_->clear(key.pid);
-        torch_->forget(key.pid);
+        torch_->drop(key.pid);
         tensor_tries_.erase(key.pid);
     }
     bpf_->forget_process(key.pid);
@@ -299,8 +298,7 @@ void NodeCounter::on_loader_change(const capture::DlChange& dl) {
 // up from its parent's) goes, here and in the kernel; an adopted process's
 // new image is set up again, as at its adoption.
 void NodeCounter::forget_image(uint32_t pid) {
-    torch_->clear(pid);
-    torch_->forget(pid);
+    torch_->drop(pid);
     std::lock_guard lock(mu_);  // counts() reads it
     auto it = procs_.find(pid);
     if (it == procs_.end()) return;

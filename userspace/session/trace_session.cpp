@@ -364,8 +364,7 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
         // is dropped first: the new one maps torch and Python elsewhere.
         if (dl->exec && procs_.count(dl->tgid)) {
             python_.new_image(dl->tgid);
-            torch_.clear(dl->tgid);
-            torch_.forget(dl->tgid);
+            torch_.drop(dl->tgid);
         }
         if (procs_.count(dl->tgid)) scan(dl->tgid);
         // SIGCONT after the attach: the stop was queued before the event, so

@@ -9,6 +9,7 @@
 // docs/design/tensor-layout.md.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -17,6 +18,9 @@
 #include "result.hpp"
 
 namespace commdbg::torch {
+
+// More dims than this is a pointer gone wrong, not a tensor (torch's own limit is 64).
+inline constexpr size_t kMaxTensorDims = 64;
 
 // Byte offsets from a TensorImpl*, and what the file says of dtypes.
 struct TensorLayout {

@@ -26,9 +26,6 @@ constexpr ScalarName kScalarTypes[] = {
     {"uint32", 4},        {"uint64", 8},
 };
 
-// More dims than this is a pointer gone wrong, not a tensor (torch's own limit is 64).
-constexpr uint64_t kMaxDims = 64;
-
 }  // namespace
 
 uint16_t named_scalar_types(const std::vector<uint8_t>& itemsizes) {
@@ -52,7 +49,7 @@ Result<TensorMeta> read_tensor(host::RemoteMemory& mem, const TensorLayout& l, u
     uint8_t flags = 0;
     if (!mem.get(impl + l.dim, dims) || !mem.get(impl + l.symbolic_at, flags)) return unread("dim count");
     if (flags & l.symbolic_mask) return R::fail("the tensor has a symbolic shape");
-    if (dims > kMaxDims) return R::fail("the tensor's dim count " + std::to_string(dims) + " is not plausible");
+    if (dims > kMaxTensorDims) return R::fail("the tensor's dim count " + std::to_string(dims) + " is not plausible");
     uint64_t at = impl + l.sizes;
     if (dims > l.inline_dims && !mem.get(at, at)) return unread("sizes pointer");
     TensorMeta t;

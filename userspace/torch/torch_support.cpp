@@ -288,8 +288,8 @@ std::optional<ParamInfo> TorchSupport::fsdp_unsharded_info(uint32_t pid, const P
     if (py_->truth(pid, py_->attr(pid, fp, "is_dtensor")) != false) return std::nullopt;
     auto none = py_->type(pid, py_->type_of(pid, py_->attr(pid, fp, "param_dtype")));
     if (!none || none->heap || none->name != "NoneType") return std::nullopt;
-    auto dims = py_->tuple_items(pid, py_->attr(pid, fp, "_orig_size"), kMaxParamDims + 1);
-    if (!dims || dims->size() > kMaxParamDims) return std::nullopt;
+    auto dims = py_->tuple_items(pid, py_->attr(pid, fp, "_orig_size"), kMaxTensorDims + 1);
+    if (!dims || dims->size() > kMaxTensorDims) return std::nullopt;
     ParamInfo info;
     for (uint64_t d : *dims) {
         auto n = py_->small_int(pid, d);

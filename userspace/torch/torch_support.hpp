@@ -68,6 +68,8 @@ public:
     const TensorLayout* layout(uint32_t pid) const;
     void clear(uint32_t pid) { maps_.clear(pid); }
     void forget(uint32_t pid) { procs_.erase(pid); }
+    // Both: a process retired, or one whose image an exec replaced.
+    void drop(uint32_t pid) { clear(pid), forget(pid); }
 
     // Module parameters are read through `py` (the session's resolver); none without it.
     void set_python(python::LivePyResolver* py) { py_ = py; }
@@ -85,7 +87,6 @@ private:
     enum class Kind { c10, libtorch, python };
     static constexpr int kPythonTries = 3;
     static constexpr size_t kMaxFsdpParams = 65536;  // sharded parameters known per process
-    static constexpr size_t kMaxParamDims = 64;       // dims of an FSDPParam's _orig_size read
     struct Process {
         std::shared_ptr<const TorchFile> c10;
         bool ready = false;
