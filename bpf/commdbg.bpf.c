@@ -39,6 +39,7 @@ FUNC_INLINE void flight_sig_of(const struct entry *en, const struct cd_count_key
 {
 	sig->count = CD_FLIGHT_NO_COUNT;
 	sig->dtype = CD_DTYPE_NONE;
+	sig->op = CD_FLIGHT_NONE;
 	if (CD_COOKIE_FRAMEWORK_COLL(en->cookie)) {
 		if (!en->nested)
 			c10d_first(en, sig);
@@ -46,6 +47,8 @@ FUNC_INLINE void flight_sig_of(const struct entry *en, const struct cd_count_key
 	}
 	if (CD_COOKIE_COUNT(en->cookie) < CD_NUM_ARGS)
 		sig->count = slot_arg(en->args, CD_COOKIE_COUNT(en->cookie));
+	if (CD_COOKIE_REDOP(en->cookie) < CD_NUM_ARGS)
+		sig->op = (__u32)slot_arg(en->args, CD_COOKIE_REDOP(en->cookie));
 	sig->dtype = key->dtype;
 }
 

@@ -34,7 +34,8 @@
  *  bits 24..27  count slot
  *  bits 28..31  datatype slot
  *  bits 32..35  comm slot
- *  bits 36..39  reduction-op slot
+ *  bits 36..39  reduction-op slot (a c10d method's: its options argument,
+ *               whose first member is a c10d::ReduceOp; see cd_torch_cfg)
  *  bits 40..43  root/peer slot
  *  bits 44..47  out-pointer slot (communicator written by an init/split)
  *  bits 48..51  tail source    (enum cd_tail_kind captured at entry)
@@ -184,6 +185,7 @@ enum cd_tensor_param {
 #define CD_TENSOR_DIMS 6    /* sizes kept per tensor; cd_tensor.ndim may say more */
 #define CD_MAX_TENSORS 4    /* per record; cd_tensors.total says how many each parameter had */
 #define CD_TORCH_GROUPS 4   /* process-group classes per process */
+#define CD_TORCH_REDUCE_OPS 4 /* copies of c10d::ReduceOp's vtable per process */
 #define CD_TENSOR_WINDOW 256 /* bytes of a TensorImpl read at once: every field below inside */
 #define CD_TORCH_NO_OFFSET 0xffffu
 
@@ -205,7 +207,13 @@ struct cd_torch_cfg {
 	__u8 symbolic_mask;
 	__u8 inline_dims;
 	__u16 span; /* bytes read from a TensorImpl: every field's end, <= CD_TENSOR_WINDOW */
-	__u16 pad;
+	__u16 reduce_op_at; /* byte offset of c10d::ReduceOp's op_ (a RedOpType, one byte) */
+	/* c10d::ReduceOp's vtable address points, one per torch file that has
+	 * its own copy (libtorch_cpu's, libtorch_python's: an options struct
+	 * made by Python holds the latter); 0: unused.  A c10d method's options
+	 * (AllreduceOptions, ReduceScatterOptions, ...) hold a ReduceOp first:
+	 * read only when their first word is one of these. */
+	__u64 reduce_ops[CD_TORCH_REDUCE_OPS];
 	struct cd_torch_group groups[CD_TORCH_GROUPS];
 };
 
@@ -675,7 +683,7 @@ struct cd_flight_entry {
 	__u32 tid;
 	__u32 sym;	/* symbol id: the kind, as for counters */
 	__u32 dtype;	/* NCCL's; CD_FLIGHT_TORCH_DTYPE | torch's (c10d); CD_DTYPE_NONE: none */
-	__u32 op;	/* the reduce op argument; CD_FLIGHT_NONE: the call has none */
+	__u32 op;	/* the reduce op argument (NCCL's ncclRedOp_t; c10d's ReduceOp::RedOpType); CD_FLIGHT_NONE: none */
 	__u32 root;	/* the root argument (broadcast, reduce); CD_FLIGHT_NONE: none */
 	__u32 state;	/* CD_FLIGHT_UNPROBED, CD_FLIGHT_IN_CALL, CD_FLIGHT_RETURNED */
 	__s32 status;	/* CD_FLIGHT_RETURNED: what it returned (ncclResult_t) */
@@ -777,7 +785,7 @@ CD_STATIC_ASSERT(sizeof(struct cd_context) == 8 + CD_LABEL_MAX, "cd_context");
 CD_STATIC_ASSERT(sizeof(struct cd_py_cfg) == 16 + 4 * 17 + 4 + 8 + 16 + 16, "cd_py_cfg");
 CD_STATIC_ASSERT(sizeof(struct cd_proc_counts) == 32 + CD_COARSE_SLOTS * 56, "cd_proc_counts");
 CD_STATIC_ASSERT(sizeof(struct cd_torch_group) == 16, "cd_torch_group");
-CD_STATIC_ASSERT(sizeof(struct cd_torch_cfg) == 32 + CD_TORCH_GROUPS * 16, "cd_torch_cfg");
+CD_STATIC_ASSERT(sizeof(struct cd_torch_cfg) == 32 + CD_TORCH_REDUCE_OPS * 8 + CD_TORCH_GROUPS * 16, "cd_torch_cfg");
 CD_STATIC_ASSERT(sizeof(struct cd_tensor) == 8 * CD_TENSOR_DIMS + 16, "cd_tensor");
 CD_STATIC_ASSERT(sizeof(struct cd_tensors) == 24 + CD_MAX_TENSORS * 64, "cd_tensors");
 

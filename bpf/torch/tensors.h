@@ -229,12 +229,36 @@ FUNC_INLINE __u64 first_impl(__u32 kind, __u64 p)
 	return impl;
 }
 
-/* The flight recorder's count and datatype of a c10d collective (events.h,
- * cd_flight_entry): the elements and TypeMeta index of the first tensor of
- * its first tensor parameter, read as fill_tensors reads it (group_of,
- * impl_status), from `this` in slot 1 and that parameter in slot 2; left unknown
- * where the process has no cd_torch_cfg yet or anything is not as userspace
- * said.  Global: verified once. */
+/* A c10d method's reduce op: the RedOpType in the c10d::ReduceOp its
+ * options argument (the cookie's reduction-op slot) holds first, where the
+ * options' first word is one of ReduceOp's vtables (cd_torch_cfg); CD_FLIGHT_NONE
+ * otherwise. */
+FUNC_INLINE __u32 c10d_reduce_op(const struct entry *en, const struct cd_torch_cfg *cfg)
+{
+	__u64 opts, vt = 0;
+	__u8 op = 0;
+
+	int i, known = 0;
+
+	if (CD_COOKIE_REDOP(en->cookie) >= CD_NUM_ARGS || !cfg->reduce_ops[0])
+		return CD_FLIGHT_NONE;
+	opts = slot_arg(en->args, CD_COOKIE_REDOP(en->cookie));
+	if (bpf_probe_read_user(&vt, sizeof(vt), (void *)opts) || !vt)
+		return CD_FLIGHT_NONE;
+	for (i = 0; i < CD_TORCH_REDUCE_OPS; i++)
+		known |= cfg->reduce_ops[i] == vt;
+	if (!known || bpf_probe_read_user(&op, sizeof(op), (void *)(opts + cfg->reduce_op_at)))
+		return CD_FLIGHT_NONE;
+	return op;
+}
+
+/* The flight recorder's count, datatype and reduce op of a c10d collective
+ * (events.h, cd_flight_entry): the elements and TypeMeta index of the first
+ * tensor of its first tensor parameter, read as fill_tensors reads it
+ * (group_of, impl_status), from `this` in slot 1 and that parameter in slot
+ * 2, and c10d_reduce_op's; left unknown where the process has no
+ * cd_torch_cfg yet or anything is not as userspace said.  Global: verified
+ * once. */
 FUNC_GLOBAL int c10d_first(const struct entry *en, struct flight_sig *sig)
 {
 	const struct cd_torch_cfg *cfg;
@@ -250,6 +274,7 @@ FUNC_GLOBAL int c10d_first(const struct entry *en, struct flight_sig *sig)
 	cfg = torch_cfg_for(en->cookie, en->tgid);
 	if (!cfg)
 		return 0;
+	sig->op = c10d_reduce_op(en, cfg);
 	kind = CD_TENSOR_PARAM(CD_COOKIE_TENSORS(en->cookie), 0);
 	if (kind == CD_TPARAM_NONE || group_of(cfg, slot_arg(en->args, CD_TENSOR_THIS_SLOT)) < 0)
 		return 0;

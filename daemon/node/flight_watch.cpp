@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "nccl.hpp"
+#include "process_group.hpp"
 
 namespace commdbg::daemon {
 
@@ -21,6 +22,9 @@ hang::Issued issued_of(const cd_flight_entry& e, const capture::SymbolTable& sym
     if (e.op != CD_FLIGHT_NONE && nccl) {
         auto n = capture::nccl_redop_name(e.op);
         out.op = n ? std::string(*n) : "op" + std::to_string(e.op);  // one ncclRedOpCreatePreMulSum made
+    } else if (e.op != CD_FLIGHT_NONE) {  // a c10d call's ReduceOp, read by the kernel (events.h)
+        auto n = torch::c10d_reduce_op_name(e.op);
+        out.op = n ? std::string(*n) : "op" + std::to_string(e.op);
     }
     if (e.root != CD_FLIGHT_NONE) out.root = static_cast<int32_t>(e.root);
     if (e.state == CD_FLIGHT_IN_CALL) {
@@ -35,7 +39,7 @@ hang::Issued issued_of(const cd_flight_entry& e, const capture::SymbolTable& sym
 void FlightWatch::describe() {
     metrics_.describe("commdbg_collective_mismatch_total",
                       "Collective numbers of a communicator at which its ranks on this node issued different "
-                      "collectives (kind, count, datatype), from the flight recorder",
+                      "collectives (kind, count, datatype, reduce op, root), from the flight recorder",
                       "counter");
     metrics_.describe("commdbg_comm_rank_seq",
                       "Collectives a rank issued on a communicator so far: the number of its last one", "gauge");

@@ -29,6 +29,8 @@ struct HungJob {
     int hang_at = 0;             // the step the stuck rank never all-reduces (0-based)
     int numel = 0;               // the elements of each all-reduce's tensor
     std::string dtype;           // and its dtype, as torch names it ("float32")
+    std::map<int, std::string> reduce_ops;  // torch's ReduceOp.RedOpType members: value -> name ("SUM")
+    std::vector<std::string> ops;  // by rank: the ReduceOp name of its hang_at all-reduce ("SUM")
     // The stuck rank's number (its index in rank_pids); -1 before it said so.
     int stuck_rank() const {
         for (size_t i = 0; i < rank_pids.size(); ++i)
@@ -51,12 +53,15 @@ inline void start_hung(HungJob& h, const std::vector<std::string>& argv, const s
     h.job = std::make_unique<Background>(argv, env);
     h.rank_pids.assign(3, 0);
     h.groups.assign(3, "");
+    h.ops.assign(3, "");
     auto plan = json::parse(h.job->wait_for_line("\"mode\"", 120), nullptr, false);
     if (plan.is_discarded() || !plan.is_object()) return;
     h.launcher_pid = plan["pid"].get<int>();
     h.hang_at = plan["hang_at"].get<int>();
     h.numel = plan["numel"].get<int>();
     h.dtype = plan["dtype"].get<std::string>();
+    const json ops = plan.value("reduce_ops", json::object());
+    for (const auto& [value, name] : ops.items()) h.reduce_ops[std::stoi(value)] = name.get<std::string>();
     for (int i = 0; i < 3; ++i) {
         auto line = h.job->wait_for_line("{\"rank\": " + std::to_string(i) + ",", 120);
         if (line.empty()) return;
@@ -64,6 +69,7 @@ inline void start_hung(HungJob& h, const std::vector<std::string>& argv, const s
         if (j.is_discarded()) continue;
         h.rank_pids.at(j["rank"].get<int>()) = j["pid"].get<int>();
         h.groups.at(j["rank"].get<int>()) = j["group"].get<std::string>();
+        h.ops.at(j["rank"].get<int>()) = j.value("op", "");
     }
     auto stuck = json::parse(h.job->wait_for_line("\"stuck\"", 60), nullptr, false);
     if (stuck.is_discarded() || !stuck.is_object()) return;

@@ -8,8 +8,11 @@
 #include "hang_job_util.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <numeric>
 #include <regex>
+
+#include "process_group.hpp"
 
 namespace commdbg::e2e {
 namespace {
@@ -367,6 +370,61 @@ TEST(HangDaemon, Torch26GlooGroupIsOneCommunicatorOnEveryRank) {
     run_c10d_group_case({kRunScript, "--bind", kTestprogs + ":" + kInRoot, root, "python3", kInRoot + "/hang_job.py",
                          "loader"},
                         kRootJobEnv);
+}
+
+// A c10d collective's reduce op is in its signature: the kernel reads the
+// c10d::ReduceOp its options hold first (where their first word is
+// ReduceOp's vtable; op_'s offset derived from libtorch_cpu's code).  3 gloo
+// ranks, rank 2's step-2 all-reduce with MAX, the others' with SUM: gloo
+// completes it, each rank reducing with its own op (silent corruption).
+// commdbgd counts the mismatch at that number as the calls arrive, and
+// `commdbg hang` names it with both signatures, each op named as the job's
+// torch names it (every RedOpType it has).
+void run_c10d_op_mismatch_case(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
+    SharedDir tmp;
+    START_DAEMON(d, tmp, {"--probes", "nccl,torch-c10d"});
+    HungJob job;
+    start_hung(job, argv, env, 0);  // the counter is timed from the call
+    ASSERT_NE(job.stuck_pid, 0) << "the job did not reach its wait as planned";
+    auto lower = [](std::string s) {
+        for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        return s;
+    };
+    ASSERT_GE(job.reduce_ops.size(), 5u);
+    for (const auto& [value, name] : job.reduce_ops)
+        EXPECT_EQ(torch::c10d_reduce_op_name(static_cast<uint32_t>(value)), lower(name)) << value;
+    const uint64_t seen_ns = first_mismatch_seen(d);
+    ASSERT_NE(seen_ns, 0u) << "commdbg_collective_mismatch_total never appeared: " << flight_counts(d).dump().substr(0, 3000);
+    const int seq = job.hang_at + 1;
+    const json report = hang_report(d, tmp, {job.launcher_pid});
+    const json& v = report["verdict"];
+    EXPECT_EQ(v["kind"], "collective_mismatch") << v.dump();
+    EXPECT_EQ(v["seq"], seq) << v.dump();
+    EXPECT_EQ(v["culprits"], json::array({job.stuck_pid})) << v.dump();
+    auto signature = [&](int rank) {
+        return "all_reduce count " + std::to_string(job.numel) + " " + job.dtype + " " +
+               lower(job.ops.at(rank));
+    };
+    EXPECT_NE(signature(0), signature(2));
+    EXPECT_EQ(v["signatures"], two_signatures(signature(0), {job.rank_pids[0], job.rank_pids[1]}, signature(2),
+                                              job.rank_pids[2]))
+        << v.dump();
+    ASSERT_NO_FATAL_FAILURE(expect_mismatch_counted(d, job.rank_pids, seq, seen_ns));
+}
+
+TEST(HangDaemon, Torch113GlooAllReduceWithAnotherReduceOpIsAMismatch) {
+    REQUIRE_BPF();
+    REQUIRE_TORCH(py);
+    run_c10d_op_mismatch_case({py, kJob, "op_mismatch"}, {});
+}
+
+TEST(HangDaemon, Torch26GlooAllReduceWithAnotherReduceOpIsAMismatch) {
+    REQUIRE_BPF();
+    const std::string root = trixie_root();
+    REQUIRE_TRIXIE_ROOT(root);
+    run_c10d_op_mismatch_case({kRunScript, "--bind", kTestprogs + ":" + kInRoot, root, "python3",
+                               kInRoot + "/hang_job.py", "op_mismatch"},
+                              kRootJobEnv);
 }
 
 // ---- the real libnccl, on a GPU: torch's NCCL process group, 3 ranks on

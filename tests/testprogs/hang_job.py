@@ -17,6 +17,10 @@ is 600 s: the test ends the job first):
   mismatch every rank issues step 2's all-reduce, rank 2 with twice the
            elements; then every rank waits in wait_after_mismatch().  With
            --backend nccl only: gloo aborts a rank whose sizes differ.
+  op_mismatch  every rank issues step 2's all-reduce, rank 2 with
+           ReduceOp.MAX, the others with SUM (gloo completes it: each rank
+           reduces with its own op, the silent corruption); then every rank
+           waits in wait_after_mismatch().
 
 --backend nccl runs the 3 ranks on the one GPU there is (cuda:0) through the
 real libnccl torch ships: NCCL refuses two ranks of a communicator on one
@@ -25,8 +29,11 @@ over sockets on lo.  step() waits for the GPU, so a rank whose all-reduce
 never completes blocks there, as a training step that reads its loss does.
 
 Stdout, one write per line: the plan ({"mode", "pid", "world", "stuck_rank",
-"hang_at", "numel" and "dtype" of the tensor each all-reduce reduces}), each rank's {"rank", "pid", "group": torch's name of its process
-group} once its process group is up, and
+"hang_at", "numel" and "dtype" of the tensor each all-reduce reduces,
+"reduce_ops": torch's c10d ReduceOp.RedOpType members, {value: name}}),
+each rank's {"rank", "pid", "group": torch's name of its process group,
+"op": the name of the ReduceOp its step-2 all-reduce reduces with} once
+its process group is up, and
 {"stuck": RANK, "pid", "function"} just before the stuck rank blocks.
 """
 import argparse
@@ -43,7 +50,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 WORLD, STUCK, HANG_AT, STEPS, BATCH = 3, 2, 2, 4, 16
-MODES = ("loader", "spin", "atexit", "mismatch")
+MODES = ("loader", "spin", "atexit", "mismatch", "op_mismatch")
 
 
 def say(obj):
@@ -83,8 +90,13 @@ def group_name():
     return names[dist.group.WORLD]
 
 
-def step(batch, wait):
-    dist.all_reduce(batch)
+def op_of(rank, mode):
+    """The name of the ReduceOp rank's step-2 all-reduce reduces with."""
+    return "MAX" if mode == "op_mismatch" and rank == STUCK else "SUM"
+
+
+def step(batch, wait, op="SUM"):
+    dist.all_reduce(batch, op=getattr(dist.ReduceOp, op))
     if wait and batch.is_cuda:
         torch.cuda.synchronize()
     return batch
@@ -111,10 +123,10 @@ def worker(rank, port, mode, backend):
     device = nccl_on_one_gpu(rank, "hang") if backend == "nccl" else "cpu"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=600))
-    say({"rank": rank, "pid": os.getpid(), "group": group_name()})
+    say({"rank": rank, "pid": os.getpid(), "group": group_name(), "op": op_of(rank, mode)})
     for s in range(STEPS):
-        if s == HANG_AT and mode == "mismatch":
-            step(load_batch(rank, s, mode, device), wait=False)
+        if s == HANG_AT and mode in ("mismatch", "op_mismatch"):
+            step(load_batch(rank, s, mode, device), wait=False, op=op_of(rank, mode))
             wait_after_mismatch(rank)
         if rank == STUCK and s == HANG_AT and mode == "spin":
             say({"stuck": rank, "pid": os.getpid(), "function": "spin"})
@@ -133,7 +145,8 @@ def main():
     args = ap.parse_args()
     port = free_port()
     say({"mode": args.mode, "pid": os.getpid(), "world": WORLD, "stuck_rank": STUCK, "hang_at": HANG_AT,
-         "numel": BATCH, "dtype": str(torch.ones(BATCH).dtype).replace("torch.", "")})
+         "numel": BATCH, "dtype": str(torch.ones(BATCH).dtype).replace("torch.", ""),
+         "reduce_ops": {int(v): n for n, v in dist.ReduceOp.RedOpType.__members__.items()}})
     mp.spawn(worker, args=(port, args.mode, args.backend), nprocs=WORLD, join=True)
 
 

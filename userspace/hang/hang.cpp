@@ -117,6 +117,9 @@ std::vector<Divergence> divergences(const std::vector<RankIssued>& ranks) {
             d.signatures.emplace_back(sig, who);
             if (sig != most->first) d.odd.insert(d.odd.end(), who.begin(), who.end());
         }
+        // The most ranks' signature first: the odd ones read against it.
+        std::stable_sort(d.signatures.begin(), d.signatures.end(),
+                         [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
         out.push_back(std::move(d));
     }
     return out;

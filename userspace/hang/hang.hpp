@@ -86,7 +86,7 @@ struct RankIssued {
 // analyzer's mismatch (`commdbg hang`, and commdbgd as collectives arrive).
 struct Divergence {
     uint64_t seq = 0;
-    std::vector<std::pair<std::string, std::vector<int>>> signatures;  // each signature and who issued it
+    std::vector<std::pair<std::string, std::vector<int>>> signatures;  // each signature and who issued it, most ranks first
     std::vector<int> odd;  // who issued another than the most common one
 };
 // Every number at which two ranks recorded different signatures, in order.

@@ -229,7 +229,7 @@ uint32_t TraceModel::add_call(ProcessTree& p, ProcessTree::ThreadState& th, cons
     uint64_t v = 0;
     if (slot_value(e, s.count, v)) r.count = v, r.flags |= kHasCount;
     if (slot_value(e, s.dtype, v)) r.dtype = static_cast<uint32_t>(v), r.flags |= kHasDtype;
-    if (slot_value(e, s.redop, v)) r.redop = static_cast<uint32_t>(v), r.flags |= kHasRedop;
+    if (!info.redop_is_options && slot_value(e, s.redop, v)) r.redop = static_cast<uint32_t>(v), r.flags |= kHasRedop;
     if (slot_value(e, s.peer, v)) r.peer = static_cast<int32_t>(v), r.flags |= kHasPeer;
     if (slot_value(e, s.comm, v)) r.comm = v, r.flags |= kHasComm;
     if (slot_value(e, s.stream, v)) r.stream = v, r.flags |= kHasStream;

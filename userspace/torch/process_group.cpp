@@ -33,6 +33,71 @@ std::optional<uint32_t> store_of(const std::vector<uint8_t>& c, uint8_t reg) {
     return std::nullopt;
 }
 
+constexpr std::string_view kReduceOpVtable = "_ZTVN4c10d8ReduceOpE";
+constexpr uint32_t kRelative = 8;  // R_X86_64_RELATIVE
+
+// Whether `c` holds `pat` at `at` (-1 in `pat`: any byte).
+bool bytes_at(const std::vector<uint8_t>& c, size_t at, std::initializer_list<int> pat) {
+    if (at + pat.size() > c.size()) return false;
+    for (int b : pat) {
+        if (b >= 0 && c[at] != b) return false;
+        ++at;
+    }
+    return true;
+}
+
+size_t after_endbr64(const std::vector<uint8_t>& c) { return bytes_at(c, 0, {0xf3, 0x0f, 0x1e, 0xfa}) ? 4 : 0; }
+
+int32_t rel32_at(const std::vector<uint8_t>& c, size_t at) {
+    return static_cast<int32_t>(c[at] | c[at + 1] << 8 | c[at + 2] << 16 | uint32_t(c[at + 3]) << 24);
+}
+
+// ReduceOp's complete-object destructor, the only form taken: [endbr64]
+// `mov d32(%rip),%rax` (its vtable, from the GOT); `add $S,%rdi`;
+// `add $0x10,%rax`; `mov %rax,-S(%rdi)` (the vtable pointer stored);
+// `jmp`/`call rel32` (the member at +S destroyed).  S and the callee.
+std::optional<std::pair<uint32_t, uint64_t>> reduce_op_dtor(const std::vector<uint8_t>& c, uint64_t vaddr) {
+    const size_t i = after_endbr64(c);
+    if (!bytes_at(c, i, {0x48, 0x8b, 0x05, -1, -1, -1, -1, 0x48, 0x83, 0xc7, -1, 0x48, 0x83, 0xc0, 0x10, 0x48, 0x89,
+                         0x47, -1}))
+        return std::nullopt;
+    const uint8_t s = c[i + 10];
+    if (s == 0 || s >= 0x80 || static_cast<uint8_t>(-s) != c[i + 18]) return std::nullopt;
+    const size_t call = i + 19;
+    if (!bytes_at(c, call, {-1, -1, -1, -1, -1}) || (c[call] != 0xe9 && c[call] != 0xe8)) return std::nullopt;
+    return std::make_pair(uint32_t{s}, vaddr + call + 5 + static_cast<int64_t>(rel32_at(c, call + 1)));
+}
+
+// `lock subl|subq $1,8(%rax)` at `at`: the count's width (4 or 8).
+std::optional<uint32_t> locked_decrement_width(const std::vector<uint8_t>& c, size_t at) {
+    if (bytes_at(c, at, {0xf0, 0x83, 0x68, 0x08, 0x01})) return 4;
+    if (bytes_at(c, at, {0xf0, 0x48, 0x83, 0x68, 0x08, 0x01})) return 8;
+    return std::nullopt;
+}
+
+// An intrusive_ptr's release: [endbr64] `mov (%rdi),%rax`; `test %rax,%rax`;
+// `je rel8`; `lock subl|subq $1,8(%rax)`.  The count's width (4 or 8).
+std::optional<uint32_t> refcount_width(const std::vector<uint8_t>& c) {
+    const size_t i = after_endbr64(c);
+    if (!bytes_at(c, i, {0x48, 0x8b, 0x07, 0x48, 0x85, 0xc0, 0x74, -1})) return std::nullopt;
+    return locked_decrement_width(c, i + 8);
+}
+
+// ReduceOp's destructor with the release inlined (libtorch_python's copy):
+// [endbr64] `mov d32(%rip),%rax`; `add $0x10,%rax`; `mov %rax,(%rdi)`;
+// `mov S(%rdi),%rax`; `test %rax,%rax`; `je rel8`; `lock sub $1,8(%rax)`.
+// S and the count's width.
+std::optional<std::pair<uint32_t, uint32_t>> reduce_op_dtor_inlined(const std::vector<uint8_t>& c) {
+    const size_t i = after_endbr64(c);
+    if (!bytes_at(c, i, {0x48, 0x8b, 0x05, -1, -1, -1, -1, 0x48, 0x83, 0xc0, 0x10, 0x48, 0x89, 0x07, 0x48, 0x8b, 0x47,
+                         -1, 0x48, 0x85, 0xc0, 0x74, -1}))
+        return std::nullopt;
+    const uint8_t s = c[i + 17];
+    auto width = locked_decrement_width(c, i + 23);
+    if (s == 0 || s >= 0x80 || !width) return std::nullopt;
+    return std::make_pair(uint32_t{s}, *width);
+}
+
 // N4c10d16ProcessGroupGlooE -> c10d::ProcessGroupGloo
 std::string demangle_nested(std::string_view m) {
     std::string out;
@@ -93,7 +158,50 @@ std::set<std::string, std::less<>> first_pass() {
             std::string b(base);
             s.insert("_ZTV" + b), s.insert("_ZTI" + b), s.insert("_Z" + b.substr(0, b.size() - 1) + "C2Eii");
         }
+    s.insert(std::string(kReduceOpVtable));
     return s;
+}
+
+// ReduceOpLayout (process_group.hpp): an error only when the file cannot be
+// read; `why` when its code has another shape.
+Result<std::optional<ReduceOpLayout>> derive_reduce_op(Lookup& lk, const std::string& path,
+                                                       const std::set<std::string, std::less<>>& also,
+                                                       std::string& why) {
+    using R = Result<std::optional<ReduceOpLayout>>;
+    auto vt = lk.find(std::string(kReduceOpVtable), also);
+    if (!vt) return R::fail(vt.error());
+    if (!*vt) {
+        why = path + " has no vtable for c10d::ReduceOp";
+        return std::optional<ReduceOpLayout>();
+    }
+    const uint64_t slot = **vt + kVtableAddressPoint;  // its first virtual function: the destructor
+    auto rel = host::read_relocations(path, {slot});
+    if (!rel) return R::fail(rel.error());
+    auto d1 = rel->find(slot);
+    if (d1 == rel->end() || d1->second.type != kRelative || d1->second.addend <= 0) {
+        why = "c10d::ReduceOp's vtable does not point to its destructor in " + path;
+        return std::optional<ReduceOpLayout>();
+    }
+    const auto dtor_at = static_cast<uint64_t>(d1->second.addend);
+    auto code = lk.code(dtor_at, "c10d::ReduceOp::~ReduceOp()");
+    if (!code) return R::fail(code.error());
+    // S: where supplement_ is; the width of the counts of what it points to.
+    std::optional<std::pair<uint32_t, uint32_t>> member = reduce_op_dtor_inlined(*code);
+    if (auto dtor = member ? std::nullopt : reduce_op_dtor(*code, dtor_at)) {
+        auto release = lk.code(dtor->second, "the destructor of c10d::ReduceOp::supplement_");
+        auto width = release ? refcount_width(*release) : std::nullopt;
+        if (width) member.emplace(dtor->first, *width);
+    }
+    if (!member) {
+        why = "c10d::ReduceOp's destructor has another shape in " + path;
+        return std::optional<ReduceOpLayout>();
+    }
+    const uint32_t op_at = 8 + 2 * member->second;
+    if (((op_at + 1 + 7) & ~7u) != member->first) {
+        why = "c10d::ReduceOp's member after op_ is not where its layout puts it in " + path;
+        return std::optional<ReduceOpLayout>();
+    }
+    return std::optional<ReduceOpLayout>(ReduceOpLayout{slot, op_at});
 }
 
 Result<std::optional<GroupClass>> derive(Lookup& lk, const std::string& path, std::string_view mangled,
@@ -140,6 +248,13 @@ Result<std::optional<GroupClass>> derive(Lookup& lk, const std::string& path, st
 
 }  // namespace
 
+std::optional<std::string_view> c10d_reduce_op_name(uint32_t op) {
+    static constexpr std::string_view kNames[] = {"sum", "avg", "product", "min", "max",
+                                                  "band", "bor", "bxor", "premul_sum"};
+    if (op >= std::size(kNames)) return std::nullopt;
+    return kNames[op];
+}
+
 Result<GroupClasses> derive_group_classes(const std::string& path) {
     using R = Result<GroupClasses>;
     Lookup lk(path);
@@ -150,6 +265,20 @@ Result<GroupClasses> derive_group_classes(const std::string& path) {
         if (!g) return R::fail(g.error());
         if (*g) out.classes.push_back(std::move(**g));
     }
+    auto op = derive_reduce_op(lk, path, also, out.why_no_reduce_op);
+    if (!op) return R::fail(op.error());
+    out.reduce_op = *op;
+    out.file = lk.file();
+    return out;
+}
+
+Result<ReduceOpFacts> derive_reduce_op_facts(const std::string& path) {
+    using R = Result<ReduceOpFacts>;
+    Lookup lk(path);
+    ReduceOpFacts out;
+    auto op = derive_reduce_op(lk, path, {}, out.why_no_reduce_op);
+    if (!op) return R::fail(op.error());
+    out.reduce_op = *op;
     out.file = lk.file();
     return out;
 }

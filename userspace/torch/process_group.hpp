@@ -33,13 +33,43 @@ struct GroupClass {
 inline constexpr std::string_view kGroupClasses[] = {"N4c10d16ProcessGroupGlooE", "N4c10d16ProcessGroupNCCLE",
                                                      "N4c10d12ProcessGroupE"};
 
+// Where a c10d::ReduceOp (the first member of every c10d options struct
+// that reduces) keeps its op_, a one-byte RedOpType.  From the file's own
+// code: the complete-object destructor its vtable points to destroys the
+// one member after op_ (`supplement_`, an intrusive_ptr) at +S, through a
+// function (libtorch_cpu) or inline (libtorch_python) whose `lock sub` on
+// the pointee's refcount says how wide c10::intrusive_ptr_target's two
+// counts are (w: 4 on torch 2.x, 8 on 1.13).  op_ is at 8 + 2w (after the vtable pointer and the counts), and
+// only when S is where the ABI then puts the next 8-aligned member.
+struct ReduceOpLayout {
+    uint64_t vtable = 0;  // link-time address of its vtable's address point
+    uint32_t op_at = 0;   // byte offset of op_
+};
+
+// A RedOpType's name as torch's Python enum has it, lower-cased ("sum",
+// "max", "premul_sum"; torch/csrc/distributed/c10d/Types.hpp, the same on
+// 1.13 and 2.x); nullopt for another value.
+std::optional<std::string_view> c10d_reduce_op_name(uint32_t op);
+
 // Those of kGroupClasses the file at `path` has a vtable for, and the
 // file's headers (its load segments, for its load bias in a process).
 // Fails only when the file cannot be read.
 struct GroupClasses {
     host::ElfData file;
     std::vector<GroupClass> classes;
+    std::optional<ReduceOpLayout> reduce_op;  // unset: why_no_reduce_op
+    std::string why_no_reduce_op;
 };
 Result<GroupClasses> derive_group_classes(const std::string& path);
+
+// A file's own c10d::ReduceOp alone (libtorch_python has its own copy of the
+// vtable, and the options Python makes hold it).  Fails only when the file
+// cannot be read.
+struct ReduceOpFacts {
+    host::ElfData file;
+    std::optional<ReduceOpLayout> reduce_op;  // unset: why_no_reduce_op
+    std::string why_no_reduce_op;
+};
+Result<ReduceOpFacts> derive_reduce_op_facts(const std::string& path);
 
 }  // namespace commdbg::torch

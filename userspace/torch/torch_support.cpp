@@ -26,12 +26,17 @@ TorchFile derive_file(const std::string& path, bool c10, bool python) {
         auto d = derive_variable_impl(path);
         if (!d) f.error = d.error();
         else f.variable_impl = *d;
+        // Its own copy of ReduceOp's vtable: a reduce op read without parameters is still right.
+        auto r = derive_reduce_op_facts(path);
+        if (r) f.elf = std::move(r->file), f.reduce_op = r->reduce_op, f.why_no_reduce_op = std::move(r->why_no_reduce_op);
         return f;
     }
     if (!c10) {
         auto g = derive_group_classes(path);
         if (!g) f.error = g.error();
-        else f.elf = std::move(g->file), f.groups = std::move(g->classes);
+        else
+            f.elf = std::move(g->file), f.groups = std::move(g->classes), f.reduce_op = g->reduce_op,
+            f.why_no_reduce_op = std::move(g->why_no_reduce_op);
         return f;
     }
     auto data = host::read_elf_data(path, {std::string(kImplVtable), std::string(kUndefined)});
@@ -53,10 +58,29 @@ TorchFile derive_file(const std::string& path, bool c10, bool python) {
     return f;
 }
 
+// Every mapped copy of ReduceOp's vtable, each file's own derivation of
+// where op_ is agreeing (they are one torch build); none where they differ.
+void add_reduce_ops(cd_torch_cfg& cfg, const std::vector<std::pair<const TorchFile*, uint64_t>>& libtorch,
+                    std::optional<std::pair<const TorchFile*, uint64_t>> python) {
+    auto files = libtorch;
+    if (python) files.push_back(*python);
+    size_t n = 0;
+    for (const auto& [file, bias] : files) {
+        if (!file->reduce_op || n == CD_TORCH_REDUCE_OPS) continue;
+        if (n > 0 && file->reduce_op->op_at != cfg.reduce_op_at) {
+            std::fill(std::begin(cfg.reduce_ops), std::end(cfg.reduce_ops), 0);
+            return;
+        }
+        cfg.reduce_ops[n++] = file->reduce_op->vtable + bias;
+        cfg.reduce_op_at = static_cast<uint16_t>(file->reduce_op->op_at);
+    }
+}
+
 }  // namespace
 
 Result<cd_torch_cfg> torch_config(const TorchFile& c10, uint64_t c10_bias,
-                                  const std::vector<std::pair<const TorchFile*, uint64_t>>& libtorch) {
+                                  const std::vector<std::pair<const TorchFile*, uint64_t>>& libtorch,
+                                  std::optional<std::pair<const TorchFile*, uint64_t>> python) {
     using R = Result<cd_torch_cfg>;
     if (!c10.error.empty()) return R::fail(c10.error);
     if (!c10.layout) return R::fail("libc10 has no TensorImpl layout");
@@ -88,6 +112,7 @@ Result<cd_torch_cfg> torch_config(const TorchFile& c10, uint64_t c10_bias,
         }
     }
     if (n == 0) return R::fail("no libtorch file with a process-group class is mapped");
+    add_reduce_ops(cfg, libtorch, python);
     return cfg;
 }
 
@@ -105,17 +130,18 @@ std::optional<std::string> TorchSupport::setup(uint32_t pid, const std::string& 
     if (!enabled_) return std::nullopt;
     proc_root_ = proc_root;
     Process& p = procs_[pid];
-    if (p.ready || p.noted) return std::nullopt;
+    if (p.noted || (p.ready && (p.complete || p.writes >= kPythonTries))) return std::nullopt;
     auto maps = host::read_maps(static_cast<int>(pid), proc_root);
     if (!maps) return std::nullopt;  // gone: its exit follows
     auto files = host::mapped_files(*maps, static_cast<int>(pid), [](std::string_view path) {
         return is_c10(path) || is_libtorch(path) || is_libtorch_python(path);
     }, proc_root);
-    const host::MappedFile* c10 = nullptr;
+    const host::MappedFile *c10 = nullptr, *python = nullptr;
     std::vector<const host::MappedFile*> torch;
     for (const auto& f : files) {
         if (is_libtorch(f.path)) torch.push_back(&f);
         else if (is_c10(f.path) && !c10) c10 = &f;
+        else if (is_libtorch_python(f.path) && !python) python = &f;
     }
     if (!c10 || torch.empty()) return std::nullopt;  // not loaded yet: tried again at the next loader change
     auto note = [&](const std::string& why) {
@@ -135,14 +161,23 @@ std::optional<std::string> TorchSupport::setup(uint32_t pid, const std::string& 
         keep.push_back(t);
         libs.emplace_back(t.get(), *b);
     }
-    auto cfg = torch_config(*c, *cb, libs);
+    std::optional<std::pair<const TorchFile*, uint64_t>> py;
+    if (python) {
+        auto t = file(python->open_path, python->dev, python->inode, Kind::python);
+        auto b = t->reduce_op ? host::load_bias(*maps, python->path, t->elf) : std::nullopt;
+        keep.push_back(t);
+        if (b) py.emplace(t.get(), *b);
+    }
+    auto cfg = torch_config(*c, *cb, libs, py);
     if (!cfg) return note(cfg.error());
     auto w = maps_.write_config(pid, *cfg);
     if (!w) return note(w.error());
+    ++p.writes;
+    p.complete = python != nullptr;
     p.c10 = c;
-    p.ready = true;
     p.impl_vtable = cfg->impl_vtable;
-    setup_parameters(pid, p, files);
+    if (!p.ready || !p.variable_impl) setup_parameters(pid, p, files);
+    p.ready = true;
     return std::nullopt;
 }
 

@@ -44,14 +44,19 @@ struct TorchFile {
     uint64_t impl_vtable = 0, undefined = 0;  // link-time addresses
     // libtorch
     std::vector<GroupClass> groups;
+    // libtorch and libtorch_python: its own copy of c10d::ReduceOp; unset: why_no_reduce_op
+    std::optional<ReduceOpLayout> reduce_op;
+    std::string why_no_reduce_op;
     // libtorch_python: the TensorImpl*'s offset in a torch.Tensor object
     std::optional<uint32_t> variable_impl;
 };
 
-// Builds the kernel's config from a process's files and their load biases;
-// the error when they cannot give one.
+// Builds the kernel's config from a process's files and their load biases
+// (libtorch_python's, when mapped: its ReduceOp); the error when they cannot
+// give one.
 Result<cd_torch_cfg> torch_config(const TorchFile& c10, uint64_t c10_bias,
-                                  const std::vector<std::pair<const TorchFile*, uint64_t>>& libtorch);
+                                  const std::vector<std::pair<const TorchFile*, uint64_t>>& libtorch,
+                                  std::optional<std::pair<const TorchFile*, uint64_t>> python = std::nullopt);
 
 class TorchSupport final : public ParameterSource {
 public:
@@ -91,6 +96,8 @@ private:
         std::shared_ptr<const TorchFile> c10;
         bool ready = false;
         bool noted = false;
+        bool complete = false;  // its config has libtorch_python's ReduceOp too (else: written again)
+        int writes = 0;         // of its config (kPythonTries at most)
         std::optional<uint32_t> variable_impl;  // from libtorch_python: parameters can be read
         int python_tries = 0;                   // looks for libtorch_python (kPythonTries at most)
         std::string params_note;                // why its module parameters are not read

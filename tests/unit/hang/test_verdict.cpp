@@ -152,7 +152,10 @@ TEST(HangVerdict, AnOpOrARootThatDiffersIsADivergenceAndBothSurviveJson) {
     ASSERT_EQ(d.size(), 2u);
     EXPECT_EQ(d[0].seq, 1u);
     EXPECT_EQ(d[0].odd, std::vector<int>{11});
-    EXPECT_EQ(d[0].signatures.front().first, "all_reduce count 8 float32 max");
+    // The most ranks' signature first, the odd rank's after it.
+    EXPECT_EQ(d[0].signatures.front(),
+              (std::pair<std::string, std::vector<int>>{"all_reduce count 8 float32 sum", {10, 12}}));
+    EXPECT_EQ(d[0].signatures.back(), (std::pair<std::string, std::vector<int>>{"all_reduce count 8 float32 max", {11}}));
     EXPECT_EQ(d[1].seq, 2u);
     EXPECT_EQ(d[1].odd, std::vector<int>{12});
     EXPECT_EQ(d[1].signatures.back().first, "broadcast count 8 float32 root 3");
