@@ -40,6 +40,7 @@ FUNC_INLINE void flight_sig_of(const struct entry *en, const struct cd_count_key
 	sig->count = CD_FLIGHT_NO_COUNT;
 	sig->dtype = CD_DTYPE_NONE;
 	sig->op = CD_FLIGHT_NONE;
+	sig->root = CD_FLIGHT_NONE;
 	if (CD_COOKIE_FRAMEWORK_COLL(en->cookie)) {
 		if (!en->nested)
 			c10d_first(en, sig);
@@ -49,6 +50,8 @@ FUNC_INLINE void flight_sig_of(const struct entry *en, const struct cd_count_key
 		sig->count = slot_arg(en->args, CD_COOKIE_COUNT(en->cookie));
 	if (CD_COOKIE_REDOP(en->cookie) < CD_NUM_ARGS)
 		sig->op = (__u32)slot_arg(en->args, CD_COOKIE_REDOP(en->cookie));
+	if (CD_COOKIE_PEER(en->cookie) < CD_NUM_ARGS)
+		sig->root = (__u32)slot_arg(en->args, CD_COOKIE_PEER(en->cookie));
 	sig->dtype = key->dtype;
 }
 

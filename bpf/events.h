@@ -36,7 +36,8 @@
  *  bits 32..35  comm slot
  *  bits 36..39  reduction-op slot (a c10d method's: its options argument,
  *               whose first member is a c10d::ReduceOp; see cd_torch_cfg)
- *  bits 40..43  root/peer slot
+ *  bits 40..43  root/peer slot (a c10d method's: its options argument, which
+ *               holds rootRank; see cd_torch_cfg)
  *  bits 44..47  out-pointer slot (communicator written by an init/split)
  *  bits 48..51  tail source    (enum cd_tail_kind captured at entry)
  *  bits 52..55  collective kind (enum cd_coll, for kernel counters)
@@ -208,6 +209,12 @@ struct cd_torch_cfg {
 	__u8 inline_dims;
 	__u16 span; /* bytes read from a TensorImpl: every field's end, <= CD_TENSOR_WINDOW */
 	__u16 reduce_op_at; /* byte offset of c10d::ReduceOp's op_ (a RedOpType, one byte) */
+	/* byte offsets of rootRank in a BroadcastOptions and a ReduceOptions
+	 * (the latter read only once its ReduceOp is known, see reduce_ops);
+	 * CD_TORCH_NO_OFFSET: unknown */
+	__u16 broadcast_root_at;
+	__u16 reduce_root_at;
+	__u32 pad;
 	/* c10d::ReduceOp's vtable address points, one per torch file that has
 	 * its own copy (libtorch_cpu's, libtorch_python's: an options struct
 	 * made by Python holds the latter); 0: unused.  A c10d method's options
@@ -785,7 +792,7 @@ CD_STATIC_ASSERT(sizeof(struct cd_context) == 8 + CD_LABEL_MAX, "cd_context");
 CD_STATIC_ASSERT(sizeof(struct cd_py_cfg) == 16 + 4 * 17 + 4 + 8 + 16 + 16, "cd_py_cfg");
 CD_STATIC_ASSERT(sizeof(struct cd_proc_counts) == 32 + CD_COARSE_SLOTS * 56, "cd_proc_counts");
 CD_STATIC_ASSERT(sizeof(struct cd_torch_group) == 16, "cd_torch_group");
-CD_STATIC_ASSERT(sizeof(struct cd_torch_cfg) == 32 + CD_TORCH_REDUCE_OPS * 8 + CD_TORCH_GROUPS * 16, "cd_torch_cfg");
+CD_STATIC_ASSERT(sizeof(struct cd_torch_cfg) == 40 + CD_TORCH_REDUCE_OPS * 8 + CD_TORCH_GROUPS * 16, "cd_torch_cfg");
 CD_STATIC_ASSERT(sizeof(struct cd_tensor) == 8 * CD_TENSOR_DIMS + 16, "cd_tensor");
 CD_STATIC_ASSERT(sizeof(struct cd_tensors) == 24 + CD_MAX_TENSORS * 64, "cd_tensors");
 

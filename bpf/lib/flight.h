@@ -28,11 +28,13 @@ struct {
 	__type(value, struct cd_flight);
 } flight_zero SEC(".maps");
 
-/* What a collective's signature holds beyond its kind and root. */
+/* What a collective's signature holds beyond its kind. */
 struct flight_sig {
 	__u64 count; /* elements; CD_FLIGHT_NO_COUNT: unknown */
 	__u32 dtype; /* as cd_flight_entry.dtype */
 	__u32 op;    /* as cd_flight_entry.op */
+	__u32 root;  /* as cd_flight_entry.root */
+	__u32 pad;
 };
 
 /* Whether the call takes a number: a collective, not a send or receive. */
@@ -99,8 +101,7 @@ FUNC_GLOBAL __u64 flight_record(const struct entry *en, const struct cd_count_ke
 	e->sym = key->sym;
 	e->dtype = sig->dtype;
 	e->op = sig->op;
-	e->root = CD_COOKIE_PEER(en->cookie) < CD_NUM_ARGS ? (__u32)slot_arg(en->args, CD_COOKIE_PEER(en->cookie))
-							   : CD_FLIGHT_NONE;
+	e->root = sig->root;
 	e->seq = seq;
 	return seq;
 }

@@ -252,11 +252,28 @@ FUNC_INLINE __u32 c10d_reduce_op(const struct entry *en, const struct cd_torch_c
 	return op;
 }
 
-/* The flight recorder's count, datatype and reduce op of a c10d collective
+/* A c10d method's root: rootRank in the options its root slot holds, at
+ * the offset cfg gives for a ReduceOptions (the options' reduce op was read,
+ * so they open with a ReduceOp) or else a BroadcastOptions; CD_FLIGHT_NONE
+ * where unknown. */
+FUNC_INLINE __u32 c10d_root(const struct entry *en, const struct cd_torch_cfg *cfg, __u32 op)
+{
+	__u16 at = CD_COOKIE_REDOP(en->cookie) < CD_NUM_ARGS ? cfg->reduce_root_at : cfg->broadcast_root_at;
+	__u32 root = 0;
+
+	if (CD_COOKIE_PEER(en->cookie) >= CD_NUM_ARGS || at == CD_TORCH_NO_OFFSET ||
+	    (CD_COOKIE_REDOP(en->cookie) < CD_NUM_ARGS && op == CD_FLIGHT_NONE))
+		return CD_FLIGHT_NONE;
+	if (bpf_probe_read_user(&root, sizeof(root), (void *)(slot_arg(en->args, CD_COOKIE_PEER(en->cookie)) + at)))
+		return CD_FLIGHT_NONE;
+	return root;
+}
+
+/* The flight recorder's count, datatype, reduce op and root of a c10d collective
  * (events.h, cd_flight_entry): the elements and TypeMeta index of the first
  * tensor of its first tensor parameter, read as fill_tensors reads it
  * (group_of, impl_status), from `this` in slot 1 and that parameter in slot
- * 2, and c10d_reduce_op's; left unknown where the process has no
+ * 2, and c10d_reduce_op's and c10d_root's; left unknown where the process has no
  * cd_torch_cfg yet or anything is not as userspace said.  Global: verified
  * once. */
 FUNC_GLOBAL int c10d_first(const struct entry *en, struct flight_sig *sig)
@@ -275,6 +292,7 @@ FUNC_GLOBAL int c10d_first(const struct entry *en, struct flight_sig *sig)
 	if (!cfg)
 		return 0;
 	sig->op = c10d_reduce_op(en, cfg);
+	sig->root = c10d_root(en, cfg, sig->op);
 	kind = CD_TENSOR_PARAM(CD_COOKIE_TENSORS(en->cookie), 0);
 	if (kind == CD_TPARAM_NONE || group_of(cfg, slot_arg(en->args, CD_TENSOR_THIS_SLOT)) < 0)
 		return 0;

@@ -31,6 +31,7 @@ struct HungJob {
     std::string dtype;           // and its dtype, as torch names it ("float32")
     std::map<int, std::string> reduce_ops;  // torch's ReduceOp.RedOpType members: value -> name ("SUM")
     std::vector<std::string> ops;  // by rank: the ReduceOp name of its hang_at all-reduce ("SUM")
+    std::vector<int> roots;        // by rank: the root of its hang_at broadcast (root_mismatch)
     // The stuck rank's number (its index in rank_pids); -1 before it said so.
     int stuck_rank() const {
         for (size_t i = 0; i < rank_pids.size(); ++i)
@@ -54,6 +55,7 @@ inline void start_hung(HungJob& h, const std::vector<std::string>& argv, const s
     h.rank_pids.assign(3, 0);
     h.groups.assign(3, "");
     h.ops.assign(3, "");
+    h.roots.assign(3, -1);
     auto plan = json::parse(h.job->wait_for_line("\"mode\"", 120), nullptr, false);
     if (plan.is_discarded() || !plan.is_object()) return;
     h.launcher_pid = plan["pid"].get<int>();
@@ -70,6 +72,7 @@ inline void start_hung(HungJob& h, const std::vector<std::string>& argv, const s
         h.rank_pids.at(j["rank"].get<int>()) = j["pid"].get<int>();
         h.groups.at(j["rank"].get<int>()) = j["group"].get<std::string>();
         h.ops.at(j["rank"].get<int>()) = j.value("op", "");
+        h.roots.at(j["rank"].get<int>()) = j.value("root", -1);
     }
     auto stuck = json::parse(h.job->wait_for_line("\"stuck\"", 60), nullptr, false);
     if (stuck.is_discarded() || !stuck.is_object()) return;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <functional>
 #include <numeric>
 #include <regex>
 
@@ -372,24 +373,21 @@ TEST(HangDaemon, Torch26GlooGroupIsOneCommunicatorOnEveryRank) {
                         kRootJobEnv);
 }
 
-// A c10d collective's reduce op is in its signature: the kernel reads the
-// c10d::ReduceOp its options hold first (where their first word is
-// ReduceOp's vtable; op_'s offset derived from libtorch_cpu's code).  3 gloo
-// ranks, rank 2's step-2 all-reduce with MAX, the others' with SUM: gloo
-// completes it, each rank reducing with its own op (silent corruption).
-// commdbgd counts the mismatch at that number as the calls arrive, and
-// `commdbg hang` names it with both signatures, each op named as the job's
-// torch names it (every RedOpType it has).
-void run_c10d_op_mismatch_case(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
+std::string lower(std::string s) {
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+}
+
+// 3 gloo ranks whose step-2 collective differs on rank 2 in what `signature`
+// (of a rank) says: commdbgd counts the mismatch at that number as the calls
+// arrive, and `commdbg hang` names it with both signatures.
+void run_c10d_mismatch_case(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+                            const std::function<std::string(const HungJob&, int)>& signature) {
     SharedDir tmp;
     START_DAEMON(d, tmp, {"--probes", "nccl,torch-c10d"});
     HungJob job;
     start_hung(job, argv, env, 0);  // the counter is timed from the call
     ASSERT_NE(job.stuck_pid, 0) << "the job did not reach its wait as planned";
-    auto lower = [](std::string s) {
-        for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        return s;
-    };
     ASSERT_GE(job.reduce_ops.size(), 5u);
     for (const auto& [value, name] : job.reduce_ops)
         EXPECT_EQ(torch::c10d_reduce_op_name(static_cast<uint32_t>(value)), lower(name)) << value;
@@ -401,30 +399,61 @@ void run_c10d_op_mismatch_case(const std::vector<std::string>& argv, const std::
     EXPECT_EQ(v["kind"], "collective_mismatch") << v.dump();
     EXPECT_EQ(v["seq"], seq) << v.dump();
     EXPECT_EQ(v["culprits"], json::array({job.stuck_pid})) << v.dump();
-    auto signature = [&](int rank) {
-        return "all_reduce count " + std::to_string(job.numel) + " " + job.dtype + " " +
-               lower(job.ops.at(rank));
-    };
-    EXPECT_NE(signature(0), signature(2));
-    EXPECT_EQ(v["signatures"], two_signatures(signature(0), {job.rank_pids[0], job.rank_pids[1]}, signature(2),
-                                              job.rank_pids[2]))
+    EXPECT_NE(signature(job, 0), signature(job, 2));
+    EXPECT_EQ(signature(job, 0), signature(job, 1));
+    EXPECT_EQ(v["signatures"], two_signatures(signature(job, 0), {job.rank_pids[0], job.rank_pids[1]},
+                                              signature(job, 2), job.rank_pids[2]))
         << v.dump();
     ASSERT_NO_FATAL_FAILURE(expect_mismatch_counted(d, job.rank_pids, seq, seen_ns));
+}
+
+// A c10d collective's reduce op is in its signature: the kernel reads the
+// c10d::ReduceOp its options hold first (where their first word is one of
+// ReduceOp's vtables; op_'s offset derived from each torch file's code).
+// Rank 2's step-2 all-reduce reduces with MAX, the others' with SUM: gloo
+// completes it, each rank reducing with its own op (silent corruption).
+// Each op is named as the job's torch names it (every RedOpType it has).
+std::string all_reduce_with_op(const HungJob& job, int rank) {
+    return "all_reduce count " + std::to_string(job.numel) + " " + job.dtype + " " + lower(job.ops.at(rank));
 }
 
 TEST(HangDaemon, Torch113GlooAllReduceWithAnotherReduceOpIsAMismatch) {
     REQUIRE_BPF();
     REQUIRE_TORCH(py);
-    run_c10d_op_mismatch_case({py, kJob, "op_mismatch"}, {});
+    run_c10d_mismatch_case({py, kJob, "op_mismatch"}, {}, all_reduce_with_op);
 }
 
 TEST(HangDaemon, Torch26GlooAllReduceWithAnotherReduceOpIsAMismatch) {
     REQUIRE_BPF();
     const std::string root = trixie_root();
     REQUIRE_TRIXIE_ROOT(root);
-    run_c10d_op_mismatch_case({kRunScript, "--bind", kTestprogs + ":" + kInRoot, root, "python3",
-                               kInRoot + "/hang_job.py", "op_mismatch"},
-                              kRootJobEnv);
+    run_c10d_mismatch_case({kRunScript, "--bind", kTestprogs + ":" + kInRoot, root, "python3",
+                            kInRoot + "/hang_job.py", "op_mismatch"},
+                           kRootJobEnv, all_reduce_with_op);
+}
+
+// A c10d broadcast's root is in its signature: the kernel reads rootRank
+// from its BroadcastOptions, at the offset ProcessGroupGloo::broadcast's own
+// check of it (against size_) loads it from.  Rank 2 broadcasts its step-2
+// batch from root 1, the others from root 0 (async: it never completes).
+std::string broadcast_from_root(const HungJob& job, int rank) {
+    return "broadcast count " + std::to_string(job.numel) + " " + job.dtype + " root " +
+           std::to_string(job.roots.at(rank));
+}
+
+TEST(HangDaemon, Torch113GlooBroadcastFromAnotherRootIsAMismatch) {
+    REQUIRE_BPF();
+    REQUIRE_TORCH(py);
+    run_c10d_mismatch_case({py, kJob, "root_mismatch"}, {}, broadcast_from_root);
+}
+
+TEST(HangDaemon, Torch26GlooBroadcastFromAnotherRootIsAMismatch) {
+    REQUIRE_BPF();
+    const std::string root = trixie_root();
+    REQUIRE_TRIXIE_ROOT(root);
+    run_c10d_mismatch_case({kRunScript, "--bind", kTestprogs + ":" + kInRoot, root, "python3",
+                            kInRoot + "/hang_job.py", "root_mismatch"},
+                           kRootJobEnv, broadcast_from_root);
 }
 
 // ---- the real libnccl, on a GPU: torch's NCCL process group, 3 ranks on

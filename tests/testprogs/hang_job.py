@@ -21,6 +21,9 @@ is 600 s: the test ends the job first):
            ReduceOp.MAX, the others with SUM (gloo completes it: each rank
            reduces with its own op, the silent corruption); then every rank
            waits in wait_after_mismatch().
+  root_mismatch  every rank issues step 2 as a broadcast (async: it never
+           completes), rank 2 from root 1, the others from root 0; then
+           every rank waits in wait_after_mismatch().
 
 --backend nccl runs the 3 ranks on the one GPU there is (cuda:0) through the
 real libnccl torch ships: NCCL refuses two ranks of a communicator on one
@@ -32,7 +35,8 @@ Stdout, one write per line: the plan ({"mode", "pid", "world", "stuck_rank",
 "hang_at", "numel" and "dtype" of the tensor each all-reduce reduces,
 "reduce_ops": torch's c10d ReduceOp.RedOpType members, {value: name}}),
 each rank's {"rank", "pid", "group": torch's name of its process group,
-"op": the name of the ReduceOp its step-2 all-reduce reduces with} once
+"op": the name of the ReduceOp its step-2 all-reduce reduces with,
+"root": the root of its step-2 broadcast (root_mismatch)} once
 its process group is up, and
 {"stuck": RANK, "pid", "function"} just before the stuck rank blocks.
 """
@@ -50,7 +54,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 WORLD, STUCK, HANG_AT, STEPS, BATCH = 3, 2, 2, 4, 16
-MODES = ("loader", "spin", "atexit", "mismatch", "op_mismatch")
+MODES = ("loader", "spin", "atexit", "mismatch", "op_mismatch", "root_mismatch")
 
 
 def say(obj):
@@ -95,6 +99,11 @@ def op_of(rank, mode):
     return "MAX" if mode == "op_mismatch" and rank == STUCK else "SUM"
 
 
+def root_of(rank):
+    """The root rank's step-2 broadcast (root_mismatch) is from."""
+    return 1 if rank == STUCK else 0
+
+
 def step(batch, wait, op="SUM"):
     dist.all_reduce(batch, op=getattr(dist.ReduceOp, op))
     if wait and batch.is_cuda:
@@ -123,8 +132,11 @@ def worker(rank, port, mode, backend):
     device = nccl_on_one_gpu(rank, "hang") if backend == "nccl" else "cpu"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=600))
-    say({"rank": rank, "pid": os.getpid(), "group": group_name(), "op": op_of(rank, mode)})
+    say({"rank": rank, "pid": os.getpid(), "group": group_name(), "op": op_of(rank, mode), "root": root_of(rank)})
     for s in range(STEPS):
+        if s == HANG_AT and mode == "root_mismatch":
+            dist.broadcast(load_batch(rank, s, mode, device), src=root_of(rank), async_op=True)
+            wait_after_mismatch(rank)
         if s == HANG_AT and mode in ("mismatch", "op_mismatch"):
             step(load_batch(rank, s, mode, device), wait=False, op=op_of(rank, mode))
             wait_after_mismatch(rank)

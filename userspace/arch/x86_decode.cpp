@@ -109,7 +109,148 @@ size_t skip_endbr64(const std::vector<uint8_t>& c) {
     return c.size() >= 4 && c[0] == 0xf3 && c[1] == 0x0f && c[2] == 0x1e && c[3] == 0xfa ? 4 : 0;
 }
 
+// An instruction of a prologue, as entry_values_at_first_call reads it.
+struct Insn {
+    size_t len = 0;
+    int rex = 0;
+    bool op66 = false, seg = false;  // operand-size / fs-gs prefix
+    bool two_byte = false;
+    uint8_t op = 0;
+    bool has_modrm = false;
+    int mod = 0, reg = 0, rm = 0;  // rm: the base register of a memory operand (-1: none, rip or no base)
+    bool indexed = false;           // a SIB index register
+    int64_t disp = 0;
+};
+
+// 1-byte opcodes with a ModRM byte that a prologue uses, and their immediate's size.
+int one_byte_modrm_imm(uint8_t op) {
+    switch (op) {
+    case 0x01: case 0x03: case 0x09: case 0x0b: case 0x21: case 0x23: case 0x29: case 0x2b: case 0x31: case 0x33:
+    case 0x38: case 0x39: case 0x3a: case 0x3b: case 0x63: case 0x84: case 0x85: case 0x88: case 0x89: case 0x8a:
+    case 0x8b: case 0x8d: case 0xd1: return 0;
+    case 0x80: case 0x83: case 0xc0: case 0xc1: case 0xc6: return 1;
+    case 0x81: case 0xc7: return 4;
+    default: return -1;
+    }
+}
+
+// 0f-prefixed opcodes with a ModRM byte and no immediate: endbr64 and nops,
+// SSE moves and logic a prologue spills with, movzx / movsx.
+bool two_byte_modrm(uint8_t op) {
+    switch (op) {
+    case 0x10: case 0x11: case 0x12: case 0x13: case 0x14: case 0x16: case 0x17: case 0x1e: case 0x1f: case 0x28:
+    case 0x29: case 0x57: case 0x6c: case 0x6e: case 0x6f: case 0x7e: case 0x7f: case 0xb6: case 0xb7: case 0xbe:
+    case 0xbf: case 0xd6: case 0xef: return true;
+    default: return false;
+    }
+}
+
+// The ModRM operand (and SIB) at `at`; false past the end.
+bool read_operand(const std::vector<uint8_t>& c, size_t& at, Insn& in) {
+    if (at >= c.size()) return false;
+    const uint8_t b = c[at++];
+    in.has_modrm = true, in.mod = b >> 6;
+    in.reg = ((b >> 3) & 7) | ((in.rex & 4) ? 8 : 0);
+    in.rm = (b & 7) | ((in.rex & 1) ? 8 : 0);
+    size_t dl = in.mod == 1 ? 1 : in.mod == 2 ? 4 : 0;
+    if (in.mod != 3 && (b & 7) == 4) {  // SIB
+        if (at >= c.size()) return false;
+        const uint8_t sib = c[at++];
+        const int index = ((sib >> 3) & 7) | ((in.rex & 2) ? 8 : 0);
+        in.indexed = index != 4;
+        in.rm = (sib & 7) | ((in.rex & 1) ? 8 : 0);
+        if (in.mod == 0 && (sib & 7) == 5) in.rm = -1, dl = 4;
+    } else if (in.mod == 0 && (b & 7) == 5) {
+        in.rm = -1, dl = 4;  // rip-relative
+    }
+    if (at + dl > c.size()) return false;
+    if (dl == 1) in.disp = static_cast<int8_t>(c[at]);
+    if (dl == 4) {
+        int32_t d;
+        std::memcpy(&d, &c[at], 4);
+        in.disp = d;
+    }
+    at += dl;
+    return true;
+}
+
+// One instruction's length and operands; len 0: not one of the set.
+Insn decode_insn(const std::vector<uint8_t>& c, size_t i) {
+    Insn in;
+    size_t at = i;
+    for (; at < c.size(); ++at) {
+        const uint8_t b = c[at];
+        if (b == 0x66) in.op66 = true;
+        else if (b == 0x64 || b == 0x65) in.seg = true;
+        else if (b != 0xf2 && b != 0xf3) break;
+    }
+    if (at < c.size() && (c[at] & 0xf0) == 0x40) in.rex = c[at++] & 0x0f;
+    if (at >= c.size()) return {};
+    in.op = c[at++];
+    int imm = 0;
+    if (in.op == 0x0f) {
+        if (at >= c.size() || !two_byte_modrm(c[at])) return {};
+        in.two_byte = true, in.op = c[at++];
+    } else if (in.op >= 0x50 && in.op <= 0x5f) {
+        in.len = at - i;
+        return in;
+    } else if (in.op >= 0xb8 && in.op <= 0xbf) {
+        imm = (in.rex & 8) ? 8 : 4;
+    } else if (in.op == 0xe8) {
+        imm = 4;
+    } else if ((imm = one_byte_modrm_imm(in.op)) < 0) {
+        return {};
+    }
+    const bool modrm = in.two_byte || one_byte_modrm_imm(in.op) >= 0;
+    if (modrm && !read_operand(c, at, in)) return {};
+    if (at + imm > c.size()) return {};
+    in.len = at + imm - i;
+    return in;
+}
+
+// The register an instruction writes, when it writes one (-1: none).
+int written_register(const Insn& in) {
+    if (in.op >= 0x58 && in.op <= 0x5f && !in.two_byte) return (in.op - 0x58) | ((in.rex & 1) ? 8 : 0);  // pop
+    if (in.op >= 0xb8 && in.op <= 0xbf && !in.two_byte) return (in.op - 0xb8) | ((in.rex & 1) ? 8 : 0);
+    if (in.two_byte) {
+        if (in.op == 0xb6 || in.op == 0xb7 || in.op == 0xbe || in.op == 0xbf) return in.reg;  // movzx / movsx
+        if (in.op == 0x7e && in.op66 && in.mod == 3) return in.rm;                              // movd/movq xmm -> r
+        return -1;
+    }
+    switch (in.op) {
+    case 0x03: case 0x0b: case 0x23: case 0x2b: case 0x33: case 0x63: case 0x8a: case 0x8b: case 0x8d: return in.reg;
+    case 0x01: case 0x09: case 0x21: case 0x29: case 0x31: case 0x88: case 0x89: case 0xc6: case 0xc7: case 0xc0:
+    case 0xc1: case 0xd1: return in.mod == 3 ? in.rm : -1;
+    case 0x80: case 0x81: case 0x83: return in.mod == 3 && (in.reg & 7) != 7 ? in.rm : -1;  // /7: cmp
+    default: return -1;
+    }
+}
+
 }  // namespace
+
+std::optional<std::array<EntryValue, 16>> entry_values_at_first_call(const std::vector<uint8_t>& c,
+                                                                     int max_instructions) {
+    std::array<EntryValue, 16> regs;
+    for (int r = 0; r < 16; ++r) regs[r] = EntryValue{r, false, 0};
+    size_t i = 0;
+    for (int n = 0; n < max_instructions && i < c.size(); ++n) {
+        const Insn in = decode_insn(c, i);
+        if (in.len == 0) return std::nullopt;
+        i += in.len;
+        if (in.op == 0xe8 && !in.two_byte) return regs;
+        const int w = written_register(in);
+        if (w < 0) continue;
+        EntryValue v;  // unknown unless a copy or a load followed
+        const bool wide = (in.rex & 8) != 0;
+        if (!in.two_byte && in.op == 0x89 && in.mod == 3 && wide) v = regs[in.reg];          // mov r64 -> r64
+        else if (!in.two_byte && in.op == 0x8b && in.mod == 3 && wide) v = regs[in.rm];      // mov r64 <- r64
+        else if (!in.two_byte && (in.op == 0x8b || in.op == 0x63) && in.mod != 3 && !in.seg && !in.indexed &&
+                 in.rm >= 0 && regs[in.rm].from >= 0 && !regs[in.rm].loaded)
+            v = EntryValue{regs[in.rm].from, true, in.disp};                                   // mov / movslq load
+        regs[w] = v;
+    }
+    return std::nullopt;
+}
 
 FirstCall decode_to_first_call(const std::vector<uint8_t>& c, uint64_t vaddr) {
     std::array<RegVal, 16> regs{};

@@ -5,6 +5,7 @@
 // refuse anything else: a guess would read the wrong memory.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -44,6 +45,29 @@ FirstCall decode_to_first_call(const std::vector<uint8_t>& code, uint64_t vaddr)
 // entry's `sub` is single-stepped out of line: a second trap.  Every call of
 // the function runs it.  nullopt for any other form.
 std::optional<size_t> emulated_first_call(const std::vector<uint8_t>& code);
+
+// What a general-purpose register holds at a function's first call, as a
+// function of the registers it was entered with: `from`'s entry value
+// itself (loaded false), or what was loaded from memory at `from`'s entry
+// value + disp (loaded true, a plain `mov`/`movslq` load); from -1: unknown.
+struct EntryValue {
+    int from = -1;
+    bool loaded = false;
+    int64_t disp = 0;
+    bool operator==(const EntryValue&) const = default;
+};
+// Register numbers as the ISA encodes them.
+inline constexpr int kRdx = 2, kRcx = 1, kRsi = 6, kRdi = 7;
+
+// Follows a function's straight-line entry, at most `max_instructions`, to
+// its first `call rel32`: register copies and loads from entry values are
+// followed; every other write to a register makes it unknown; stores,
+// compares, pushes and the SSE moves a prologue spills with change no
+// register followed.  The registers at that call; nullopt when a branch,
+// a return or any instruction outside that set comes first (a guess could
+// read the wrong memory).
+std::optional<std::array<EntryValue, 16>> entry_values_at_first_call(const std::vector<uint8_t>& code,
+                                                                     int max_instructions = 64);
 
 // glibc's pthread_getspecific fast path (2.34+): key k < keys has its data
 // at fsbase + base + stride * k + data, in the thread descriptor.

@@ -65,8 +65,8 @@ uint8_t* slot_for(ArgSlots& s, const std::string& arg) {
         // c10d process groups and stores (events.h, CD_TAIL_C10D_*)
         {"object", &ArgSlots::redop},  {"name", &ArgSlots::out},
         {"store", &ArgSlots::dtype},
-        // a c10d method's options, a c10d::ReduceOp first (events.h)
-        {"reduce_options", &ArgSlots::redop},
+        // a c10d method's options: a c10d::ReduceOp first; rootRank (events.h)
+        {"reduce_options", &ArgSlots::redop}, {"root_options", &ArgSlots::peer},
     };
     auto it = kSlots.find(arg);
     return it == kSlots.end() ? nullptr : &(s.*(it->second));
@@ -189,6 +189,7 @@ SymbolRule parse_rule(const json& j, const std::string& where) {
                                 std::to_string(CD_NUM_ARGS - 1)};
             *dst = static_cast<uint8_t>(slot.get<int>());
             if (arg == "reduce_options") r.info.redop_is_options = true;
+            if (arg == "root_options") r.info.root_is_options = true;
         }
     }
     if (r.info.tail == CD_TAIL_LABEL && r.info.slots.out == CD_SLOT_NONE)

@@ -39,6 +39,7 @@ struct SymbolInfo {
     bool py_stack = false;             // records carry the Python stack (cookie bit 59)
     uint8_t tensor_params = 0;         // c10d methods: kinds of its tensor parameters (cookie bits 60..63)
     bool redop_is_options = false;     // slots.redop holds a c10d options pointer, not an op (the kernel reads it)
+    bool root_is_options = false;      // slots.peer holds a c10d options pointer, not a root (the kernel reads it)
 };
 
 uint64_t make_cookie(uint32_t sym_id, const SymbolInfo& s);

@@ -230,7 +230,7 @@ uint32_t TraceModel::add_call(ProcessTree& p, ProcessTree::ThreadState& th, cons
     if (slot_value(e, s.count, v)) r.count = v, r.flags |= kHasCount;
     if (slot_value(e, s.dtype, v)) r.dtype = static_cast<uint32_t>(v), r.flags |= kHasDtype;
     if (!info.redop_is_options && slot_value(e, s.redop, v)) r.redop = static_cast<uint32_t>(v), r.flags |= kHasRedop;
-    if (slot_value(e, s.peer, v)) r.peer = static_cast<int32_t>(v), r.flags |= kHasPeer;
+    if (!info.root_is_options && slot_value(e, s.peer, v)) r.peer = static_cast<int32_t>(v), r.flags |= kHasPeer;
     if (slot_value(e, s.comm, v)) r.comm = v, r.flags |= kHasComm;
     if (slot_value(e, s.stream, v)) r.stream = v, r.flags |= kHasStream;
     if (slot_value(e, s.sendbuf, v)) r.sendbuf = v, r.flags |= kHasSendBuf;

@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "process_group.hpp"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
 #include "elf_symbols.hpp"
+#include "x86_decode.hpp"
 
 namespace commdbg::torch {
 namespace {
@@ -34,6 +36,11 @@ std::optional<uint32_t> store_of(const std::vector<uint8_t>& c, uint8_t reg) {
 }
 
 constexpr std::string_view kReduceOpVtable = "_ZTVN4c10d8ReduceOpE";
+constexpr std::string_view kGlooBroadcast =
+    "_ZN4c10d16ProcessGroupGloo9broadcastERSt6vectorIN2at6TensorESaIS3_EERKNS_16BroadcastOptionsE";
+constexpr std::string_view kGlooReduce =
+    "_ZN4c10d16ProcessGroupGloo6reduceERSt6vectorIN2at6TensorESaIS3_EERKNS_13ReduceOptionsE";
+constexpr size_t kPrologueBytes = 256;
 constexpr uint32_t kRelative = 8;  // R_X86_64_RELATIVE
 
 // Whether `c` holds `pat` at `at` (-1 in `pat`: any byte).
@@ -132,12 +139,12 @@ public:
     }
     // The file's headers, as the last pass read them.
     const host::ElfData& file() const { return file_; }
-    Result<std::vector<uint8_t>> code(uint64_t vaddr, const std::string& name) {
+    Result<std::vector<uint8_t>> code(uint64_t vaddr, const std::string& name, size_t bytes = kCtorBytes) {
         for (const auto& s : file_.loads)
             if (vaddr >= s.vaddr && vaddr < s.vaddr + s.memsz) {
                 host::ElfSymbol sym;
                 sym.name = name, sym.vaddr = vaddr, sym.file_offset = vaddr - s.vaddr + s.offset;
-                return host::read_function_code(path_, sym, kCtorBytes);
+                return host::read_function_code(path_, sym, bytes);
             }
         return Result<std::vector<uint8_t>>::fail(path_ + ": " + name + " is outside every segment");
     }
@@ -159,6 +166,7 @@ std::set<std::string, std::less<>> first_pass() {
             s.insert("_ZTV" + b), s.insert("_ZTI" + b), s.insert("_Z" + b.substr(0, b.size() - 1) + "C2Eii");
         }
     s.insert(std::string(kReduceOpVtable));
+    for (std::string_view m : {kGlooBroadcast, kGlooReduce}) s.insert(std::string(m));
     return s;
 }
 
@@ -201,7 +209,52 @@ Result<std::optional<ReduceOpLayout>> derive_reduce_op(Lookup& lk, const std::st
         why = "c10d::ReduceOp's member after op_ is not where its layout puts it in " + path;
         return std::optional<ReduceOpLayout>();
     }
-    return std::optional<ReduceOpLayout>(ReduceOpLayout{slot, op_at});
+    return std::optional<ReduceOpLayout>(ReduceOpLayout{slot, op_at, member->first + 8});
+}
+
+// Where ProcessGroupGloo's `method` (broadcast or reduce: `(std::vector<at::
+// Tensor>&, const XOptions& opts)`, returning intrusive_ptr<Work> in memory,
+// so `this` in %rsi and opts in %rcx) finds opts.rootRank: its first call
+// is `assertRootRank(..., opts.rootRank, size_)`, whose second argument is
+// loaded from opts and whose third from `this` at size_ (`size_at`, from
+// the constructor).  nullopt when its entry has another shape.
+Result<std::optional<uint32_t>> derive_root_at(Lookup& lk, std::string_view method, uint32_t size_at,
+                                               const std::set<std::string, std::less<>>& also) {
+    using R = Result<std::optional<uint32_t>>;
+    auto at = lk.find(std::string(method), also);
+    if (!at) return R::fail(at.error());
+    if (!*at) return std::optional<uint32_t>();
+    auto code = lk.code(**at, std::string(method), kPrologueBytes);
+    if (!code) return R::fail(code.error());
+    auto regs = arch::entry_values_at_first_call(*code);
+    if (!regs) return std::optional<uint32_t>();
+    const arch::EntryValue root = (*regs)[arch::kRsi], size = (*regs)[arch::kRdx];
+    if (root.from != arch::kRcx || !root.loaded || root.disp < 0 || root.disp > 0xff ||
+        size != arch::EntryValue{arch::kRsi, true, size_at})
+        return std::optional<uint32_t>();
+    return std::optional<uint32_t>(static_cast<uint32_t>(root.disp));
+}
+
+// RootLayout (process_group.hpp), from ProcessGroupGloo's own code; a
+// ReduceOptions' root must lie just past the ReduceOp that opens it.
+Result<RootLayout> derive_roots(Lookup& lk, const GroupClasses& g, const std::set<std::string, std::less<>>& also) {
+    using R = Result<RootLayout>;
+    RootLayout out;
+    auto gloo = std::find_if(g.classes.begin(), g.classes.end(),
+                             [](const GroupClass& c) { return c.name == "c10d::ProcessGroupGloo"; });
+    if (gloo == g.classes.end() || !gloo->size) {
+        out.why_not = "no c10d::ProcessGroupGloo with a known size_ to read its checks of a root";
+        return out;
+    }
+    auto b = derive_root_at(lk, kGlooBroadcast, *gloo->size, also);
+    auto r = b ? derive_root_at(lk, kGlooReduce, *gloo->size, also) : Result<std::optional<uint32_t>>::fail(b.error());
+    if (!r) return R::fail(r.error());
+    out.broadcast = *b;
+    if (*r && g.reduce_op && **r == g.reduce_op->size) out.reduce = *r;
+    if (!out.broadcast || !out.reduce)
+        out.why_not = std::string("ProcessGroupGloo::") + (!out.broadcast ? "broadcast" : "reduce") +
+                      " does not check opts.rootRank against size_ first";
+    return out;
 }
 
 Result<std::optional<GroupClass>> derive(Lookup& lk, const std::string& path, std::string_view mangled,
@@ -268,6 +321,9 @@ Result<GroupClasses> derive_group_classes(const std::string& path) {
     auto op = derive_reduce_op(lk, path, also, out.why_no_reduce_op);
     if (!op) return R::fail(op.error());
     out.reduce_op = *op;
+    auto roots = derive_roots(lk, out, also);
+    if (!roots) return R::fail(roots.error());
+    out.roots = std::move(*roots);
     out.file = lk.file();
     return out;
 }

@@ -44,6 +44,16 @@ inline constexpr std::string_view kGroupClasses[] = {"N4c10d16ProcessGroupGlooE"
 struct ReduceOpLayout {
     uint64_t vtable = 0;  // link-time address of its vtable's address point
     uint32_t op_at = 0;   // byte offset of op_
+    uint32_t size = 0;    // bytes it occupies: supplement_, its last member, ends there
+};
+
+// Where a c10d BroadcastOptions and ReduceOptions keep rootRank (an
+// int64_t), from the code of ProcessGroupGloo's broadcast and reduce: each
+// first checks opts.rootRank against the group's size_.  A ReduceOptions'
+// must lie just past its ReduceOp.
+struct RootLayout {
+    std::optional<uint32_t> broadcast, reduce;  // byte offsets; unset: why_not
+    std::string why_not;
 };
 
 // A RedOpType's name as torch's Python enum has it, lower-cased ("sum",
@@ -59,6 +69,7 @@ struct GroupClasses {
     std::vector<GroupClass> classes;
     std::optional<ReduceOpLayout> reduce_op;  // unset: why_no_reduce_op
     std::string why_no_reduce_op;
+    RootLayout roots;
 };
 Result<GroupClasses> derive_group_classes(const std::string& path);
 

@@ -36,7 +36,7 @@ TorchFile derive_file(const std::string& path, bool c10, bool python) {
         if (!g) f.error = g.error();
         else
             f.elf = std::move(g->file), f.groups = std::move(g->classes), f.reduce_op = g->reduce_op,
-            f.why_no_reduce_op = std::move(g->why_no_reduce_op);
+            f.why_no_reduce_op = std::move(g->why_no_reduce_op), f.roots = std::move(g->roots);
         return f;
     }
     auto data = host::read_elf_data(path, {std::string(kImplVtable), std::string(kUndefined)});
@@ -58,10 +58,18 @@ TorchFile derive_file(const std::string& path, bool c10, bool python) {
     return f;
 }
 
-// Every mapped copy of ReduceOp's vtable, each file's own derivation of
-// where op_ is agreeing (they are one torch build); none where they differ.
+// Where options keep rootRank (process_group.hpp), and every mapped copy of
+// ReduceOp's vtable, each file's own derivation of where op_ is agreeing
+// (they are one torch build); none where they differ.
 void add_reduce_ops(cd_torch_cfg& cfg, const std::vector<std::pair<const TorchFile*, uint64_t>>& libtorch,
                     std::optional<std::pair<const TorchFile*, uint64_t>> python) {
+    cfg.broadcast_root_at = cfg.reduce_root_at = CD_TORCH_NO_OFFSET;
+    for (const auto& [file, bias] : libtorch) {
+        const RootLayout& r = file->roots;
+        if (r.broadcast && cfg.broadcast_root_at == CD_TORCH_NO_OFFSET)
+            cfg.broadcast_root_at = static_cast<uint16_t>(*r.broadcast);
+        if (r.reduce && cfg.reduce_root_at == CD_TORCH_NO_OFFSET) cfg.reduce_root_at = static_cast<uint16_t>(*r.reduce);
+    }
     auto files = libtorch;
     if (python) files.push_back(*python);
     size_t n = 0;

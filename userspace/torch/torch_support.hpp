@@ -44,6 +44,7 @@ struct TorchFile {
     uint64_t impl_vtable = 0, undefined = 0;  // link-time addresses
     // libtorch
     std::vector<GroupClass> groups;
+    RootLayout roots;  // libtorch: where c10d options keep rootRank
     // libtorch and libtorch_python: its own copy of c10d::ReduceOp; unset: why_no_reduce_op
     std::optional<ReduceOpLayout> reduce_op;
     std::string why_no_reduce_op;

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the kernel is told of a libtorch_cpu file's c10d classes, derived
-// from the file's own code: here the c10d::ReduceOp layout (process_group.hpp)
-// of torch 1.13 (the host's python3-torch) and 2.6 (the trixie root, where
-// built).  The values are checked end to end, against what each job passed,
-// by HangDaemon.Torch*GlooAllReduceWithAnotherReduceOpIsAMismatch; here: that
-// both builds give one, and that a file without ReduceOp says why.
+// from the file's own code: here the c10d::ReduceOp layout and where options
+// keep rootRank (process_group.hpp) of torch 1.13 (the host's python3-torch)
+// and 2.6 (the trixie root, where built).  The values are checked end to
+// end, against what each job passed, by HangDaemon.Torch*GlooAllReduceWith
+// AnotherReduceOpIsAMismatch and ...BroadcastFromAnotherRootIsAMismatch;
+// here: that both builds give them, and that a file without ReduceOp says why.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -33,6 +34,9 @@ void expect_reduce_op_derived(const std::string& cpu, const std::string& python)
     ASSERT_TRUE(g) << g.error();
     ASSERT_TRUE(g->reduce_op) << g->why_no_reduce_op;
     EXPECT_NE(g->reduce_op->vtable, 0u);
+    // rootRank: derived for both; in a ReduceOptions just past its ReduceOp.
+    EXPECT_TRUE(g->roots.broadcast.has_value()) << g->roots.why_not;
+    EXPECT_EQ(g->roots.reduce, g->reduce_op->size) << g->roots.why_not;
     auto p = derive_reduce_op_facts(python);
     ASSERT_TRUE(p) << p.error();
     ASSERT_TRUE(p->reduce_op) << p->why_no_reduce_op;
