@@ -57,7 +57,7 @@ struct EntryValue {
     bool operator==(const EntryValue&) const = default;
 };
 // Register numbers as the ISA encodes them.
-inline constexpr int kRdx = 2, kRcx = 1, kRsi = 6, kRdi = 7;
+inline constexpr int kRcx = 1, kRdx = 2, kRsi = 6, kRdi = 7, kR8 = 8;
 
 // Follows a function's straight-line entry, at most `max_instructions`, to
 // its first `call rel32`: register copies and loads from entry values are

@@ -40,6 +40,10 @@ constexpr std::string_view kGlooBroadcast =
     "_ZN4c10d16ProcessGroupGloo9broadcastERSt6vectorIN2at6TensorESaIS3_EERKNS_16BroadcastOptionsE";
 constexpr std::string_view kGlooReduce =
     "_ZN4c10d16ProcessGroupGloo6reduceERSt6vectorIN2at6TensorESaIS3_EERKNS_13ReduceOptionsE";
+constexpr std::string_view kGlooGather =
+    "_ZN4c10d16ProcessGroupGloo6gatherERSt6vectorIS1_IN2at6TensorESaIS3_EESaIS5_EERS5_RKNS_13GatherOptionsE";
+constexpr std::string_view kGlooScatter =
+    "_ZN4c10d16ProcessGroupGloo7scatterERSt6vectorIN2at6TensorESaIS3_EERS1_IS5_SaIS5_EERKNS_14ScatterOptionsE";
 constexpr size_t kPrologueBytes = 256;
 constexpr uint32_t kRelative = 8;  // R_X86_64_RELATIVE
 
@@ -166,7 +170,7 @@ std::set<std::string, std::less<>> first_pass() {
             s.insert("_ZTV" + b), s.insert("_ZTI" + b), s.insert("_Z" + b.substr(0, b.size() - 1) + "C2Eii");
         }
     s.insert(std::string(kReduceOpVtable));
-    for (std::string_view m : {kGlooBroadcast, kGlooReduce}) s.insert(std::string(m));
+    for (std::string_view m : {kGlooBroadcast, kGlooReduce, kGlooGather, kGlooScatter}) s.insert(std::string(m));
     return s;
 }
 
@@ -212,13 +216,14 @@ Result<std::optional<ReduceOpLayout>> derive_reduce_op(Lookup& lk, const std::st
     return std::optional<ReduceOpLayout>(ReduceOpLayout{slot, op_at, member->first + 8});
 }
 
-// Where ProcessGroupGloo's `method` (broadcast or reduce: `(std::vector<at::
-// Tensor>&, const XOptions& opts)`, returning intrusive_ptr<Work> in memory,
-// so `this` in %rsi and opts in %rcx) finds opts.rootRank: its first call
-// is `assertRootRank(..., opts.rootRank, size_)`, whose second argument is
-// loaded from opts and whose third from `this` at size_ (`size_at`, from
-// the constructor).  nullopt when its entry has another shape.
-Result<std::optional<uint32_t>> derive_root_at(Lookup& lk, std::string_view method, uint32_t size_at,
+// Where ProcessGroupGloo's `method` finds opts.rootRank, opts arriving in
+// register `opts` (broadcast, reduce: `(std::vector<at::Tensor>&, const
+// XOptions&)`, returning intrusive_ptr<Work> in memory, so `this` in %rsi
+// and opts in %rcx; gather, scatter take two vectors: opts in %r8): its
+// first call is `assertRootRank(..., opts.rootRank, size_)`, whose second
+// argument is loaded from opts and whose third from `this` at size_
+// (`size_at`, from the constructor).  nullopt when its entry has another shape.
+Result<std::optional<uint32_t>> derive_root_at(Lookup& lk, std::string_view method, int opts, uint32_t size_at,
                                                const std::set<std::string, std::less<>>& also) {
     using R = Result<std::optional<uint32_t>>;
     auto at = lk.find(std::string(method), also);
@@ -229,7 +234,7 @@ Result<std::optional<uint32_t>> derive_root_at(Lookup& lk, std::string_view meth
     auto regs = arch::entry_values_at_first_call(*code);
     if (!regs) return std::optional<uint32_t>();
     const arch::EntryValue root = (*regs)[arch::kRsi], size = (*regs)[arch::kRdx];
-    if (root.from != arch::kRcx || !root.loaded || root.disp < 0 || root.disp > 0xff ||
+    if (root.from != opts || !root.loaded || root.disp < 0 || root.disp > 0xff ||
         size != arch::EntryValue{arch::kRsi, true, size_at})
         return std::optional<uint32_t>();
     return std::optional<uint32_t>(static_cast<uint32_t>(root.disp));
@@ -246,14 +251,23 @@ Result<RootLayout> derive_roots(Lookup& lk, const GroupClasses& g, const std::se
         out.why_not = "no c10d::ProcessGroupGloo with a known size_ to read its checks of a root";
         return out;
     }
-    auto b = derive_root_at(lk, kGlooBroadcast, *gloo->size, also);
-    auto r = b ? derive_root_at(lk, kGlooReduce, *gloo->size, also) : Result<std::optional<uint32_t>>::fail(b.error());
-    if (!r) return R::fail(r.error());
-    out.broadcast = *b;
-    if (*r && g.reduce_op && **r == g.reduce_op->size) out.reduce = *r;
+    std::optional<uint32_t> at[4];
+    const std::pair<std::string_view, int> methods[4] = {
+        {kGlooBroadcast, arch::kRcx}, {kGlooReduce, arch::kRcx}, {kGlooGather, arch::kR8}, {kGlooScatter, arch::kR8}};
+    for (int i = 0; i < 4; ++i) {
+        auto a = derive_root_at(lk, methods[i].first, methods[i].second, *gloo->size, also);
+        if (!a) return R::fail(a.error());
+        at[i] = *a;
+    }
+    // One offset for the three options that open with rootRank's struct
+    // (the kernel cannot tell them apart), only where all three agree.
+    if (at[0] && at[0] == at[2] && at[0] == at[3]) out.broadcast = at[0];
+    if (at[1] && g.reduce_op && *at[1] == g.reduce_op->size) out.reduce = at[1];
     if (!out.broadcast || !out.reduce)
-        out.why_not = std::string("ProcessGroupGloo::") + (!out.broadcast ? "broadcast" : "reduce") +
-                      " does not check opts.rootRank against size_ first";
+        out.why_not = !out.broadcast ? "ProcessGroupGloo's broadcast, gather and scatter do not all check "
+                                       "opts.rootRank against size_ first, at one offset"
+                                     : "ProcessGroupGloo::reduce does not check opts.rootRank against size_ first, "
+                                       "just past its ReduceOp";
     return out;
 }
 

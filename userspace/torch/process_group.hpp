@@ -47,12 +47,14 @@ struct ReduceOpLayout {
     uint32_t size = 0;    // bytes it occupies: supplement_, its last member, ends there
 };
 
-// Where a c10d BroadcastOptions and ReduceOptions keep rootRank (an
-// int64_t), from the code of ProcessGroupGloo's broadcast and reduce: each
-// first checks opts.rootRank against the group's size_.  A ReduceOptions'
-// must lie just past its ReduceOp.
+// Where c10d's BroadcastOptions, GatherOptions and ScatterOptions (one
+// offset, the same in all three) and ReduceOptions keep rootRank (an
+// int64_t), from the code of ProcessGroupGloo's broadcast, gather, scatter
+// and reduce: each first checks opts.rootRank against the group's size_.
+// A ReduceOptions' must lie just past its ReduceOp.
 struct RootLayout {
-    std::optional<uint32_t> broadcast, reduce;  // byte offsets; unset: why_not
+    std::optional<uint32_t> broadcast;  // byte offset in Broadcast/Gather/ScatterOptions; unset: why_not
+    std::optional<uint32_t> reduce;     // in ReduceOptions; unset: why_not
     std::string why_not;
 };
 

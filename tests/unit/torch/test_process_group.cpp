@@ -34,7 +34,8 @@ void expect_reduce_op_derived(const std::string& cpu, const std::string& python)
     ASSERT_TRUE(g) << g.error();
     ASSERT_TRUE(g->reduce_op) << g->why_no_reduce_op;
     EXPECT_NE(g->reduce_op->vtable, 0u);
-    // rootRank: derived for both; in a ReduceOptions just past its ReduceOp.
+    // rootRank: derived for both (broadcast's, gather's and scatter's agreeing);
+    // in a ReduceOptions just past its ReduceOp.
     EXPECT_TRUE(g->roots.broadcast.has_value()) << g->roots.why_not;
     EXPECT_EQ(g->roots.reduce, g->reduce_op->size) << g->roots.why_not;
     auto p = derive_reduce_op_facts(python);
