@@ -237,7 +237,6 @@ FUNC_INLINE __u32 c10d_reduce_op(const struct entry *en, const struct cd_torch_c
 {
 	__u64 opts, vt = 0;
 	__u8 op = 0;
-
 	int i, known = 0;
 
 	if (CD_COOKIE_REDOP(en->cookie) >= CD_NUM_ARGS || !cfg->reduce_ops[0])

@@ -103,12 +103,6 @@ size_t step_neutral(const std::vector<uint8_t>& c, size_t i, int rex) {
     return 0;
 }
 
-
-// endbr64 (CET builds) opens a function: not an instruction of its body.
-size_t skip_endbr64(const std::vector<uint8_t>& c) {
-    return c.size() >= 4 && c[0] == 0xf3 && c[1] == 0x0f && c[2] == 0x1e && c[3] == 0xfa ? 4 : 0;
-}
-
 // An instruction of a prologue, as entry_values_at_first_call reads it.
 struct Insn {
     size_t len = 0;
@@ -227,6 +221,21 @@ int written_register(const Insn& in) {
 }
 
 }  // namespace
+
+size_t skip_endbr64(const std::vector<uint8_t>& c) { return bytes_at(c, 0, {0xf3, 0x0f, 0x1e, 0xfa}) ? 4 : 0; }
+
+bool bytes_at(const std::vector<uint8_t>& c, size_t at, std::initializer_list<int> pat) {
+    if (at + pat.size() > c.size()) return false;
+    for (int b : pat) {
+        if (b >= 0 && c[at] != b) return false;
+        ++at;
+    }
+    return true;
+}
+
+int32_t rel32_at(const std::vector<uint8_t>& c, size_t at) {
+    return static_cast<int32_t>(c[at] | c[at + 1] << 8 | c[at + 2] << 16 | uint32_t(c[at + 3]) << 24);
+}
 
 std::optional<std::array<EntryValue, 16>> entry_values_at_first_call(const std::vector<uint8_t>& c,
                                                                      int max_instructions) {

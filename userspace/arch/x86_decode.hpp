@@ -8,6 +8,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <vector>
 
@@ -45,6 +46,15 @@ FirstCall decode_to_first_call(const std::vector<uint8_t>& code, uint64_t vaddr)
 // entry's `sub` is single-stepped out of line: a second trap.  Every call of
 // the function runs it.  nullopt for any other form.
 std::optional<size_t> emulated_first_call(const std::vector<uint8_t>& code);
+
+// Byte-level helpers for the decoders here and the torch layer's
+// pattern-matched functions: the length of a leading endbr64 (CET builds
+// open functions with it; 0 without), whether `c` holds `pat` at `at` (-1
+// in `pat`: any byte), and the little-endian 32-bit value at `at` (the
+// caller has checked 4 bytes are there).
+size_t skip_endbr64(const std::vector<uint8_t>& c);
+bool bytes_at(const std::vector<uint8_t>& c, size_t at, std::initializer_list<int> pat);
+int32_t rel32_at(const std::vector<uint8_t>& c, size_t at);
 
 // What a general-purpose register holds at a function's first call, as a
 // function of the registers it was entered with: `from`'s entry value

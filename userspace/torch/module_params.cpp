@@ -2,6 +2,7 @@
 #include "module_params.hpp"
 
 #include "elf_symbols.hpp"
+#include "x86_decode.hpp"
 
 namespace commdbg::torch {
 namespace {
@@ -24,11 +25,10 @@ Result<Code> file_bytes(const std::string& path, const host::ElfData& elf, uint6
 // The GOT slot a PLT stub at `stub` jumps through (`[endbr64] [bnd] jmp
 // *rel(%rip)`), or nullopt for another stub.
 std::optional<uint64_t> plt_slot(const Code& c, uint64_t stub) {
-    size_t i = 0;
-    if (c.size() >= 4 && c[0] == 0xf3 && c[1] == 0x0f && c[2] == 0x1e && c[3] == 0xfa) i = 4;
+    size_t i = arch::skip_endbr64(c);
     if (i < c.size() && c[i] == 0xf2) ++i;
     if (i + 6 > c.size() || c[i] != 0xff || c[i + 1] != 0x25) return std::nullopt;
-    int32_t rel = int32_t(c[i + 2] | c[i + 3] << 8 | c[i + 4] << 16 | uint32_t(c[i + 5]) << 24);
+    const int32_t rel = arch::rel32_at(c, i + 2);
     return stub + i + 6 + rel;
 }
 
@@ -61,7 +61,7 @@ std::optional<CdataLoad> cdata_load(const Code& c, uint64_t vaddr) {
             ++at;
         }
         if (!self[base] || at + 5 >= c.size() || c[at + 1] != 0xe8) continue;
-        const int32_t rel = int32_t(c[at + 2] | c[at + 3] << 8 | c[at + 4] << 16 | uint32_t(c[at + 5]) << 24);
+        const int32_t rel = arch::rel32_at(c, at + 2);
         return CdataLoad{c[at], vaddr + at + 6 + rel};
     }
     return std::nullopt;

@@ -28,7 +28,7 @@ std::optional<uint32_t> store_of(const std::vector<uint8_t>& c, uint8_t reg) {
         if ((m & 7) != 7 || ((m >> 3) & 7) != reg) continue;
         if ((m >> 6) == 1) return c[i + 2] < 0x80 ? std::optional<uint32_t>(c[i + 2]) : std::nullopt;
         if ((m >> 6) == 2 && i + 5 < c.size()) {
-            uint32_t d = c[i + 2] | c[i + 3] << 8 | c[i + 4] << 16 | uint32_t(c[i + 5]) << 24;
+            const auto d = static_cast<uint32_t>(arch::rel32_at(c, i + 2));
             return d < 0x1000 ? std::optional<uint32_t>(d) : std::nullopt;
         }
     }
@@ -47,28 +47,16 @@ constexpr std::string_view kGlooScatter =
 constexpr size_t kPrologueBytes = 256;
 constexpr uint32_t kRelative = 8;  // R_X86_64_RELATIVE
 
-// Whether `c` holds `pat` at `at` (-1 in `pat`: any byte).
-bool bytes_at(const std::vector<uint8_t>& c, size_t at, std::initializer_list<int> pat) {
-    if (at + pat.size() > c.size()) return false;
-    for (int b : pat) {
-        if (b >= 0 && c[at] != b) return false;
-        ++at;
-    }
-    return true;
-}
-
-size_t after_endbr64(const std::vector<uint8_t>& c) { return bytes_at(c, 0, {0xf3, 0x0f, 0x1e, 0xfa}) ? 4 : 0; }
-
-int32_t rel32_at(const std::vector<uint8_t>& c, size_t at) {
-    return static_cast<int32_t>(c[at] | c[at + 1] << 8 | c[at + 2] << 16 | uint32_t(c[at + 3]) << 24);
-}
+using arch::bytes_at;
+using arch::rel32_at;
+using arch::skip_endbr64;
 
 // ReduceOp's complete-object destructor, the only form taken: [endbr64]
 // `mov d32(%rip),%rax` (its vtable, from the GOT); `add $S,%rdi`;
 // `add $0x10,%rax`; `mov %rax,-S(%rdi)` (the vtable pointer stored);
 // `jmp`/`call rel32` (the member at +S destroyed).  S and the callee.
 std::optional<std::pair<uint32_t, uint64_t>> reduce_op_dtor(const std::vector<uint8_t>& c, uint64_t vaddr) {
-    const size_t i = after_endbr64(c);
+    const size_t i = skip_endbr64(c);
     if (!bytes_at(c, i, {0x48, 0x8b, 0x05, -1, -1, -1, -1, 0x48, 0x83, 0xc7, -1, 0x48, 0x83, 0xc0, 0x10, 0x48, 0x89,
                          0x47, -1}))
         return std::nullopt;
@@ -89,7 +77,7 @@ std::optional<uint32_t> locked_decrement_width(const std::vector<uint8_t>& c, si
 // An intrusive_ptr's release: [endbr64] `mov (%rdi),%rax`; `test %rax,%rax`;
 // `je rel8`; `lock subl|subq $1,8(%rax)`.  The count's width (4 or 8).
 std::optional<uint32_t> refcount_width(const std::vector<uint8_t>& c) {
-    const size_t i = after_endbr64(c);
+    const size_t i = skip_endbr64(c);
     if (!bytes_at(c, i, {0x48, 0x8b, 0x07, 0x48, 0x85, 0xc0, 0x74, -1})) return std::nullopt;
     return locked_decrement_width(c, i + 8);
 }
@@ -99,7 +87,7 @@ std::optional<uint32_t> refcount_width(const std::vector<uint8_t>& c) {
 // `mov S(%rdi),%rax`; `test %rax,%rax`; `je rel8`; `lock sub $1,8(%rax)`.
 // S and the count's width.
 std::optional<std::pair<uint32_t, uint32_t>> reduce_op_dtor_inlined(const std::vector<uint8_t>& c) {
-    const size_t i = after_endbr64(c);
+    const size_t i = skip_endbr64(c);
     if (!bytes_at(c, i, {0x48, 0x8b, 0x05, -1, -1, -1, -1, 0x48, 0x83, 0xc0, 0x10, 0x48, 0x89, 0x07, 0x48, 0x8b, 0x47,
                          -1, 0x48, 0x85, 0xc0, 0x74, -1}))
         return std::nullopt;

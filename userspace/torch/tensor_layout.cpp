@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "elf_symbols.hpp"
+#include "x86_decode.hpp"
 
 namespace commdbg::torch {
 namespace {
@@ -33,7 +34,7 @@ std::optional<std::pair<uint32_t, size_t>> this_operand(const Code& c, size_t i,
     if (rm != kRdi && !(rm == kRbx && rbx_is_this)) return std::nullopt;
     if (mod == 1 && i + 1 < c.size() && c[i + 1] < 0x80) return std::pair<uint32_t, size_t>{c[i + 1], 2};
     if (mod == 2 && i + 4 < c.size()) {
-        uint32_t d = c[i + 1] | c[i + 2] << 8 | c[i + 3] << 16 | uint32_t(c[i + 4]) << 24;
+        const auto d = static_cast<uint32_t>(arch::rel32_at(c, i + 1));
         if (d < 0x1000) return std::pair<uint32_t, size_t>{d, 5};
     }
     return std::nullopt;
@@ -57,7 +58,7 @@ std::optional<Insn> cmp_imm8(const Code& c, size_t i) {
 std::optional<std::pair<size_t, size_t>> ja(const Code& c, size_t i) {
     if (i + 1 < c.size() && c[i] == 0x77) return std::pair<size_t, size_t>{i + 2 + int8_t(c[i + 1]), i + 2};
     if (i + 5 < c.size() && c[i] == 0x0f && c[i + 1] == 0x87) {
-        int32_t rel = int32_t(c[i + 2] | c[i + 3] << 8 | c[i + 4] << 16 | uint32_t(c[i + 5]) << 24);
+        const int32_t rel = arch::rel32_at(c, i + 2);
         return std::pair<size_t, size_t>{i + 6 + rel, i + 6};
     }
     return std::nullopt;
@@ -146,7 +147,7 @@ std::optional<DtypeRead> dtype_read(const Code& c, uint64_t vaddr) {
             if (!n && c[j] == 0x66 && c[j + 1] == 0x83 && c[j + 2] == 0xf8) n = c[j + 3];
             if (n && rex_w(c[j]) && c[j + 1] == 0x8d && (c[j + 2] & 0xc7) == 0x05 && c[j + 7] == 0x0f &&
                 j + 8 < c.size() && c[j + 8] == 0xb6) {
-                int32_t rel = int32_t(c[j + 3] | c[j + 4] << 8 | c[j + 5] << 16 | uint32_t(c[j + 6]) << 24);
+                const int32_t rel = arch::rel32_at(c, j + 3);
                 return DtypeRead{m->first, *n, vaddr + j + 7 + rel};
             }
         }
