@@ -61,7 +61,7 @@ TorchFile derive_file(const std::string& path, bool c10, bool python) {
 // Where options keep rootRank (process_group.hpp), and every mapped copy of
 // ReduceOp's vtable, each file's own derivation of where op_ is agreeing
 // (they are one torch build); none where they differ.
-void add_reduce_ops(cd_torch_cfg& cfg, const std::vector<std::pair<const TorchFile*, uint64_t>>& libtorch,
+void add_options_layout(cd_torch_cfg& cfg, const std::vector<std::pair<const TorchFile*, uint64_t>>& libtorch,
                     std::optional<std::pair<const TorchFile*, uint64_t>> python) {
     cfg.broadcast_root_at = cfg.reduce_root_at = CD_TORCH_NO_OFFSET;
     for (const auto& [file, bias] : libtorch) {
@@ -120,7 +120,7 @@ Result<cd_torch_cfg> torch_config(const TorchFile& c10, uint64_t c10_bias,
         }
     }
     if (n == 0) return R::fail("no libtorch file with a process-group class is mapped");
-    add_reduce_ops(cfg, libtorch, python);
+    add_options_layout(cfg, libtorch, python);
     return cfg;
 }
 
