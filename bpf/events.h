@@ -97,11 +97,18 @@ enum cd_role {
 	CD_ROLE_OTHER = 9, /* traced, not counted */
 	/* record_function scopes (specs/torch-scopes.json):
 	 * SCOPE_LABEL  torch >= 2: record_function_enter_new(name, args), the
-	 *              label in a CD_TAIL_LABEL; the SCOPE_BEGIN it makes follows
+	 *              label in a CD_TAIL_LABEL: opens a scope; the SCOPE_BEGIN
+	 *              it makes follows where the constructor is probed
 	 * SCOPE_BEGIN  at::RecordFunction::RecordFunction(RecordScope): `this`
 	 *              in slot 0 (count slot), the scope in slot 1 (peer slot);
 	 *              scope 7 (USER_SCOPE) opens a scope record
-	 * SCOPE_END    at::RecordFunction::end(): `this` in slot 0 closes it */
+	 * SCOPE_END    at::RecordFunction::end(): `this` in slot 0 closes it;
+	 *              with no count slot, torch >= 2's record_function exit
+	 *              (IValue::toCustomClass<PythonRecordFunction>() &&, which
+	 *              unboxes the handle _record_function_exit gets): closes the
+	 *              thread's innermost scope a SCOPE_LABEL opened.  Where the
+	 *              library's Python package calls that exit, the constructor
+	 *              and end() are not probed (specs/torch-scopes.json) */
 	CD_ROLE_SCOPE_LABEL = 10,
 	CD_ROLE_SCOPE_BEGIN = 11,
 	CD_ROLE_SCOPE_END = 12,

@@ -33,6 +33,11 @@ FUNC_INLINE bool track_scope(const struct entry *en)
 			return false;
 		bpf_map_update_elem(&open_scopes, &k, &en->ts, BPF_ANY);
 	} else if (en->role == CD_ROLE_SCOPE_END) {
+		/* torch >= 2's record_function exit names no RecordFunction:
+		 * only user scopes reach it, and userspace closes the
+		 * thread's innermost scope a label opened. */
+		if (CD_COOKIE_COUNT(en->cookie) == CD_SLOT_NONE)
+			return true;
 		return bpf_map_delete_elem(&open_scopes, &k) == 0;
 	}
 	return true;

@@ -6,6 +6,7 @@
 // (one around every autograd node run, ...) cost no record.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <regex>
 
 #include "e2e_util.hpp"
@@ -96,6 +97,50 @@ TEST(OwnCost, TorchsOwnRecordFunctionsCostNoRecord) {
             }
     EXPECT_EQ(scopes, lines[0]["scopes"].get<int>());
     EXPECT_EQ(c->records, 2L * scopes) << "one begin and one end per scope, nothing for the "
+                                       << 3 * 20 * lines[0]["nodes_per_pass"].get<int>() << " nodes run inside";
+}
+
+// torch 2.6's own Python opens a scope with record_function_enter_new and
+// exits it through record_function_exit_new (found in torch's code, no
+// symbol names it): at::RecordFunction is not probed at all, so the
+// RecordFunctions torch builds around every autograd node cost not even a
+// trap.  The kernel's per-symbol counts are the traps taken: one label and
+// one exit per scope, nothing else; and each scope is still one record,
+// closed by its own exit.
+TEST(OwnCost, Torch26ScopesTrapOnlyAtTheirOwnEnterAndExit) {
+    REQUIRE_BPF();
+    REQUIRE_TRIXIE_ROOT(trixie_root());
+    TempDir tmp;
+    auto r = run({commdbg_bin(), "run", "--noise-level", "2", "--probes", "torch-scopes", "--cost", "--json",
+                  tmp.path("out.json"), "--", kRunScript, "--bind", kTestprogs + ":" + kInRoot, trixie_root(), "python3",
+                  kInRoot + "/scopes_and_nodes.py", "3", "20"},
+                 kRootJobEnv, 240);
+    ASSERT_EQ(r.status, 0) << r.err.substr(0, 4000);
+    auto lines = workload_lines(r.out, "scopes");
+    ASSERT_EQ(lines.size(), 1u) << r.out;
+    ASSERT_GE(lines[0]["nodes_per_pass"].get<int>(), 3) << "backward runs nodes, each in a RecordFunction";
+    const long want = lines[0]["scopes"].get<long>();
+    std::map<std::string, long> traps;
+    int scopes = 0;
+    for (const auto& p : processes_of(read_json(tmp.path("out.json")))) {
+        for (const auto& k : p.value("counters", nlohmann::json::array()))
+            traps[k.value("name", "")] += k.value("calls", 0L);
+        for (const auto& rec : p.value("records", nlohmann::json::array()))
+            if (rec.value("type", "") == "scope") {
+                ++scopes;
+                EXPECT_EQ(rec.value("name", ""), "outer") << rec.dump();
+                EXPECT_FALSE(rec.value("end_inferred", false)) << "closed by its own exit: " << rec.dump();
+            }
+    }
+    EXPECT_EQ(scopes, want);
+    EXPECT_EQ(traps["torch::autograd::profiler::record_function_enter_new"], want);
+    EXPECT_EQ(traps["record_function exit"], want);
+    traps.erase("torch::autograd::profiler::record_function_enter_new");
+    traps.erase("record_function exit");
+    for (const auto& [name, calls] : traps) EXPECT_EQ(calls, 0) << name << " trapped";
+    auto c = cost_line(r.err);
+    ASSERT_TRUE(c) << r.err;
+    EXPECT_EQ(c->records, 2L * scopes) << "a label and an exit per scope, nothing for the "
                                        << 3 * 20 * lines[0]["nodes_per_pass"].get<int>() << " nodes run inside";
 }
 

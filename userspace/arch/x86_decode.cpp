@@ -224,6 +224,13 @@ int written_register(const Insn& in) {
 
 size_t skip_endbr64(const std::vector<uint8_t>& c) { return bytes_at(c, 0, {0xf3, 0x0f, 0x1e, 0xfa}) ? 4 : 0; }
 
+std::optional<uint64_t> plt_slot(const std::vector<uint8_t>& c, uint64_t stub) {
+    size_t i = skip_endbr64(c);
+    if (i < c.size() && c[i] == 0xf2) ++i;
+    if (i + 6 > c.size() || c[i] != 0xff || c[i + 1] != 0x25) return std::nullopt;
+    return stub + i + 6 + rel32_at(c, i + 2);
+}
+
 bool bytes_at(const std::vector<uint8_t>& c, size_t at, std::initializer_list<int> pat) {
     if (at + pat.size() > c.size()) return false;
     for (int b : pat) {

@@ -55,6 +55,9 @@ std::optional<size_t> emulated_first_call(const std::vector<uint8_t>& code);
 size_t skip_endbr64(const std::vector<uint8_t>& c);
 bool bytes_at(const std::vector<uint8_t>& c, size_t at, std::initializer_list<int> pat);
 int32_t rel32_at(const std::vector<uint8_t>& c, size_t at);
+// The GOT slot a PLT stub whose code `c` is, at link-time address `stub`,
+// jumps through (`[endbr64] [bnd] jmp *rel(%rip)`); nullopt for another stub.
+std::optional<uint64_t> plt_slot(const std::vector<uint8_t>& c, uint64_t stub);
 
 // What a general-purpose register holds at a function's first call, as a
 // function of the registers it was entered with: `from`'s entry value

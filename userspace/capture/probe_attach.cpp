@@ -25,6 +25,7 @@
 #include "demangle.hpp"
 #include "elf_symbols.hpp"
 #include "procfs.hpp"
+#include "regular_file.hpp"
 
 namespace commdbg::capture {
 
@@ -70,6 +71,17 @@ uint64_t attach_offset(const host::ElfSymbols& elf, const host::ElfSymbol& sym, 
     return arch::emulated_first_call(*code).value_or(0);
 }
 
+// Whether `rule` applies to the library at `path` (its "if_file" /
+// "unless_file", read beside it: through /proc/PID/root where the library is).
+bool applies(const SymbolRule& rule, const std::string& path) {
+    if (!rule.when) return true;
+    const std::string dir = path.substr(0, path.rfind('/') + 1);
+    const bool holds = std::any_of(rule.when->paths.begin(), rule.when->paths.end(), [&](const std::string& p) {
+        return host::regular_file_contains(dir + p, rule.when->contains, FileCondition::kMaxBytes);
+    });
+    return holds != rule.when->unless;
+}
+
 // Threads that detach a shutting-down attacher's files at once.
 constexpr size_t kDetachThreads = 32;
 
@@ -99,15 +111,23 @@ ProbeAttacher::Plan ProbeAttacher::plan(const ProbeSpec& spec, const host::ElfSy
         uint32_t id = symbols.intern(info);
         by_offset[sym.file_offset + attach_offset(elf, sym, info)] = make_cookie(id, *symbols.find(id));
     };
+    // The rules this file takes (a condition reads its file here, once per plan).
+    std::vector<const SymbolRule*> rules;
+    for (const auto& rule : spec.symbols)
+        if (applies(rule, elf.path())) rules.push_back(&rule);
     bool any_pattern = false;
-    for (const auto& rule : spec.symbols) {
+    for (const SymbolRule* rp : rules) {
+        const SymbolRule& rule = *rp;
         if (rule.match.empty()) {
             any_pattern = true;
             continue;
         }
         const host::ElfSymbol* s = elf.find(rule.match);
+        std::optional<host::ElfSymbol> derived;
+        std::string why;
+        if (!s && spec.derive && (derived = spec.derive(elf.path(), rule.match, why))) s = &*derived;
         if (!s) {
-            p.missing.push_back(rule.match);
+            p.missing.push_back(why.empty() ? rule.match : rule.match + " (" + why + ")");
             continue;
         }
         add(rule, *s, rule.match);
@@ -118,7 +138,8 @@ ProbeAttacher::Plan ProbeAttacher::plan(const ProbeSpec& spec, const host::ElfSy
         for (size_t i = 0; i < funcs.size(); ++i) {
             const host::ElfSymbol& sym = funcs[i];
             std::string& d = demangled[i];
-            for (const auto& rule : spec.symbols) {
+            for (const SymbolRule* rp : rules) {
+                const SymbolRule& rule = *rp;
                 if (!rule.match.empty()) continue;
                 if (d.empty()) d = host::demangle(sym.name);
                 if ((!rule.glob.empty() && glob_match(rule.glob, d)) ||

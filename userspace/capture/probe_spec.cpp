@@ -142,6 +142,28 @@ std::vector<std::string> str_list(const json& j, const char* field, const std::s
     return out;
 }
 
+// "if_file" / "unless_file": {"path": relative to the library's directory
+// (or a list of such: one of them), "contains": text}.
+std::optional<FileCondition> parse_condition(const json& j, const std::string& where) {
+    const bool pos = j.contains("if_file"), neg = j.contains("unless_file");
+    if (!pos && !neg) return std::nullopt;
+    if (pos && neg) throw SpecError{where + ": at most one of \"if_file\", \"unless_file\""};
+    const std::string field = pos ? "if_file" : "unless_file";
+    const json& c = j[field];
+    if (!c.is_object()) throw SpecError{where + ": field \"" + field + "\" must be an object {\"path\", \"contains\"}"};
+    FileCondition f;
+    f.unless = neg;
+    f.paths = str_list(c, "path", where + ": " + field);
+    f.contains = str_field(c, "contains", where + ": " + field, true);
+    if (f.paths.empty()) throw SpecError{where + ": field \"" + field + ".path\" is missing"};
+    for (const std::string& p : f.paths)
+        if (p.empty() || p[0] == '/')
+            throw SpecError{where + ": field \"" + field + ".path\" \"" + bounded(p) +
+                            "\" must be relative to the library's directory"};
+    if (f.contains.empty()) throw SpecError{where + ": field \"" + field + ".contains\" must not be empty"};
+    return f;
+}
+
 SymbolRule parse_rule(const json& j, const std::string& where) {
     if (!j.is_object()) throw SpecError{where + ": must be an object"};
     SymbolRule r;
@@ -204,6 +226,7 @@ SymbolRule parse_rule(const json& j, const std::string& where) {
     else if (!name_from.empty() && name_from != "symbol")
         throw SpecError{where + ": field \"name_from\": unknown \"" + name_from + "\" (symbol or aten_op)"};
     r.info.name = str_field(j, "name", where, false);
+    r.when = parse_condition(j, where);
     return r;
 }
 

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "elf_symbols.hpp"
 #include "pattern.hpp"
 #include "result.hpp"
 #include "symbol_table.hpp"
@@ -22,6 +23,16 @@ enum class NameFrom {
     AtenOp,  // at::_ops::add_Tensor::call -> aten::add.Tensor
 };
 
+// A rule that applies only where a file beside the library holds (or,
+// `unless`, does not hold) a text: which of two ways a build works, as its
+// own files say (torch >= 2's record_function exit, specs/torch-scopes.json).
+struct FileCondition {
+    std::vector<std::string> paths;  // relative to the library's directory: "../autograd/profiler.py"
+    std::string contains;            // holds where one of them has it in its first kMaxBytes
+    bool unless = false;   // "unless_file": applies where the file lacks it, or cannot be read
+    static constexpr size_t kMaxBytes = size_t{4} << 20;
+};
+
 struct SymbolRule {
     std::string match;                 // exact symbol name (mangled or plain)
     std::string glob;                  // or: glob over the demangled name
@@ -30,6 +41,7 @@ struct SymbolRule {
     SymbolInfo info;                   // role, collective, slots, tail (name/layer filled per symbol)
     NameFrom name_from = NameFrom::Plain;
     std::optional<bool> py_stack;      // "py_stack" in the spec; unset: by role (default_py_stack)
+    std::optional<FileCondition> when;  // "if_file" / "unless_file": where the rule applies
 };
 
 struct ProbeSpec {
@@ -49,6 +61,12 @@ struct ProbeSpec {
     // their records (TraceSession: the trivial ops below noise level 3).
     std::function<bool(const SymbolInfo&)> skip;
     std::string skip_why;  // what a note says when `skip` leaves out every symbol of a file
+    // Set at run time, never parsed: a "match" rule whose name the file's
+    // symbol tables lack is probed where this finds the function in the
+    // file's own code (a higher layer's derivation: torch's record_function
+    // exit, a static function); nullopt, with `why`, where it does not.
+    std::function<std::optional<host::ElfSymbol>(const std::string& path, std::string_view name, std::string& why)>
+        derive;
 
     bool matches_library(std::string_view path) const;
 };

@@ -347,6 +347,15 @@ Result<std::vector<uint8_t>> read_function_code(const std::string& path, const E
     return out;
 }
 
+Result<std::vector<uint8_t>> read_code_at(const std::string& path, const ElfData& elf, uint64_t vaddr, size_t n) {
+    for (const auto& seg : elf.loads) {
+        if (vaddr < seg.vaddr || vaddr >= seg.vaddr + seg.memsz) continue;
+        ElfSymbol at{"", vaddr, std::min<uint64_t>(n, seg.vaddr + seg.memsz - vaddr), seg.offset + (vaddr - seg.vaddr)};
+        return read_function_code(path, at, n);
+    }
+    return Result<std::vector<uint8_t>>::fail(path + ": address " + std::to_string(vaddr) + " is outside every segment");
+}
+
 std::vector<const ElfSymbol*> ElfSymbols::find_all(std::string_view name) const {
     auto lo = std::lower_bound(functions_.begin(), functions_.end(), name,
                                [](const ElfSymbol& s, std::string_view n) { return s.name < n; });

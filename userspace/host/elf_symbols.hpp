@@ -58,6 +58,11 @@ private:
 // file: a process's copy may hold a uprobe's int3.
 Result<std::vector<uint8_t>> read_function_code(const std::string& path, const ElfSymbol& sym, size_t max);
 
+struct ElfData;
+// `n` bytes (fewer at the end of its segment) at link-time address `vaddr`
+// of the file, through the PT_LOAD of `elf` that holds it.
+Result<std::vector<uint8_t>> read_code_at(const std::string& path, const ElfData& elf, uint64_t vaddr, size_t n);
+
 // What a reader of a process's data needs of an ELF file beyond its functions.
 struct ElfData {
     bool exec = false;               // ET_EXEC: linked at its final address

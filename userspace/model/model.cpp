@@ -81,8 +81,7 @@ size_t ProcessTree::memory_bytes() const {
     n += threads_.bucket_count() * sizeof(void*);
     for (const auto& [tid, th] : threads_)
         n += sizeof(tid) + sizeof(th) + kNode + th.stack.capacity() * sizeof(Frame) +
-             th.pending.capacity() * sizeof(PendingLeaf) + th.ctx.capacity() * sizeof(CtxLink) +
-             th.pending_label.capacity();
+             th.pending.capacity() * sizeof(PendingLeaf) + th.ctx.capacity() * sizeof(CtxLink);
     n += text_index_.bucket_count() * sizeof(void*) + texts_.capacity() * sizeof(void*);
     for (const auto& [text, id] : text_index_) n += sizeof(text) + text.capacity() + sizeof(id) + kNode;
     n += frame_index_.bucket_count() * sizeof(void*) +

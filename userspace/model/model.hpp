@@ -44,6 +44,10 @@ inline constexpr uint32_t kNoStack = 0xffffffffu;  // Record::stack: no Python s
 inline constexpr uint32_t kNoCtx = 0xffffffffu;    // Record::ctx: not a context record
 inline constexpr uint32_t kNoSym = 0xffffffffu;    // Record::sym of a module record: no probe
 inline constexpr uint64_t kUserScope = 7;          // at::RecordScope::USER_SCOPE
+// CtxLink::key of a scope its label opened (torch >= 2) and no RecordFunction
+// was seen for: closed by the thread's next exit naming none (LIFO).  No
+// RecordFunction lies at address 1.
+inline constexpr uint64_t kLabelScope = 1;
 
 // Which optional fields of a Record hold a value.
 enum RecordFlag : uint16_t {
@@ -299,8 +303,7 @@ private:
         std::vector<CtxLink> ctx;
         std::vector<BackwardRun> backward;  // outermost first (reentrant backward nests)
         std::optional<capture::CallEnter> pending_node;  // a node whose modules open with its first record
-        std::string pending_label;  // the latest SCOPE_LABEL not yet taken by a scope
-        bool has_label = false;
+        bool label_opened = false;  // the thread's last event was a SCOPE_LABEL that opened a scope
         bool seen = false;  // emitted an event in this window
     };
     struct FrameKey {
@@ -463,16 +466,16 @@ private:
     std::string node_name(ProcessTree& p, uint32_t tgid, uint64_t vtable);
     void open_module(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, size_t want);
     void read_parameters(ProcessTree& p, uint32_t tgid, std::vector<ProcessTree::ParamRead> todo);
+    void enter_context(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
+                       const capture::SymbolInfo& info, bool after_label);
     void on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
-                  const capture::SymbolInfo& info);
-    bool opens_scope(const ProcessTree::ThreadState& th, const capture::CallEnter& e,
-                     const capture::SymbolInfo& info) const;
-    std::string scope_label(const ProcessTree::ThreadState& th, const capture::CallEnter& e, uint64_t self,
-                            size_t* enter_at = nullptr) const;
+                  const capture::SymbolInfo& info, bool after_label);
+    bool opens_scope(const capture::CallEnter& e, const capture::SymbolInfo& info) const;
+    std::string scope_label(const capture::CallEnter& e, uint64_t self, size_t* enter_at = nullptr) const;
     uint32_t scope_depth(const ProcessTree::ThreadState& th, const capture::CallEnter& e, size_t enter_at) const;
     void unit_modules(ProcessTree& p, const ProcessTree::ThreadState& th, uint32_t entry_depth);
-    void begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
-                     const capture::SymbolInfo& info);
+    void begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, uint64_t self);
+    // Closes the scope keyed `self` (kLabelScope: the innermost a label opened).
     void end_scope(ProcessTree& p, ProcessTree::ThreadState& th, uint64_t self, uint64_t ts);
 
     // A module the current record's stack shows, outermost first.

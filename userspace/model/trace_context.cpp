@@ -402,19 +402,30 @@ bool TraceModel::retry_parameters() {
     return any;
 }
 
+// torch >= 2's record_function_enter_new (SCOPE_LABEL) opens a scope with its
+// label.  Where RecordFunction's constructor is probed too (torch 1.13's
+// Python never passes a label; a torch 2.x whose Python package is not beside
+// it), the USER_SCOPE one right after it keys that scope by its `this`, and
+// end() on it closes it; otherwise the record_function exit, which names no
+// RecordFunction, closes the innermost scope a label opened (specs/torch-scopes.json).
 void TraceModel::on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
-                          const capture::SymbolInfo& info) {
+                          const capture::SymbolInfo& info, bool after_label) {
     uint64_t v = 0;
     switch (info.role) {
     case CD_ROLE_SCOPE_LABEL:
-        th.pending_label = e.label;
-        th.has_label = true;
+        begin_scope(p, th, e, kLabelScope);
+        th.label_opened = true;
         break;
     case CD_ROLE_SCOPE_BEGIN:
-        if (opens_scope(th, e, info)) begin_scope(p, th, e, info);
+        if (!slot_value(e, info.slots.count, v)) break;
+        if (!after_label) {
+            if (opens_scope(e, info)) begin_scope(p, th, e, v);
+        } else if (!th.ctx.empty() && th.ctx.back().scope && th.ctx.back().key == kLabelScope) {
+            th.ctx.back().key = v;
+        }
         break;
     case CD_ROLE_SCOPE_END:
-        if (slot_value(e, info.slots.count, v)) end_scope(p, th, v, e.ts_ns);
+        end_scope(p, th, slot_value(e, info.slots.count, v) ? v : kLabelScope, e.ts_ns);
         break;
     default: break;
     }
@@ -424,23 +435,18 @@ void TraceModel::on_scope(ProcessTree& p, ProcessTree::ThreadState& th, const ca
 // with a label, or a record_function on its stack, or one whose stack is not
 // known.  With a stack, no label and no record_function, it is a
 // RecordFunction of torch's own (c10d's Work around each collective).
-bool TraceModel::opens_scope(const ProcessTree::ThreadState& th, const capture::CallEnter& e,
-                             const capture::SymbolInfo& info) const {
+bool TraceModel::opens_scope(const capture::CallEnter& e, const capture::SymbolInfo& info) const {
     uint64_t v = 0;
     // RecordScope is a uint8_t enum: only the register's low byte is the argument.
     if (!slot_value(e, info.slots.peer, v) || (v & 0xff) != kUserScope) return false;
-    if (th.has_label || !e.label.empty() || e.py_status == CD_PY_NONE) return true;
+    if (!e.label.empty() || e.py_status == CD_PY_NONE) return true;
     return std::any_of(frames_.begin(), frames_.end(),
                        [](const auto* f) { return f->kind == python::PyFrameKind::RecordFunctionEnter; });
 }
 
-void TraceModel::begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
-                             const capture::SymbolInfo& info) {
-    uint64_t self = 0;
-    slot_value(e, info.slots.count, self);
+void TraceModel::begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e, uint64_t self) {
     size_t at = 0;
-    std::string label = scope_label(th, e, self, &at);
-    th.pending_label.clear(), th.has_label = false;
+    std::string label = scope_label(e, self, &at);
     const uint32_t depth = scope_depth(th, e, at);
     if (th.ctx.size() >= kMaxCtxLinks) return;
 
@@ -462,15 +468,14 @@ void TraceModel::begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const
 // A scope's label: torch >= 2 sends it just before (record_function_enter_new);
 // torch 1.13 only shows it as the name of the record_function whose
 // __enter__ is on the stack.  `enter_at`: past that frame (0: none).
-std::string TraceModel::scope_label(const ProcessTree::ThreadState& th, const capture::CallEnter& e, uint64_t self,
-                                    size_t* enter_at) const {
+std::string TraceModel::scope_label(const capture::CallEnter& e, uint64_t self, size_t* enter_at) const {
     const python::PyFrameInfo* enter = nullptr;
     size_t at = 0;
     for (; at < frames_.size() && !enter; ++at)
         if (frames_[at]->kind == python::PyFrameKind::RecordFunctionEnter) enter = frames_[at];
     if (enter_at) *enter_at = enter ? at : 0;
-    if (th.has_label) return th.pending_label;
-    if (!e.label.empty()) return e.label;  // read by the kernel from the record_function object (torch 1.13)
+    // torch >= 2's label argument, or read by the kernel from the record_function object (torch 1.13)
+    if (!e.label.empty()) return e.label;
     // Read at ingest from the record_function object: its own only if the
     // scope is still open now (see set_scope_check).
     if (enter && !enter->label.empty() && (!scope_open_ || scope_open_(e.tgid, self))) return enter->label;

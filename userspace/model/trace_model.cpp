@@ -102,6 +102,28 @@ void TraceModel::on_event(const capture::Event& ev) {
         ev);
 }
 
+// The context `e` runs in.  In backward, a RecordFunction that opens no
+// scope (the engine's around each node) changes no context: a node's modules
+// open with its records.  A scope that names the module backward runs for
+// opens that module first.  The RecordFunction of a scope its label opened
+// (`after_label`) changes nothing more.
+void TraceModel::enter_context(ProcessTree& p, ProcessTree::ThreadState& th, const capture::CallEnter& e,
+                               const capture::SymbolInfo& info, bool after_label) {
+    begin_unit_.clear();
+    const cd_role role = info.role;
+    if (!py_stack_complete(e) || (role == CD_ROLE_SCOPE_BEGIN && after_label)) return;
+    const bool begin = role == CD_ROLE_SCOPE_BEGIN;
+    if (begin && !th.backward.empty() && !opens_scope(e, info)) return;
+    if ((begin || role == CD_ROLE_SCOPE_LABEL) && unit_namer_ && !th.backward.empty()) {
+        uint64_t self = 0;
+        slot_value(e, info.slots.count, self);
+        size_t at = 0;
+        if (auto unit = unit_namer_(scope_label(e, self, &at)))
+            begin_unit_ = std::move(*unit), begin_depth_ = scope_depth(th, e, at);
+    }
+    update_context(p, th, e);
+}
+
 void TraceModel::on_enter(const capture::CallEnter& e) {
     ProcessTree& p = proc(e.tgid);
     uint32_t sym = CD_COOKIE_SYM(e.cookie);
@@ -116,6 +138,9 @@ void TraceModel::on_enter(const capture::CallEnter& e) {
 
     ProcessTree::ThreadState& th = p.thread(e.tid);
     th.seen = true;
+    // A RecordFunction right after a label is the one that label's scope
+    // made (torch >= 2 where its constructor is probed): it opens nothing more.
+    const bool after_label = std::exchange(th.label_opened, false);
     pop_returned(p, th, e);
 
     cd_role role = info->role;
@@ -145,27 +170,14 @@ void TraceModel::on_enter(const capture::CallEnter& e) {
             resolve_frames(e);
         }
     }
-    // In backward, a RecordFunction that opens no scope (the engine's around
-    // each node) changes no context: a node's modules open with its records.
-    // One that names the module backward runs for opens that module first.
-    begin_unit_.clear();
-    if (py_stack_complete(e) && (role != CD_ROLE_SCOPE_BEGIN || th.backward.empty() || opens_scope(th, e, *info))) {
-        if (role == CD_ROLE_SCOPE_BEGIN && unit_namer_ && !th.backward.empty()) {
-            uint64_t self = 0;
-            slot_value(e, info->slots.count, self);
-            size_t at = 0;
-            if (auto unit = unit_namer_(scope_label(th, e, self, &at)))
-                begin_unit_ = std::move(*unit), begin_depth_ = scope_depth(th, e, at);
-        }
-        update_context(p, th, e);
-    }
+    enter_context(p, th, e, *info, after_label);
     bool collective = role == CD_ROLE_COLLECTIVE;
     if (collective && !th.stack.empty() && th.stack.back().collective) ++p.nested_collectives_;
 
     // Scope markers are not calls to show: what they open is a Scope record.
     uint32_t idx = kNoRecord;
     if (is_scope_role(role))
-        on_scope(p, th, e, *info);
+        on_scope(p, th, e, *info, after_label);
     else
         idx = add_call(p, th, e, *info);
     if (collective && idx != kNoRecord && in_backward_) credit_backward(p, th, idx);

@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
+#include "record_function.hpp"
 #include "trace_session.hpp"
 
 #include <signal.h>
@@ -103,6 +104,13 @@ void skip_hidden_ops(std::vector<capture::ProbeSpec>& specs, int noise_level, bo
     }
 }
 
+void derive_unexported(std::vector<capture::ProbeSpec>& specs) {
+    for (capture::ProbeSpec& s : specs)
+        s.derive = [](const std::string& path, std::string_view name, std::string& why) {
+            return name == torch::kRecordFunctionExit ? torch::derive_record_function_exit(path, why) : std::nullopt;
+        };
+}
+
 Result<std::unique_ptr<TraceSession>> TraceSession::create(const SessionOptions& opts) {
     using R = Result<std::unique_ptr<TraceSession>>;
     std::vector<std::string> spec_errors;
@@ -114,6 +122,7 @@ Result<std::unique_ptr<TraceSession>> TraceSession::create(const SessionOptions&
     }
     apply_py_stack_mode(specs, opts.py_stack);
     skip_hidden_ops(specs, opts.view_noise_level, opts.records);
+    derive_unexported(specs);
     auto guard = std::make_unique<capture::ResumeGuard>();
     capture::BpfOptions bpf_opts;
     bpf_opts.ringbuf_bytes = opts.ringbuf_bytes;

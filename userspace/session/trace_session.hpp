@@ -56,6 +56,10 @@ struct SessionOptions {
 // probe: collectives, communicator and group calls.
 void skip_hidden_ops(std::vector<capture::ProbeSpec>& specs, int noise_level, bool records = true);
 
+// A spec's "match" rules that name a function no symbol table lists are
+// probed where torch's own code shows it (torch::derive_record_function_exit).
+void derive_unexported(std::vector<capture::ProbeSpec>& specs);
+
 // commdbg's own CPU in a session, on its thread's clock (user and system):
 // setting processes up (their libraries' symbols and probes, Python and
 // torch discovery: add_process and each scan after a fork, exec or dlopen)

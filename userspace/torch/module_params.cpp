@@ -12,26 +12,6 @@ using Code = std::vector<uint8_t>;
 constexpr const char* kGetCdata = "_Z21THPVariable_get_cdataP11THPVariablePv";
 constexpr uint8_t kRdi = 7;
 
-// `n` bytes at link-time address `vaddr` of the file, through its PT_LOAD.
-Result<Code> file_bytes(const std::string& path, const host::ElfData& elf, uint64_t vaddr, size_t n) {
-    for (const auto& seg : elf.loads) {
-        if (vaddr < seg.vaddr || vaddr + n > seg.vaddr + seg.memsz) continue;
-        host::ElfSymbol at{"", vaddr, n, seg.offset + (vaddr - seg.vaddr)};
-        return host::read_function_code(path, at, n);
-    }
-    return Result<Code>::fail(path + ": address " + std::to_string(vaddr) + " is not in the file");
-}
-
-// The GOT slot a PLT stub at `stub` jumps through (`[endbr64] [bnd] jmp
-// *rel(%rip)`), or nullopt for another stub.
-std::optional<uint64_t> plt_slot(const Code& c, uint64_t stub) {
-    size_t i = arch::skip_endbr64(c);
-    if (i < c.size() && c[i] == 0xf2) ++i;
-    if (i + 6 > c.size() || c[i] != 0xff || c[i + 1] != 0x25) return std::nullopt;
-    const int32_t rel = arch::rel32_at(c, i + 2);
-    return stub + i + 6 + rel;
-}
-
 // THPVariable_get_cdata returns PyLong_FromVoidPtr(self->cdata's TensorImpl*):
 // `self` arrives in %rdi and may be copied to a callee-saved register
 // (`mov %rdi,%R`); the argument is then loaded as `mov D(%R),%rdi` right
@@ -78,14 +58,14 @@ Result<uint32_t> derive_variable_impl(const std::string& path) {
     if (!elf) return R::fail(elf.error());
     auto get = elf->symbols.find(kGetCdata);
     if (get == elf->symbols.end()) return R::fail(why + "no THPVariable_get_cdata exported");
-    auto code = file_bytes(path, *elf, get->second, 256);
+    auto code = host::read_code_at(path, *elf, get->second, 256);
     if (!code) return R::fail(code.error());
     auto load = cdata_load(*code, get->second);
     if (!load || load->disp < 16 || load->disp % 8 != 0 || load->disp > 64)
         return R::fail(why + "THPVariable_get_cdata's code has another shape");
     // The call must be PyLong_FromVoidPtr's: its PLT stub's GOT slot is relocated to that symbol.
-    auto stub = file_bytes(path, *elf, load->call_target, 16);
-    auto slot = stub ? plt_slot(*stub, load->call_target) : std::nullopt;
+    auto stub = host::read_code_at(path, *elf, load->call_target, 16);
+    auto slot = stub ? arch::plt_slot(*stub, load->call_target) : std::nullopt;
     auto relocs = slot ? host::read_relocations(path, {*slot}) : Result<std::map<uint64_t, host::ElfReloc>>::fail("");
     if (!relocs || relocs->count(*slot) == 0 || relocs->at(*slot).symbol != "PyLong_FromVoidPtr")
         return R::fail(why + "THPVariable_get_cdata does not pass the loaded word to PyLong_FromVoidPtr");

@@ -132,13 +132,9 @@ public:
     // The file's headers, as the last pass read them.
     const host::ElfData& file() const { return file_; }
     Result<std::vector<uint8_t>> code(uint64_t vaddr, const std::string& name, size_t bytes = kCtorBytes) {
-        for (const auto& s : file_.loads)
-            if (vaddr >= s.vaddr && vaddr < s.vaddr + s.memsz) {
-                host::ElfSymbol sym;
-                sym.name = name, sym.vaddr = vaddr, sym.file_offset = vaddr - s.vaddr + s.offset;
-                return host::read_function_code(path_, sym, bytes);
-            }
-        return Result<std::vector<uint8_t>>::fail(path_ + ": " + name + " is outside every segment");
+        auto c = host::read_code_at(path_, file_, vaddr, bytes);
+        if (!c) return Result<std::vector<uint8_t>>::fail(c.error() + " (" + name + ")");
+        return c;
     }
 
 private:

@@ -4,6 +4,7 @@
 // against every operator of the installed ATen headers when they exist); the
 // torch specs resolved against the real libtorch_cpu when it is installed.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -185,6 +186,67 @@ TEST(ProbeSpecRegex, PathologicalRegexIsPlannedInBoundedTimeAndPicksTheRightSymb
     });
     ASSERT_TRUE(names) << "no plan within " << timing::kPatternTimeBound.count() << " s";
     EXPECT_EQ(*names, std::set<std::string>{"commdbg::capture::glob_match"});
+}
+
+// "if_file" / "unless_file": a relative path (or several) and a text.
+TEST(ProbeSpecErrors, FileConditionsNeedRelativePathsAndAText) {
+    const std::string cond = R"({"path": "../x.py", "contains": "t"})";
+    expect_has(spec_error(spec_with(R"("name": "a",)", R"({"match": "f", "role": "op", "if_file": )" + cond +
+                                                           R"(, "unless_file": )" + cond + "}")),
+               {"symbols[0]", "at most one", "if_file", "unless_file"});
+    expect_has(spec_error(spec_with(R"("name": "a",)", R"({"match": "f", "role": "op", "if_file": "../x.py"})")),
+               {"symbols[0]", "\"if_file\" must be an object"});
+    expect_has(spec_error(spec_with(R"("name": "a",)",
+                                    R"({"match": "f", "role": "op", "unless_file": {"path": ["../x", "/etc/x"], "contains": "t"}})")),
+               {"symbols[0]", "\"/etc/x\"", "relative to the library's directory"});
+    expect_has(spec_error(spec_with(R"("name": "a",)",
+                                    R"({"match": "f", "role": "op", "if_file": {"path": "../x", "contains": ""}})")),
+               {"symbols[0]", "contains", "must not be empty"});
+    expect_has(spec_error(spec_with(R"("name": "a",)", R"({"match": "f", "role": "op", "if_file": {"contains": "t"}})")),
+               {"symbols[0]", "path"});
+}
+
+// A rule with a file condition applies where a file beside the library holds
+// the text (one of its paths), one with "unless_file" elsewhere: planned on
+// this test binary, reached through a link in a directory whose sibling
+// holds the file.  A FIFO in its place holds nothing, and does not block.
+TEST(ProbeSpecCondition, ARuleAppliesWhereAFileBesideTheLibrarySays) {
+    namespace fs = std::filesystem;
+    const fs::path dir = fs::temp_directory_path() / ("commdbg-cond-" + std::to_string(getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir / "lib");
+    fs::create_directories(dir / "py");
+    fs::create_symlink(fs::canonical("/proc/self/exe"), dir / "lib" / "libx.so");
+    auto spec = parse_probe_spec(
+        spec_with(R"("name": "a",)", R"({"glob": "commdbg::capture::glob_match(*", "role": "op",
+                      "if_file": {"path": ["../none/x.py", "../py/x.py"], "contains": "new_way"}},
+                     {"glob": "commdbg::capture::parse_probe_spec(*", "role": "op",
+                      "unless_file": {"path": ["../none/x.py", "../py/x.py"], "contains": "new_way"}})"),
+        "p.json");
+    ASSERT_TRUE(spec) << spec.error();
+    // By value: finishes_within may leave it running.
+    auto probed = [spec = spec.value(), lib = (dir / "lib" / "libx.so").string()] {
+        SymbolTable syms;
+        std::set<std::string> out;
+        auto plan = ProbeAttacher::plan(spec, lib, syms);
+        EXPECT_TRUE(plan.ok()) << plan.error();
+        if (plan.ok())
+            for (auto c : plan->cookies) out.insert(syms.from_cookie(c)->name);
+        return out;
+    };
+    const std::set<std::string> when_holds{"commdbg::capture::glob_match"};
+    const std::set<std::string> otherwise{"commdbg::capture::parse_probe_spec"};
+    EXPECT_EQ(probed(), otherwise);  // no such file
+    std::ofstream(dir / "py" / "x.py") << "def f():\n    the_old_way()\n";
+    EXPECT_EQ(probed(), otherwise);
+    std::ofstream(dir / "py" / "x.py") << "def f():\n    the.new_way()\n";
+    EXPECT_EQ(probed(), when_holds);
+    fs::remove(dir / "py" / "x.py");
+    ASSERT_EQ(mkfifo((dir / "py" / "x.py").c_str(), 0600), 0);
+    auto names = timing::finishes_within(timing::kPatternTimeBound, probed);
+    ASSERT_TRUE(names) << "a FIFO held the plan";
+    EXPECT_EQ(*names, otherwise);
+    fs::remove_all(dir);
 }
 
 // A c10d note reads `this` and a store (and a store's prefix) in the kernel:

@@ -141,6 +141,8 @@ struct Ctx {
         s.count = 0;
         return s;
     }()));
+    // torch >= 2's record_function exit: it names no RecordFunction.
+    uint32_t rf_exit = t.intern(sym("record_function exit", "torch", CD_ROLE_SCOPE_END));
     uint32_t c10d = t.intern(sym("c10d::ProcessGroupNCCL::allreduce", "c10d", CD_ROLE_COLLECTIVE, {}, CD_COLL_ALL_REDUCE));
     uint32_t nccl = t.intern(sym("ncclAllReduce", "nccl", CD_ROLE_COLLECTIVE, {2, 3, 5, 4}, CD_COLL_ALL_REDUCE, true));
     uint32_t mm = t.intern(sym("aten::mm", "aten", CD_ROLE_OP));
@@ -202,6 +204,7 @@ struct Ctx {
         return enter(begin, sp, stack, {self, scope, 0, 0, 0, 0, 0, 0});
     }
     capture::CallEnter scope_end(uint64_t self, uint64_t sp = 0x7000) { return enter(end, sp, std::nullopt, {self}); }
+    capture::CallEnter scope_exit(uint64_t sp = 0x7000) { return enter(rf_exit, sp); }
     // Forward made autograd node `node` under `stack`; the engine runs it (class `vtable`).
     void made(uint64_t node, const Stack& stack) { enter(grad_fn, 0x7000, stack, {0, node}); }
     void runs(uint64_t node, const std::optional<Stack>& stack, uint64_t vtable = 0, uint32_t tid = kTid) {
@@ -244,19 +247,23 @@ struct Ctx {
 
 // ---- scopes ------------------------------------------------------------------
 
-TEST(ContextModel, Torch2ScopeTakesTheLabelThatPrecedesItsBeginAndEndsAtItsEnd) {
+// Where RecordFunction's constructor is probed (a torch 2.x without its
+// Python package beside it), the one right after the label is that scope's:
+// it keys the scope, and end() on it closes it.
+TEST(ContextModel, Torch2ScopeOpensAtItsLabelTakesItsRecordFunctionAndEndsAtItsEnd) {
     Ctx c;
     const Stack at = kTop + Stack{F(kRfEnter), F(kOpsCall)};
-    c.scope_label("my_phase", at);
-    auto b = c.scope_begin(0x55, at);
+    auto l = c.scope_label("my_phase", at);
+    c.scope_begin(0x55, at);
     c.enter(c.mm, 0x7000);
+    c.scope_exit();  // no labelled scope is left to close: that exit closes nothing
     auto e = c.scope_end(0x55);
 
     auto scopes = c.of(RecordKind::Scope);
     ASSERT_EQ(scopes.size(), 1u);
     const Record& s = *scopes[0];
     EXPECT_EQ(c.name(s), "my_phase");  // not the __enter__ frame's "phase13"
-    EXPECT_EQ(s.start_ns, b.ts_ns);
+    EXPECT_EQ(s.start_ns, l.ts_ns);
     EXPECT_EQ(s.end_ns, e.ts_ns);
     EXPECT_FALSE(s.has(kEndInferred));
     EXPECT_EQ(c.parent_name(*c.find("aten::mm")), "my_phase");
@@ -274,6 +281,45 @@ TEST(ContextModel, Torch2ScopeTakesTheLabelThatPrecedesItsBeginAndEndsAtItsEnd) 
     // With a record_function on the stack it is one, named or not.
     c.scope_begin(0x57, kTop + Stack{F(kRfEnter)});
     ASSERT_EQ(c.of(RecordKind::Scope).size(), 2u);
+}
+
+// torch >= 2 with its Python package: no RecordFunction is probed.  The
+// label opens a scope, and the record_function exit, which names none, closes
+// the thread's innermost one a label opened; another thread's stay open.
+TEST(ContextModel, Torch2ExitClosesTheThreadsInnermostLabelledScope) {
+    Ctx c;
+    auto outer = c.scope_label("outer", kTop + Stack{F(kRfEnter)});
+    c.enter(c.mm, 0x7000);
+    c.scope_label("inner", kTop + Stack{F(kRfEnter)});
+    c.enter(c.add, 0x7000);
+    // Another thread's scope, open across this thread's exits.
+    capture::CallEnter other;
+    other.tgid = kPid, other.tid = kTid + 1, other.ts_ns = c.now += 1000, other.sp = 0x7000;
+    other.cookie = make_cookie(c.label, *c.t.find(c.label));
+    other.label = "other thread", other.py_status = CD_PY_OK;
+    c.model.on_event(other);
+    auto inner_exit = c.scope_exit();
+    c.enter(c.c10d, 0x7000);
+    auto outer_exit = c.scope_exit();
+    c.enter(c.mm, 0x7000);
+
+    const Record& o = *c.find("outer");
+    const Record& i = *c.find("inner");
+    EXPECT_EQ(o.start_ns, outer.ts_ns);
+    EXPECT_EQ(i.end_ns, inner_exit.ts_ns);
+    EXPECT_EQ(o.end_ns, outer_exit.ts_ns);
+    EXPECT_FALSE(i.has(kEndInferred));
+    EXPECT_FALSE(o.has(kEndInferred));
+    EXPECT_EQ(c.parent_name(i), "outer");
+    EXPECT_EQ(c.parent_name(*c.find("aten::add.Tensor")), "inner");
+    EXPECT_EQ(c.parent_name(*c.find("c10d::ProcessGroupNCCL::allreduce")), "outer");
+    EXPECT_EQ(c.of(RecordKind::Scope).size(), 3u);
+    EXPECT_EQ(c.find("other thread")->end_ns, 0u);  // still open
+    // The last aten::mm ran after both exits: outside any scope.
+    size_t outside = 0;
+    for (const Record& r : c.recs())
+        if (r.kind == RecordKind::Op && c.parent_name(r) == "<none>") ++outside;
+    EXPECT_EQ(outside, 1u);
 }
 
 TEST(ContextModel, Torch113ScopeIsNamedByTheRecordFunctionEnterFrameOfItsBegin) {

@@ -5,6 +5,7 @@
 // records (--counts-only) only what the counters count is probed.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 
@@ -92,6 +93,47 @@ TEST(ProbeView, WithoutRecordsOnlyWhatTheCountersCountIsProbed) {
     EXPECT_TRUE(none->offsets.empty());
     EXPECT_EQ(none->skipped, every->offsets.size());
     EXPECT_NE(aten.at(0).skip_why.find("--counts-only"), std::string::npos) << aten.at(0).skip_why;
+}
+
+// torch-scopes on each build, as its own Python package uses it: torch
+// 1.13's Python exits a scope through a tensor handle, so RecordFunction's
+// constructor and end() are probed and no record_function exit is; torch
+// 2.6's through the handle object, so the exit is probed (its unboxing,
+// which names no RecordFunction) and no RecordFunction at all.  Debian's
+// layout: the library in /usr/lib/<triplet>, its Python in dist-packages.
+TEST(ProbeView, ScopesAreProbedWhereTheBuildsOwnPythonPackageOpensAndClosesThem) {
+    const char* env = std::getenv("COMMDBG_TRIXIE_ROOT");
+    const std::string root = env ? env : "/var/cache/commdbg/trixie-root";
+    const std::vector<std::pair<std::string, bool>> builds = {
+        {"/usr/lib/x86_64-linux-gnu/libtorch_cpu.so.1.13", false},
+        {root + "/usr/lib/x86_64-linux-gnu/libtorch_cpu.so.2.6", true}};
+    size_t seen = 0;
+    for (const auto& [lib, handle_object] : builds) {
+        if (!std::filesystem::exists(lib)) continue;
+        ++seen;
+        std::vector<ProbeSpec> specs;
+        for (const auto& s : builtin_specs())
+            if (s.name == "torch-scopes") specs.push_back(s);
+        session::derive_unexported(specs);
+        SymbolTable syms;
+        auto plan = ProbeAttacher::plan(specs.at(0), lib, syms);
+        ASSERT_TRUE(plan.ok()) << plan.error();
+        EXPECT_TRUE(plan->missing.empty()) << plan->missing.at(0);
+        size_t labels = 0, begins = 0, ends_by_this = 0, exits = 0;
+        for (auto c : plan->cookies) {
+            const SymbolInfo& i = *syms.from_cookie(c);
+            labels += i.role == CD_ROLE_SCOPE_LABEL;
+            begins += i.role == CD_ROLE_SCOPE_BEGIN;
+            ends_by_this += i.role == CD_ROLE_SCOPE_END && i.slots.count != CD_SLOT_NONE;
+            exits += i.role == CD_ROLE_SCOPE_END && i.slots.count == CD_SLOT_NONE;
+        }
+        EXPECT_EQ(labels, 1u) << lib;
+        EXPECT_EQ(begins, handle_object ? 0u : 1u) << lib;
+        EXPECT_EQ(ends_by_this, handle_object ? 0u : 1u) << lib;
+        EXPECT_EQ(exits, handle_object ? 1u : 0u) << lib;
+    }
+    if (std::getenv("CI")) EXPECT_EQ(seen, builds.size()) << "CI has python3-torch and the trixie root";
+    if (seen == 0) GTEST_SKIP() << "no libtorch_cpu (apt install python3-torch; make trixie-root)";
 }
 
 }  // namespace

@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: Apache-2.0
+// torch's record_function exit, a static function no symbol names, found in
+// each build's own code: one function near record_function_enter_new that
+// tail-calls RecordFunction::end() on a member of its argument's object.
+// That it is the exit a Python scope runs, the e2e tests show
+// (OwnCost.Torch26ScopesTrapOnlyAtTheirOwnEnterAndExit: one call per scope).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "elf_symbols.hpp"
+#include "record_function.hpp"
+#include "test_proc.hpp"
+#include "x86_decode.hpp"
+
+using namespace commdbg;
+
+namespace {
+
+const char* kEnd = "_ZN2at14RecordFunction3endEv";
+
+// Its code, read back: `mov (%rdi),%rdi`, the member's offset added, and a
+// jump that reaches end() through the file's PLT (the stub's GOT slot is
+// relocated to end()).
+void expect_exit_shape(const std::string& lib, const host::ElfSymbol& exit) {
+    auto code = host::read_function_code(lib, exit, 16);
+    ASSERT_TRUE(code) << code.error();
+    const size_t at = arch::skip_endbr64(*code);
+    EXPECT_TRUE(arch::bytes_at(*code, at, {0x48, 0x8b, 0x3f})) << lib;
+    ASSERT_TRUE(arch::bytes_at(*code, at + 7, {0xe9, -1, -1, -1, -1})) << lib;
+    const uint64_t target = exit.vaddr + at + 12 + arch::rel32_at(*code, at + 8);
+    auto elf = host::read_elf_data(lib, {kEnd});
+    ASSERT_TRUE(elf) << elf.error();
+    auto stub = host::read_code_at(lib, *elf, target, 16);
+    ASSERT_TRUE(stub) << stub.error();
+    auto slot = arch::plt_slot(*stub, target);
+    ASSERT_TRUE(slot) << lib << ": the jump's target is no PLT stub";
+    auto rel = host::read_relocations(lib, {*slot});
+    ASSERT_TRUE(rel && rel->count(*slot)) << lib;
+    EXPECT_EQ(rel->at(*slot).symbol, kEnd);
+}
+
+}  // namespace
+
+TEST(RecordFunctionExit, EachTorchBuildHasExactlyOne) {
+    const char* env = std::getenv("COMMDBG_TRIXIE_ROOT");
+    const std::string root = env ? env : "/var/cache/commdbg/trixie-root";
+    size_t seen = 0;
+    for (const std::string lib : {std::string("/usr/lib/x86_64-linux-gnu/libtorch_cpu.so.1.13"),
+                                  root + "/usr/lib/x86_64-linux-gnu/libtorch_cpu.so.2.6"}) {
+        if (!std::filesystem::exists(lib)) continue;
+        ++seen;
+        std::string why;
+        auto exit = torch::derive_record_function_exit(lib, why);
+        ASSERT_TRUE(exit) << why;
+        EXPECT_EQ(exit->name, torch::kRecordFunctionExit);
+        expect_exit_shape(lib, *exit);
+    }
+    if (std::getenv("CI")) EXPECT_EQ(seen, 2u) << "CI has python3-torch and the trixie root";
+    REQUIRE_OR_SKIP(seen > 0, "no libtorch_cpu (apt install python3-torch; make trixie-root)");
+}
+
+TEST(RecordFunctionExit, AFileWithoutTorchSaysWhy) {
+    std::string why;
+    EXPECT_FALSE(torch::derive_record_function_exit("/proc/self/exe", why));
+    EXPECT_NE(why.find("no record_function_enter_new"), std::string::npos) << why;
+    EXPECT_FALSE(torch::derive_record_function_exit("/nonexistent/libtorch_cpu.so", why));
+    EXPECT_NE(why.find("/nonexistent/libtorch_cpu.so"), std::string::npos) << why;
+}
