@@ -6,8 +6,9 @@
 // (--timed: the median of N after 3 untimed).  Per round, in turn: alone,
 // with torch's CommDebugMode around each step (in-process), under `commdbg
 // run` at noise levels 0, 1 and 2, at 2 with every ATen op probed (--trace
-// asks for every record; below 3 the trivial ops are otherwise unprobed),
-// and with --counts-only; then the same for the FSDP2 version of the job
+// asks for every record; below 3 the trivial ops are otherwise unprobed), at
+// 2 with every at::RecordFunction probed (torch-scopes before torch 2.x's
+// scopes were closed at their own exit), and with --counts-only; then the same for the FSDP2 version of the job
 // (--fsdp), with `commdbg check` too.  Ratios against the round's alone run; medians and
 // ranges over rounds.  commdbg's own CPU (its --cost line): in all, setting
 // processes up, and per record handled, medians over rounds.
@@ -18,6 +19,7 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -80,11 +82,34 @@ std::optional<JobRun> run_job(const std::string& cmd) {
     return run;
 }
 
+// torch-scopes as it was before torch 2.x's scopes were closed at
+// record_function_exit_new: every at::RecordFunction's constructor and end()
+// probed, on every build.  Written from the source tree's spec (its rules
+// without a file condition, and those "unless_file" without it); the path.
+std::string every_record_function_spec(const fs::path& src) {
+    std::ifstream in(src / "specs/torch-scopes.json");
+    nlohmann::json spec = nlohmann::json::parse(in);
+    nlohmann::json rules = nlohmann::json::array();
+    for (auto r : spec["symbols"]) {
+        if (r.contains("if_file")) continue;
+        r.erase("unless_file");
+        rules.push_back(r);
+    }
+    spec["name"] = "torch-scopes-every-record-function";
+    spec["symbols"] = rules;
+    const std::string path = "/tmp/bench_tp.every-record-function.json";
+    std::ofstream(path) << spec.dump();
+    return path;
+}
+
 // What runs the job: alone, CommDebugMode, commdbg at each noise level, every
-// op probed, counts only; for the FSDP2 job also `commdbg check` (the
-// lifecycle checks, what commdbgd --fsdp-checks runs per window).
-std::vector<Mode> modes_for(const std::string& commdbg, bool fsdp) {
+// op probed, every RecordFunction probed (how torch-scopes worked before),
+// counts only; for the FSDP2 job also `commdbg check` (the lifecycle checks,
+// what commdbgd --fsdp-checks runs per window).
+std::vector<Mode> modes_for(const std::string& commdbg, const fs::path& src, bool fsdp) {
     const std::string run = commdbg + " run --cost --json /tmp/bench_tp.json ";
+    const std::string every_rf = "--probes nccl,torch-aten,torch-autograd,torch-c10d,torch-modules," +
+                                 every_record_function_spec(src) + " ";
     std::vector<Mode> modes = {
         mode("alone", ""),
         mode("CommDebugMode in-process", "", true),
@@ -92,6 +117,7 @@ std::vector<Mode> modes_for(const std::string& commdbg, bool fsdp) {
         mode("commdbg --noise-level 1", run + "--noise-level 1 -- "),
         mode("commdbg --noise-level 2", run + "--noise-level 2 -- "),
         mode("commdbg --noise-level 2, every op probed", run + "--noise-level 2 --trace /tmp/bench_tp.trace -- "),
+        mode("commdbg --noise-level 2, every RecordFunction", run + "--noise-level 2 " + every_rf + "-- "),
         mode("commdbg --counts-only", run + "--counts-only -- "),
     };
     if (fsdp) modes.push_back(mode("commdbg check (FSDP lifecycle)", commdbg + " check --cost -- "));
@@ -121,7 +147,7 @@ bool run_rounds(std::vector<Mode>& modes, const std::string& job, int rounds) {
 void print_modes(const std::vector<Mode>& modes) {
     for (const Mode& m : modes) {
         auto [lo, hi] = std::minmax_element(m.ratio.begin(), m.ratio.end());
-        std::printf("%-42s %6.2f ms per step  ratio %.2f of alone (rounds %.2f-%.2f)", m.what.c_str(),
+        std::printf("%-46s %6.2f ms per step  ratio %.2f of alone (rounds %.2f-%.2f)", m.what.c_str(),
                     1e3 * median(m.step_s), median(m.ratio), *lo, *hi);
         if (!m.cpu_s.empty())
             std::printf("  commdbg CPU %.2f s (set-ups %.2f s, %.1f us per record)", median(m.cpu_s),
@@ -148,7 +174,7 @@ int main(int argc, char** argv) {
                             " python3 /opt/commdbg-testprogs/tp_commdebug.py --timed " + std::to_string(steps);
     const std::string commdbg = (bin / "commdbg").string();
     for (const bool fsdp : {false, true}) {
-        std::vector<Mode> modes = modes_for(commdbg, fsdp);
+        std::vector<Mode> modes = modes_for(commdbg, src, fsdp);
         if (!run_rounds(modes, job + (fsdp ? " --fsdp" : ""), rounds)) return 1;
         std::printf("2-rank %s job (torch 2.6, gloo), %ld timed steps x %d rounds, step time (slower rank)\n",
                     fsdp ? "FSDP2 (fully_shard per block and the root)" : "tensor-parallel", steps, rounds);

@@ -18,6 +18,7 @@
 #include "procfs.hpp"
 #include "snapshot.hpp"
 #include "text.hpp"
+#include "trace_session.hpp"
 
 namespace commdbg::daemon {
 
@@ -69,6 +70,7 @@ Result<std::unique_ptr<NodeCounter>> NodeCounter::create(const NodeCounterOption
     std::vector<std::string> errors;
     auto specs = capture::select_specs(opts.probes, errors);
     if (!errors.empty()) return R::fail("commdbgd: " + errors.front());
+    session::derive_unexported(specs);
     if (!opts.count_errors) {
         // The hot calls trap once, not twice; their errors go uncounted.
         for (auto& spec : specs)
