@@ -104,8 +104,8 @@ enum cd_role {
 	 *              scope 7 (USER_SCOPE) opens a scope record
 	 * SCOPE_END    at::RecordFunction::end(): `this` in slot 0 closes it;
 	 *              with no count slot, torch >= 2's record_function exit
-	 *              (IValue::toCustomClass<PythonRecordFunction>() &&, which
-	 *              unboxes the handle _record_function_exit gets): closes the
+	 *              (record_function_exit_new, a static function found in
+	 *              torch's code: torch/record_function.hpp): closes the
 	 *              thread's innermost scope a SCOPE_LABEL opened.  Where the
 	 *              library's Python package calls that exit, the constructor
 	 *              and end() are not probed (specs/torch-scopes.json) */

@@ -71,15 +71,32 @@ uint64_t attach_offset(const host::ElfSymbols& elf, const host::ElfSymbol& sym, 
     return arch::emulated_first_call(*code).value_or(0);
 }
 
-// Whether `rule` applies to the library at `path` (its "if_file" /
-// "unless_file", read beside it: through /proc/PID/root where the library is).
-bool applies(const SymbolRule& rule, const std::string& path) {
-    if (!rule.when) return true;
+// Whether a file beside the library at `path` holds what `c` looks for
+// (read through /proc/PID/root where the library is).
+bool condition_holds(const FileCondition& c, const std::string& path) {
     const std::string dir = path.substr(0, path.rfind('/') + 1);
-    const bool holds = std::any_of(rule.when->paths.begin(), rule.when->paths.end(), [&](const std::string& p) {
-        return host::regular_file_contains(dir + p, rule.when->contains, FileCondition::kMaxBytes);
+    return std::any_of(c.paths.begin(), c.paths.end(), [&](const std::string& p) {
+        return host::regular_file_contains(dir + p, c.contains, FileCondition::kMaxBytes);
     });
-    return holds != rule.when->unless;
+}
+
+// The rules of `spec` that apply to the library at `path` ("if_file" /
+// "unless_file"): each distinct condition is read once.
+std::vector<const SymbolRule*> rules_for(const ProbeSpec& spec, const std::string& path) {
+    std::vector<std::pair<const FileCondition*, bool>> read;
+    std::vector<const SymbolRule*> out;
+    for (const auto& rule : spec.symbols) {
+        if (rule.when) {
+            const FileCondition& c = *rule.when;
+            auto it = std::find_if(read.begin(), read.end(), [&](const auto& r) {
+                return r.first->paths == c.paths && r.first->contains == c.contains;
+            });
+            if (it == read.end()) it = read.insert(read.end(), {&c, condition_holds(c, path)});
+            if (it->second == c.unless) continue;
+        }
+        out.push_back(&rule);
+    }
+    return out;
 }
 
 // Threads that detach a shutting-down attacher's files at once.
@@ -111,10 +128,7 @@ ProbeAttacher::Plan ProbeAttacher::plan(const ProbeSpec& spec, const host::ElfSy
         uint32_t id = symbols.intern(info);
         by_offset[sym.file_offset + attach_offset(elf, sym, info)] = make_cookie(id, *symbols.find(id));
     };
-    // The rules this file takes (a condition reads its file here, once per plan).
-    std::vector<const SymbolRule*> rules;
-    for (const auto& rule : spec.symbols)
-        if (applies(rule, elf.path())) rules.push_back(&rule);
+    const std::vector<const SymbolRule*> rules = rules_for(spec, elf.path());
     bool any_pattern = false;
     for (const SymbolRule* rp : rules) {
         const SymbolRule& rule = *rp;

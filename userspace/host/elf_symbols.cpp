@@ -347,13 +347,26 @@ Result<std::vector<uint8_t>> read_function_code(const std::string& path, const E
     return out;
 }
 
+namespace {
+const ElfSegment* segment_of(const ElfData& elf, uint64_t vaddr) {
+    for (const auto& seg : elf.loads)
+        if (vaddr >= seg.vaddr && vaddr < seg.vaddr + seg.memsz) return &seg;
+    return nullptr;
+}
+}  // namespace
+
+std::optional<uint64_t> file_offset_of(const ElfData& elf, uint64_t vaddr) {
+    const ElfSegment* seg = segment_of(elf, vaddr);
+    return seg ? std::optional<uint64_t>(seg->offset + (vaddr - seg->vaddr)) : std::nullopt;
+}
+
 Result<std::vector<uint8_t>> read_code_at(const std::string& path, const ElfData& elf, uint64_t vaddr, size_t n) {
-    for (const auto& seg : elf.loads) {
-        if (vaddr < seg.vaddr || vaddr >= seg.vaddr + seg.memsz) continue;
-        ElfSymbol at{"", vaddr, std::min<uint64_t>(n, seg.vaddr + seg.memsz - vaddr), seg.offset + (vaddr - seg.vaddr)};
-        return read_function_code(path, at, n);
-    }
-    return Result<std::vector<uint8_t>>::fail(path + ": address " + std::to_string(vaddr) + " is outside every segment");
+    const ElfSegment* seg = segment_of(elf, vaddr);
+    if (!seg)
+        return Result<std::vector<uint8_t>>::fail(path + ": address " + std::to_string(vaddr) +
+                                                  " is outside every segment");
+    ElfSymbol at{"", vaddr, std::min<uint64_t>(n, seg->vaddr + seg->memsz - vaddr), seg->offset + (vaddr - seg->vaddr)};
+    return read_function_code(path, at, n);
 }
 
 std::vector<const ElfSymbol*> ElfSymbols::find_all(std::string_view name) const {

@@ -59,6 +59,9 @@ private:
 Result<std::vector<uint8_t>> read_function_code(const std::string& path, const ElfSymbol& sym, size_t max);
 
 struct ElfData;
+// Where link-time address `vaddr` lies in the file, through the PT_LOAD of
+// `elf` that holds it; nullopt outside every one.
+std::optional<uint64_t> file_offset_of(const ElfData& elf, uint64_t vaddr);
 // `n` bytes (fewer at the end of its segment) at link-time address `vaddr`
 // of the file, through the PT_LOAD of `elf` that holds it.
 Result<std::vector<uint8_t>> read_code_at(const std::string& path, const ElfData& elf, uint64_t vaddr, size_t n);

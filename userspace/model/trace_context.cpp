@@ -465,7 +465,8 @@ void TraceModel::begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const
     th.ctx.push_back({self, depth, rec, kNoRecord, true, false, 0, unit});
 }
 
-// A scope's label: torch >= 2 sends it just before (record_function_enter_new);
+// A scope's label: torch >= 2 sends it with the event that opens the scope
+// (record_function_enter_new);
 // torch 1.13 only shows it as the name of the record_function whose
 // __enter__ is on the stack.  `enter_at`: past that frame (0: none).
 std::string TraceModel::scope_label(const capture::CallEnter& e, uint64_t self, size_t* enter_at) const {

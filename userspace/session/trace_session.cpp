@@ -1,5 +1,4 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "record_function.hpp"
 #include "trace_session.hpp"
 
 #include <signal.h>
@@ -13,6 +12,7 @@
 #include <type_traits>
 #include <variant>
 
+#include "record_function.hpp"
 #include "events.hpp"
 #include "snapshot.hpp"
 #include "procfs.hpp"

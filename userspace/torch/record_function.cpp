@@ -55,10 +55,9 @@ std::optional<host::ElfSymbol> derive_record_function_exit(const std::string& pa
         return why = not_found + std::to_string(found.size()) + " functions near record_function_enter_new tail-call "
                      "RecordFunction::end() on a member of their argument's object (one expected)",
                std::nullopt;
-    for (const auto& seg : elf->loads)
-        if (found[0] >= seg.vaddr && found[0] < seg.vaddr + seg.memsz)
-            return host::ElfSymbol{std::string(kRecordFunctionExit), found[0], 16, seg.offset + (found[0] - seg.vaddr)};
-    return why = not_found + "outside every segment", std::nullopt;
+    const auto offset = host::file_offset_of(*elf, found[0]);
+    if (!offset) return why = not_found + "outside every segment", std::nullopt;
+    return host::ElfSymbol{std::string(kRecordFunctionExit), found[0], 16, *offset};
 }
 
 }  // namespace commdbg::torch

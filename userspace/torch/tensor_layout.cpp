@@ -173,13 +173,9 @@ Result<std::vector<uint8_t>> read_table(const std::string& path, uint64_t vaddr,
     using T = Result<std::vector<uint8_t>>;
     auto data = host::read_elf_data(path, std::set<std::string, std::less<>>{});
     if (!data) return T::fail(data.error());
-    for (const auto& seg : data->loads) {
-        if (vaddr < seg.vaddr || vaddr + n > seg.vaddr + seg.memsz) continue;
-        host::ElfSymbol at{"scalarTypeItemSizes", vaddr, n, seg.offset + (vaddr - seg.vaddr)};
-        auto bytes = host::read_function_code(path, at, n);
-        if (bytes && bytes->size() == n) return bytes;
-        break;
-    }
+    // Fewer than n bytes: the table would run past its segment.
+    auto bytes = host::read_code_at(path, *data, vaddr, n);
+    if (bytes && bytes->size() == n) return bytes;
     return T::fail(path + ": the element-size table HandleResize reads is not in the file");
 }
 

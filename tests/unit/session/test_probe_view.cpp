@@ -98,7 +98,7 @@ TEST(ProbeView, WithoutRecordsOnlyWhatTheCountersCountIsProbed) {
 // torch-scopes on each build, as its own Python package uses it: torch
 // 1.13's Python exits a scope through a tensor handle, so RecordFunction's
 // constructor and end() are probed and no record_function exit is; torch
-// 2.6's through the handle object, so the exit is probed (its unboxing,
+// 2.6's through the handle object, so the exit is probed (record_function_exit_new,
 // which names no RecordFunction) and no RecordFunction at all.  Debian's
 // layout: the library in /usr/lib/<triplet>, its Python in dist-packages.
 TEST(ProbeView, ScopesAreProbedWhereTheBuildsOwnPythonPackageOpensAndClosesThem) {
