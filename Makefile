@@ -10,7 +10,7 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 # Debian packages the build, the tests and the demo need.  libbpf-dev >= 1.4
 # and bpftool come from bookworm-backports (bookworm's libbpf 1.1 has no
 # uprobe_multi API).
-APT_PKGS = clang llvm libelf-dev zlib1g-dev pkg-config cmake make g++ \
+APT_PKGS = clang llvm libelf-dev libcapstone-dev zlib1g-dev pkg-config cmake make g++ \
            nlohmann-json3-dev libre2-dev libcli11-dev googletest libgtest-dev libcpp-httplib-dev \
            python3 python3-torch python3-pip python3-wheel binutils util-linux systemd curl prometheus libclang-rt-14-dev
 BACKPORTS_PKGS = libbpf-dev bpftool

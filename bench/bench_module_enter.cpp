@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// What telling module calls apart costs: the torch-modules spec probes
-// torch::jit::tracer::getTracingState(), which every nn.Module call makes
-// first, with its Python stack.  One python (Debian's, torch 1.13) calls an
+// What telling module calls apart costs: the torch-modules spec probes the
+// call of torch::jit::tracer::getTracingState() in the dispatcher of
+// torch._C._get_tracing_state(), which every nn.Module call makes first,
+// with its Python stack.  One python (Debian's, torch 1.13) calls an
 // nn.Sequential of 10 Linear(4, 4) (11 module calls a forward) in a loop, in
 // the SAME process: unprobed, under torch-scopes, under torch-scopes and
 // torch-modules, and under both with counters only (the uprobe's own floor:

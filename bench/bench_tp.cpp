@@ -102,8 +102,25 @@ std::string every_record_function_spec(const fs::path& src) {
     return path;
 }
 
+// torch-modules as it was before its probe moved into the dispatcher of
+// torch._C._get_tracing_state: getTracingState() itself in libtorch_cpu,
+// which torch 2.x's Python bindings also call at every op they dispatch.
+// Written from the source tree's spec; the path.
+std::string module_entry_at_get_tracing_state_spec(const fs::path& src) {
+    std::ifstream in(src / "specs/torch-modules.json");
+    nlohmann::json spec = nlohmann::json::parse(in);
+    spec["name"] = "torch-modules-at-get-tracing-state";
+    spec["library"] = {"libtorch_cpu.so", "libtorch_cpu.so.*"};
+    spec["symbols"] = nlohmann::json::array(
+        {{{"glob", "torch::jit::tracer::getTracingState()"}, {"role", spec["symbols"][0]["role"]}}});
+    const std::string path = "/tmp/bench_tp.module-entry-at-get-tracing-state.json";
+    std::ofstream(path) << spec.dump();
+    return path;
+}
+
 // What runs the job: alone, CommDebugMode, commdbg at each noise level, every
 // op probed, every RecordFunction probed (how torch-scopes worked before),
+// module entries at getTracingState() (how torch-modules worked before),
 // counts only; for the FSDP2 job also `commdbg check` (the lifecycle checks,
 // what commdbgd --fsdp-checks runs per window).
 std::vector<Mode> modes_for(const std::string& commdbg, const fs::path& src, bool fsdp) {
@@ -118,6 +135,9 @@ std::vector<Mode> modes_for(const std::string& commdbg, const fs::path& src, boo
         mode("commdbg --noise-level 2", run + "--noise-level 2 -- "),
         mode("commdbg --noise-level 2, every op probed", run + "--noise-level 2 --trace /tmp/bench_tp.trace -- "),
         mode("commdbg --noise-level 2, every RecordFunction", run + "--noise-level 2 " + every_rf + "-- "),
+        mode("commdbg --noise-level 2, module entry at getTracingState()",
+             run + "--noise-level 2 --probes nccl,torch-aten,torch-autograd,torch-c10d,torch-scopes," +
+                 module_entry_at_get_tracing_state_spec(src) + " -- "),
         mode("commdbg --counts-only", run + "--counts-only -- "),
     };
     if (fsdp) modes.push_back(mode("commdbg check (FSDP lifecycle)", commdbg + " check --cost -- "));

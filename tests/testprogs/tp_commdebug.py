@@ -127,6 +127,30 @@ def step_account(mode):
             "collectives": mode.collectives}
 
 
+# --count-module-calls: the nn.Module calls of this rank, counted by a global
+# forward pre-hook (which nn.Module._call_impl runs once per call), and the
+# calls of torch._C._get_tracing_state() from Python (_call_impl's first
+# call, looked up on torch._C at each call), counted by a wrapper.
+MODULE_CALLS = None
+
+
+def count_module_calls():
+    global MODULE_CALLS
+    MODULE_CALLS = [0, 0]
+
+    def hook(module, args):
+        MODULE_CALLS[0] += 1
+
+    torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    binding = torch._C._get_tracing_state
+
+    def counted():
+        MODULE_CALLS[1] += 1
+        return binding()
+
+    torch._C._get_tracing_state = counted
+
+
 def run_timed(rank, model, opt, x, timed, with_commdebug):
     """bench_tp: `timed` steps after 3 untimed, each alone or inside its own
     CommDebugMode; one line {"rank", "pid", "step_s": median step seconds}."""
@@ -145,7 +169,10 @@ def run_timed(rank, model, opt, x, timed, with_commdebug):
             opt.zero_grad()
         if i >= 3:
             times.append(time.perf_counter() - t0)
-    emit({"rank": rank, "pid": os.getpid(), "step_s": statistics.median(times)})
+    line = {"rank": rank, "pid": os.getpid(), "step_s": statistics.median(times)}
+    if MODULE_CALLS is not None:
+        line["module_calls"], line["tracing_state_calls"] = MODULE_CALLS
+    emit(line)
     dist.barrier()
     sys.stdout.flush()
     os._exit(0)
@@ -179,7 +206,9 @@ def end_in_first_forward(rank, model, truth, seconds):
     model.first_forward = first_forward
 
 
-def rank_main(rank, world, port, steps, fsdp, timed=0, with_commdebug=False, exit_in_forward=0.0):
+def rank_main(rank, world, port, steps, fsdp, timed=0, with_commdebug=False, exit_in_forward=0.0, count_calls=False):
+    if count_calls:
+        count_module_calls()
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -233,6 +262,8 @@ def main():
     ap.add_argument("--fsdp", action="store_true")
     ap.add_argument("--timed", type=int, default=0, help="bench_tp: time this many steps, no accounting")
     ap.add_argument("--with-commdebug", action="store_true", help="bench_tp: each timed step in CommDebugMode")
+    ap.add_argument("--count-module-calls", action="store_true",
+                    help="with --timed: print each rank's nn.Module calls (a global forward pre-hook counts them)")
     ap.add_argument("--exit-in-first-forward", type=float, default=0.0, metavar="S",
                     help="with --fsdp: print the parameters, sleep S s and exit before the first all-gather")
     a = ap.parse_args()
@@ -242,7 +273,8 @@ def main():
     emit({"mode": "fsdp2" if a.fsdp else "tp", "pid": os.getpid(), "torch": torch.__version__})
     import torch.multiprocessing as mp
 
-    mp.spawn(rank_main, args=(WORLD, port, a.steps, a.fsdp, a.timed, a.with_commdebug, a.exit_in_first_forward), nprocs=WORLD, join=True)
+    mp.spawn(rank_main, args=(WORLD, port, a.steps, a.fsdp, a.timed, a.with_commdebug, a.exit_in_first_forward,
+                           a.count_module_calls), nprocs=WORLD, join=True)
     return 0
 
 

@@ -2,6 +2,9 @@
 // What many unit tests build: a probed symbol, as a probe spec would make it.
 #pragma once
 
+#include <stdlib.h>
+
+#include <filesystem>
 #include <string>
 
 #include "events.h"
@@ -22,5 +25,24 @@ inline capture::SymbolInfo symbol(std::string name, std::string layer, cd_role r
     s.py_stack = py_stack;
     return s;
 }
+
+// A directory of its own under $TMPDIR, removed with what it holds.
+class TempDir {
+public:
+    TempDir() {
+        std::string tmpl = (std::filesystem::temp_directory_path() / "commdbg-unit-XXXXXX").string();
+        if (mkdtemp(tmpl.data())) dir_ = tmpl;
+    }
+    ~TempDir() {
+        std::error_code ec;
+        if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+    }
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+    std::string path(const std::string& name) const { return dir_ + "/" + name; }
+
+private:
+    std::string dir_;
+};
 
 }  // namespace commdbg::test

@@ -99,6 +99,22 @@ std::vector<const SymbolRule*> rules_for(const ProbeSpec& spec, const std::strin
     return out;
 }
 
+// What the plan of `spec` on the file at `path` tells the user; false when
+// it probes nothing there.
+bool note_plan(const ProbeSpec& spec, const std::string& path, const ProbeAttacher::Plan& plan,
+               std::vector<std::string>& notes) {
+    for (const auto& m : plan.missing)
+        notes.push_back("spec " + spec.name + ": " + path + " has no symbol " + m + " (older library?) — not probed");
+    for (const auto& n : plan.notes) notes.push_back("spec " + spec.name + ": " + n);
+    if (!plan.offsets.empty()) return true;
+    if (plan.elsewhere && plan.missing.empty()) return false;  // probed in another of its files
+    notes.push_back("spec " + spec.name + ": " +
+                    (plan.skipped ? "none of its " + std::to_string(plan.skipped) + " symbols in " + path +
+                                        " is probed: " + spec.skip_why
+                                  : "no symbol of the spec in " + path + " — nothing probed"));
+    return false;
+}
+
 // Threads that detach a shutting-down attacher's files at once.
 constexpr size_t kDetachThreads = 32;
 
@@ -136,15 +152,15 @@ ProbeAttacher::Plan ProbeAttacher::plan(const ProbeSpec& spec, const host::ElfSy
             any_pattern = true;
             continue;
         }
-        const host::ElfSymbol* s = elf.find(rule.match);
-        std::optional<host::ElfSymbol> derived;
-        std::string why;
-        if (!s && spec.derive && (derived = spec.derive(elf.path(), rule.match, why))) s = &*derived;
-        if (!s) {
-            p.missing.push_back(why.empty() ? rule.match : rule.match + " (" + why + ")");
+        if (const host::ElfSymbol* s = elf.find(rule.match)) {
+            add(rule, *s, rule.match);
             continue;
         }
-        add(rule, *s, rule.match);
+        DerivedSites d = spec.derive ? spec.derive(elf.path(), rule.match) : DerivedSites{};
+        p.elsewhere += d.elsewhere;
+        if (d.at.empty() && !d.elsewhere) p.missing.push_back(d.note.empty() ? rule.match : rule.match + " (" + d.note + ")");
+        if (!d.at.empty() && !d.note.empty()) p.notes.push_back(d.note);
+        for (const host::ElfSymbol& s : d.at) add(rule, s, rule.match);
     }
     if (any_pattern) {
         const auto& funcs = elf.functions();
@@ -214,16 +230,7 @@ Result<ScanResult> ProbeAttacher::scan_process(int pid, const ScanLimits& limits
                 continue;
             }
             auto plan = ProbeAttacher::plan(spec, *elf, symbols_, demangled);
-            for (const auto& m : plan.missing)
-                out.notes.push_back("spec " + spec.name + ": " + f.path + " has no symbol " + m +
-                                    " (older library?) — not probed");
-            if (plan.offsets.empty()) {
-                out.notes.push_back("spec " + spec.name + ": " +
-                                    (plan.skipped ? "none of its " + std::to_string(plan.skipped) + " symbols in " +
-                                                        f.path + " is probed: " + spec.skip_why
-                                                  : "no symbol of the spec in " + f.path + " — nothing probed"));
-                continue;
-            }
+            if (!note_plan(spec, f.path, plan, out.notes)) continue;
             AttachedFile af{spec.name, f.path, f.dev, f.inode, 0, 0};
             // Return probes first.  An exit whose entry was not seen finds no
             // in-flight state and is ignored; an entry whose return probe is

@@ -77,7 +77,9 @@ public:
         std::vector<unsigned long> ret_offsets;
         std::vector<__u64> ret_cookies;
         std::vector<std::string> missing;  // exact names not in the file
+        std::vector<std::string> notes;    // what derivations said of the probes they placed
         size_t skipped = 0;                // symbols found that the spec's `skip` left out
+        size_t elsewhere = 0;              // rules whose probes another file of the spec holds
     };
     static Result<Plan> plan(const ProbeSpec& spec, const std::string& file, SymbolTable& symbols);
     // The same on a file already read; `demangled` (one slot per function,

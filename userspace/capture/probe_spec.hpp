@@ -44,6 +44,13 @@ struct SymbolRule {
     std::optional<FileCondition> when;  // "if_file" / "unless_file": where the rule applies
 };
 
+// Where a derivation (ProbeSpec::derive) puts a rule's probes in one file.
+struct DerivedSites {
+    std::vector<host::ElfSymbol> at;  // the addresses, as symbols named by the rule
+    std::string note;                 // none found: why; some: what the session notes about them
+    bool elsewhere = false;           // none here by design: another file of the spec holds them (no note)
+};
+
 struct ProbeSpec {
     std::string name;     // "nccl"
     std::string source;   // "built-in" or the file it came from
@@ -62,11 +69,10 @@ struct ProbeSpec {
     std::function<bool(const SymbolInfo&)> skip;
     std::string skip_why;  // what a note says when `skip` leaves out every symbol of a file
     // Set at run time, never parsed: a "match" rule whose name the file's
-    // symbol tables lack is probed where this finds the function in the
-    // file's own code (a higher layer's derivation: torch's record_function
-    // exit, a static function); nullopt, with `why`, where it does not.
-    std::function<std::optional<host::ElfSymbol>(const std::string& path, std::string_view name, std::string& why)>
-        derive;
+    // symbol tables lack is probed where this finds it in the file's own
+    // code (a higher layer's derivation: torch's record_function exit, a
+    // static function; the module entry, a call inside a lambda).
+    std::function<DerivedSites(const std::string& path, std::string_view name)> derive;
 
     bool matches_library(std::string_view path) const;
 };

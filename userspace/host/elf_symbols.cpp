@@ -282,7 +282,9 @@ Result<ElfData> read_elf_data(const std::string& path, const std::function<bool(
     if (!out) return out;
     auto defined = [](const GElf_Sym& s) { return s.st_shndx != SHN_UNDEF && s.st_value != 0; };
     auto have_table = visit_symbols(path, h.elf_, defined, [&](const GElf_Sym& s, std::string_view name, bool) {
-        if (want(name)) out->symbols.emplace(std::string(name), s.st_value);
+        if (!want(name)) return;
+        out->symbols.emplace(std::string(name), s.st_value);
+        out->sizes.emplace(std::string(name), s.st_size);
     });
     if (!have_table) return R::fail(have_table.error());
     return out;  // no symbol table: no symbols, as for a stripped executable

@@ -71,6 +71,7 @@ struct ElfData {
     bool exec = false;               // ET_EXEC: linked at its final address
     std::vector<ElfSegment> loads;   // PT_LOAD, in file order; never empty
     std::map<std::string, uint64_t, std::less<>> symbols;  // of the names asked for, those defined: link-time address
+    std::map<std::string, uint64_t, std::less<>> sizes;    // and their st_size
 };
 // Reads the headers and the symbols of .dynsym and .symtab named in `names`
 // (without @VERSION).  Fails as ElfSymbols::open does, but a file with no

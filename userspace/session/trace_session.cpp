@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <variant>
 
+#include "module_entry.hpp"
 #include "record_function.hpp"
 #include "events.hpp"
 #include "snapshot.hpp"
@@ -106,8 +107,15 @@ void skip_hidden_ops(std::vector<capture::ProbeSpec>& specs, int noise_level, bo
 
 void derive_unexported(std::vector<capture::ProbeSpec>& specs) {
     for (capture::ProbeSpec& s : specs)
-        s.derive = [](const std::string& path, std::string_view name, std::string& why) {
-            return name == torch::kRecordFunctionExit ? torch::derive_record_function_exit(path, why) : std::nullopt;
+        s.derive = [](const std::string& path, std::string_view name) {
+            capture::DerivedSites d;
+            if (name == torch::kModuleEntry) {
+                d.at = torch::module_entry_sites(path, d.note);
+                d.elsewhere = d.at.empty() && d.note.empty();
+            } else if (name == torch::kRecordFunctionExit) {
+                if (auto exit = torch::derive_record_function_exit(path, d.note)) d.at.push_back(*exit);
+            }
+            return d;
         };
 }
 

@@ -57,7 +57,8 @@ struct SessionOptions {
 void skip_hidden_ops(std::vector<capture::ProbeSpec>& specs, int noise_level, bool records = true);
 
 // A spec's "match" rules that name a function no symbol table lists are
-// probed where torch's own code shows it (torch::derive_record_function_exit).
+// probed where torch's own code shows it (torch::derive_record_function_exit,
+// torch::module_entry_sites).
 void derive_unexported(std::vector<capture::ProbeSpec>& specs);
 
 // commdbg's own CPU in a session, on its thread's clock (user and system):

@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "elf_symbols.hpp"
+#include "plt_target.hpp"
 #include "record_function.hpp"
 #include "test_proc.hpp"
 #include "x86_decode.hpp"
@@ -29,16 +30,7 @@ void expect_exit_shape(const std::string& lib, const host::ElfSymbol& exit) {
     const size_t at = arch::skip_endbr64(*code);
     EXPECT_TRUE(arch::bytes_at(*code, at, {0x48, 0x8b, 0x3f})) << lib;
     ASSERT_TRUE(arch::bytes_at(*code, at + 7, {0xe9, -1, -1, -1, -1})) << lib;
-    const uint64_t target = exit.vaddr + at + 12 + arch::rel32_at(*code, at + 8);
-    auto elf = host::read_elf_data(lib, {kEnd});
-    ASSERT_TRUE(elf) << elf.error();
-    auto stub = host::read_code_at(lib, *elf, target, 16);
-    ASSERT_TRUE(stub) << stub.error();
-    auto slot = arch::plt_slot(*stub, target);
-    ASSERT_TRUE(slot) << lib << ": the jump's target is no PLT stub";
-    auto rel = host::read_relocations(lib, {*slot});
-    ASSERT_TRUE(rel && rel->count(*slot)) << lib;
-    EXPECT_EQ(rel->at(*slot).symbol, kEnd);
+    test::expect_plt_target(lib, exit.vaddr + at + 12 + arch::rel32_at(*code, at + 8), kEnd);
 }
 
 }  // namespace
@@ -47,7 +39,7 @@ TEST(RecordFunctionExit, EachTorchBuildHasExactlyOne) {
     const char* env = std::getenv("COMMDBG_TRIXIE_ROOT");
     const std::string root = env ? env : "/var/cache/commdbg/trixie-root";
     size_t seen = 0;
-    for (const std::string lib : {std::string("/usr/lib/x86_64-linux-gnu/libtorch_cpu.so.1.13"),
+    for (const std::string& lib : {std::string("/usr/lib/x86_64-linux-gnu/libtorch_cpu.so.1.13"),
                                   root + "/usr/lib/x86_64-linux-gnu/libtorch_cpu.so.2.6"}) {
         if (!std::filesystem::exists(lib)) continue;
         ++seen;
@@ -57,7 +49,9 @@ TEST(RecordFunctionExit, EachTorchBuildHasExactlyOne) {
         EXPECT_EQ(exit->name, torch::kRecordFunctionExit);
         expect_exit_shape(lib, *exit);
     }
-    if (std::getenv("CI")) EXPECT_EQ(seen, 2u) << "CI has python3-torch and the trixie root";
+    if (std::getenv("CI")) {
+        EXPECT_EQ(seen, 2u) << "CI has python3-torch and the trixie root";
+    }
     REQUIRE_OR_SKIP(seen > 0, "no libtorch_cpu (apt install python3-torch; make trixie-root)");
 }
 
