@@ -27,11 +27,14 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_args.hpp"
+#include "earlier_specs.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
 using commdbg::bench::median;
+using commdbg::bench::every_record_function_spec;
+using commdbg::bench::module_entry_at_get_tracing_state_spec;
 
 struct Mode {
     std::string what;
@@ -80,42 +83,6 @@ std::optional<JobRun> run_job(const std::string& cmd) {
     if (status != 0 || ranks.size() != 2) return std::nullopt;
     run.step_s = *std::max_element(ranks.begin(), ranks.end());
     return run;
-}
-
-// torch-scopes as it was before torch 2.x's scopes were closed at
-// record_function_exit_new: every at::RecordFunction's constructor and end()
-// probed, on every build.  Written from the source tree's spec (its rules
-// without a file condition, and those "unless_file" without it); the path.
-std::string every_record_function_spec(const fs::path& src) {
-    std::ifstream in(src / "specs/torch-scopes.json");
-    nlohmann::json spec = nlohmann::json::parse(in);
-    nlohmann::json rules = nlohmann::json::array();
-    for (auto r : spec["symbols"]) {
-        if (r.contains("if_file")) continue;
-        r.erase("unless_file");
-        rules.push_back(r);
-    }
-    spec["name"] = "torch-scopes-every-record-function";
-    spec["symbols"] = rules;
-    const std::string path = "/tmp/bench_tp.every-record-function.json";
-    std::ofstream(path) << spec.dump();
-    return path;
-}
-
-// torch-modules as it was before its probe moved into the dispatcher of
-// torch._C._get_tracing_state: getTracingState() itself in libtorch_cpu,
-// which torch 2.x's Python bindings also call at every op they dispatch.
-// Written from the source tree's spec; the path.
-std::string module_entry_at_get_tracing_state_spec(const fs::path& src) {
-    std::ifstream in(src / "specs/torch-modules.json");
-    nlohmann::json spec = nlohmann::json::parse(in);
-    spec["name"] = "torch-modules-at-get-tracing-state";
-    spec["library"] = {"libtorch_cpu.so", "libtorch_cpu.so.*"};
-    spec["symbols"] = nlohmann::json::array(
-        {{{"glob", "torch::jit::tracer::getTracingState()"}, {"role", spec["symbols"][0]["role"]}}});
-    const std::string path = "/tmp/bench_tp.module-entry-at-get-tracing-state.json";
-    std::ofstream(path) << spec.dump();
-    return path;
 }
 
 // What runs the job: alone, CommDebugMode, commdbg at each noise level, every
