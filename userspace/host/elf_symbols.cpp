@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "elf_symbols.hpp"
 #include "procfs.hpp"
+#include "x86_decode.hpp"
 
 #include <fcntl.h>
 #include <gelf.h>
@@ -387,6 +388,14 @@ const ElfSymbol* ElfSymbols::find(std::string_view name) const {
         if (best == nullptr || (best->local && !it->local)) best = &*it;
     }
     return best;
+}
+
+bool is_plt_stub_of(const std::string& path, const ElfData& elf, uint64_t addr, std::string_view symbol) {
+    auto stub = read_code_at(path, elf, addr, 16);
+    auto slot = stub ? arch::plt_slot(*stub, addr) : std::nullopt;
+    if (!slot) return false;
+    auto rel = read_relocations(path, {*slot});
+    return rel && rel->count(*slot) && rel->at(*slot).symbol == symbol;
 }
 
 }  // namespace commdbg::host

@@ -97,4 +97,9 @@ struct ElfReloc {
 // with none are absent.
 Result<std::map<uint64_t, ElfReloc>> read_relocations(const std::string& path, const std::set<uint64_t>& at);
 
+// Whether the code at link-time address `addr` of the file is a PLT stub
+// whose GOT slot the loader fills with `symbol` (a call or jump there reaches
+// that function): the stub's form, and the slot's relocation naming it.
+bool is_plt_stub_of(const std::string& path, const ElfData& elf, uint64_t addr, std::string_view symbol);
+
 }  // namespace commdbg::host

@@ -5,7 +5,6 @@
 #include <optional>
 #include <set>
 
-#include "x86_decode.hpp"
 #include "x86_disasm.hpp"
 
 namespace commdbg::torch {
@@ -64,11 +63,7 @@ std::set<uint64_t> impl_stores(const std::vector<arch::Insn>& code, size_t j) {
 // when this file defines it, or a PLT stub whose GOT slot is relocated to it.
 bool is_get_tracing_state(const std::string& path, const host::ElfData& elf, uint64_t t) {
     if (auto it = elf.symbols.find(kGetTracingState); it != elf.symbols.end()) return it->second == t;
-    auto stub = host::read_code_at(path, elf, t, 16);
-    auto slot = stub ? arch::plt_slot(*stub, t) : std::nullopt;
-    if (!slot) return false;
-    auto rel = host::read_relocations(path, {*slot});
-    return rel && rel->count(*slot) && rel->at(*slot).symbol == kGetTracingState;
+    return host::is_plt_stub_of(path, elf, t, kGetTracingState);
 }
 
 // The C string at `vaddr` is the binding's name.

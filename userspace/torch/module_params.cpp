@@ -64,10 +64,7 @@ Result<uint32_t> derive_variable_impl(const std::string& path) {
     if (!load || load->disp < 16 || load->disp % 8 != 0 || load->disp > 64)
         return R::fail(why + "THPVariable_get_cdata's code has another shape");
     // The call must be PyLong_FromVoidPtr's: its PLT stub's GOT slot is relocated to that symbol.
-    auto stub = host::read_code_at(path, *elf, load->call_target, 16);
-    auto slot = stub ? arch::plt_slot(*stub, load->call_target) : std::nullopt;
-    auto relocs = slot ? host::read_relocations(path, {*slot}) : Result<std::map<uint64_t, host::ElfReloc>>::fail("");
-    if (!relocs || relocs->count(*slot) == 0 || relocs->at(*slot).symbol != "PyLong_FromVoidPtr")
+    if (!host::is_plt_stub_of(path, *elf, load->call_target, "PyLong_FromVoidPtr"))
         return R::fail(why + "THPVariable_get_cdata does not pass the loaded word to PyLong_FromVoidPtr");
     return load->disp;
 }

@@ -43,10 +43,7 @@ std::optional<host::ElfSymbol> derive_record_function_exit(const std::string& pa
         if (t == end) return true;
         auto [it, fresh] = reaches_end.emplace(t, false);
         if (!fresh) return it->second;
-        auto stub = host::read_code_at(path, *elf, t, 16);
-        auto slot = stub ? arch::plt_slot(*stub, t) : std::nullopt;
-        auto rel = slot ? host::read_relocations(path, {*slot}) : Result<std::map<uint64_t, host::ElfReloc>>::fail("");
-        return it->second = rel && rel->count(*slot) && rel->at(*slot).symbol == kEnd;
+        return it->second = host::is_plt_stub_of(path, *elf, t, kEnd);
     };
     std::vector<uint64_t> found;
     for (size_t i = 0; i + 16 <= code->size(); i += 16)  // functions start 16-byte aligned

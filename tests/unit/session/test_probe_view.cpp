@@ -136,7 +136,9 @@ TEST(ProbeView, ScopesAreProbedWhereTheBuildsOwnPythonPackageOpensAndClosesThem)
         EXPECT_EQ(ends_by_this, handle_object ? 0u : 1u) << lib;
         EXPECT_EQ(exits, handle_object ? 1u : 0u) << lib;
     }
-    if (std::getenv("CI")) EXPECT_EQ(seen, builds.size()) << "CI has python3-torch and the trixie root";
+    if (std::getenv("CI")) {
+        EXPECT_EQ(seen, builds.size()) << "CI has python3-torch and the trixie root";
+    }
     if (seen == 0) GTEST_SKIP() << "no libtorch_cpu (apt install python3-torch; make trixie-root)";
 }
 
