@@ -4,7 +4,10 @@
 //   commdbg counters + records (entry and return probes, ring buffer drained)
 // and the ratios against the unprobed call and the empty program; then the
 // time to load (verify) commdbg's BPF programs against the empty program's,
-// which every attach waits for, with the verifier's instruction counts.
+// which every attach waits for, with the verifier's instruction counts; and
+// an empty program's uprobe on a function's leading endbr64 (single-stepped
+// by the kernel) against one on the push after it (emulated), where commdbg
+// puts it (arch::single_trap_entry).
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -23,6 +26,11 @@
 
 using namespace commdbg;
 using AllReduceFn = int (*)(const void*, void*, size_t, int, int, void*, void*);
+
+// endbr64, then an instruction the kernel emulates: where commdbg's probe goes.
+__asm__(".text\n.globl cdbg_bench_cet\n.type cdbg_bench_cet,@function\ncdbg_bench_cet:\n"
+        "  endbr64\n  push %rbx\n  lea 1(%rdi),%rax\n  pop %rbx\n  ret\n.size cdbg_bench_cet,.-cdbg_bench_cet\n");
+extern "C" long cdbg_bench_cet(long);
 
 namespace {
 
@@ -96,6 +104,41 @@ void print_load_times() {
     for (const auto& [name, n] : insns) std::printf("  %-42s %10u instructions verified\n", name.c_str(), n);
 }
 
+// ns per call of cdbg_bench_cet with an empty program's uprobe at `at` past
+// its entry (best of 3); -1 when it cannot attach.
+double cet_ns(empty_bpf* skel, const host::ElfSymbol& sym, unsigned long at, long n) {
+    unsigned long off = sym.file_offset + at;
+    LIBBPF_OPTS(bpf_uprobe_multi_opts, o, .offsets = &off, .cnt = 1);
+    bpf_link* l = bpf_program__attach_uprobe_multi(skel->progs.empty_enter, -1, "/proc/self/exe", nullptr, &o);
+    if (!l) return -1;
+    long (*volatile fn)(long) = cdbg_bench_cet;
+    double best = 1e18;
+    for (int r = 0; r < 3; ++r) {
+        auto t0 = std::chrono::steady_clock::now();
+        for (long i = 0; i < n; ++i) fn(i);
+        best = std::min(best, std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+                                  static_cast<double>(n));
+    }
+    bpf_link__destroy(l);
+    return best;
+}
+
+void print_endbr64_placement(long n) {
+    auto elf = host::ElfSymbols::open("/proc/self/exe");
+    const host::ElfSymbol* s = elf ? elf->find("cdbg_bench_cet") : nullptr;
+    auto* skel = empty_bpf__open_and_load();
+    if (!s || !skel) {
+        std::printf("entry placement: skipped (no symbol or no BPF)\n");
+        if (skel) empty_bpf__destroy(skel);
+        return;
+    }
+    const double on = cet_ns(skel, *s, 0, n), past = cet_ns(skel, *s, 4, n);
+    empty_bpf__destroy(skel);
+    std::printf("%-44s %10.1f ns/call  ratio 1.00\n", "empty program on endbr64 (single-stepped)", on);
+    std::printf("%-44s %10.1f ns/call  ratio %.2f vs on endbr64\n", "empty program on the push after (emulated)", past,
+                past / on);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -136,5 +179,6 @@ int main(int argc, char** argv) {
     std::printf("%-44s %10.1f ns/call  ratio %.2f vs unprobed, %.2f vs empty\n", "commdbg counters + records", full,
                 full / base, full / empty);
     print_load_times();
+    print_endbr64_placement(n / 10);
     return 0;
 }

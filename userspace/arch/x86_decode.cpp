@@ -315,6 +315,16 @@ Result<TlsSlots> getspecific_slots(const std::vector<uint8_t>& c) {
     return out;
 }
 
+size_t single_trap_entry(const std::vector<uint8_t>& c) {
+    const size_t i = skip_endbr64(c);
+    if (i == 0 || i >= c.size()) return 0;
+    const uint8_t op = c[i];
+    const bool push = (op >= 0x50 && op <= 0x57) || (op == 0x41 && i + 1 < c.size() && c[i + 1] >= 0x50 && c[i + 1] <= 0x57);
+    const bool branch = op == 0xe8 || op == 0xe9 || op == 0xeb || op == 0x90 || (op >= 0x70 && op <= 0x7f) ||
+                        (op == 0x0f && i + 1 < c.size() && c[i + 1] >= 0x80 && c[i + 1] <= 0x8f);
+    return push || branch ? i : 0;
+}
+
 std::optional<size_t> emulated_first_call(const std::vector<uint8_t>& code) {
     const auto& c = code;
     for (size_t i = 0; i < c.size() && i < 32;) {

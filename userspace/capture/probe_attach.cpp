@@ -64,11 +64,17 @@ std::string read_interp(const std::string& exe) {
 // function whose arguments nobody reads, called on every nn.Module call) the
 // first instruction the kernel emulates when only set-up precedes it, which
 // saves the out-of-line single step of the entry's `sub` (bench_module_enter).
-uint64_t attach_offset(const host::ElfSymbols& elf, const host::ElfSymbol& sym, const SymbolInfo& info) {
-    if (info.role != CD_ROLE_MODULE_ENTER) return 0;
-    auto code = host::read_function_code(elf.path(), sym, 32);
-    if (!code) return 0;
-    return arch::emulated_first_call(*code).value_or(0);
+// Where a rule's probe on `sym` goes, past its entry: a module entry's on the
+// function's first call (arch::emulated_first_call), any other past a leading
+// endbr64 where the kernel then emulates the instruction it traps on
+// (arch::single_trap_entry): one exception instead of two.  Both keep the
+// entry's registers and stack.
+uint64_t attach_offset(host::CodeReader& code, const host::ElfSymbol& sym, const SymbolInfo& info) {
+    auto c = code.read(sym, 32);
+    if (!c) return 0;
+    if (info.role == CD_ROLE_MODULE_ENTER)
+        if (auto call = arch::emulated_first_call(*c)) return *call;
+    return arch::single_trap_entry(*c);
 }
 
 // Whether a file beside the library at `path` holds what `c` looks for
@@ -132,8 +138,10 @@ ProbeAttacher::Plan ProbeAttacher::plan(const ProbeSpec& spec, const host::ElfSy
     Plan p;
     std::map<uint64_t, uint64_t> by_offset;  // first rule to claim an address wins
     std::set<uint64_t> skipped;              // addresses `skip` left out
+    std::set<uint64_t> claimed;              // entries a rule took (aliases share one)
+    host::CodeReader code(elf.path());
     auto add = [&](const SymbolRule& rule, const host::ElfSymbol& sym, const std::string& demangled) {
-        if (sym.ifunc || by_offset.count(sym.file_offset)) return;
+        if (sym.ifunc || claimed.count(sym.file_offset)) return;
         SymbolInfo info = rule.info;
         info.name = derive_name(rule, sym.name, demangled);
         if (spec.skip && spec.skip(info)) {
@@ -141,8 +149,9 @@ ProbeAttacher::Plan ProbeAttacher::plan(const ProbeSpec& spec, const host::ElfSy
             return;
         }
         if (spec.c10d_tensors) info.tensor_params = c10d_tensor_params(demangled);
+        claimed.insert(sym.file_offset);
         uint32_t id = symbols.intern(info);
-        by_offset[sym.file_offset + attach_offset(elf, sym, info)] = make_cookie(id, *symbols.find(id));
+        by_offset[sym.file_offset + attach_offset(code, sym, info)] = make_cookie(id, *symbols.find(id));
     };
     const std::vector<const SymbolRule*> rules = rules_for(spec, elf.path());
     bool any_pattern = false;

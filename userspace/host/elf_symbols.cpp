@@ -338,14 +338,24 @@ Result<std::map<uint64_t, ElfReloc>> read_relocations(const std::string& path, c
 }
 
 Result<std::vector<uint8_t>> read_function_code(const std::string& path, const ElfSymbol& sym, size_t max) {
+    return CodeReader(path).read(sym, max);
+}
+
+CodeReader::~CodeReader() {
+    if (fd_ >= 0) ::close(fd_);
+}
+
+Result<std::vector<uint8_t>> CodeReader::read(const ElfSymbol& sym, size_t max) {
     using R = Result<std::vector<uint8_t>>;
+    if (fd_ < 0 && open_errno_ == 0) {
+        fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd_ < 0) open_errno_ = errno;
+    }
+    if (fd_ < 0) return R::fail(path_ + ": cannot open: " + std::strerror(open_errno_));
     if (sym.size != 0) max = std::min<size_t>(max, sym.size);
     std::vector<uint8_t> out(max, 0);
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return R::fail(path + ": cannot open: " + std::strerror(errno));
-    ssize_t got = pread(fd, out.data(), max, static_cast<off_t>(sym.file_offset));
-    ::close(fd);
-    if (got <= 0) return R::fail(path + ": cannot read " + sym.name + "'s code");
+    ssize_t got = pread(fd_, out.data(), max, static_cast<off_t>(sym.file_offset));
+    if (got <= 0) return R::fail(path_ + ": cannot read " + sym.name + "'s code");
     out.resize(static_cast<size_t>(got));
     return out;
 }

@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "result.hpp"
@@ -57,6 +58,22 @@ private:
 // Up to `max` bytes of a function's code (its size when smaller), from the
 // file: a process's copy may hold a uprobe's int3.
 Result<std::vector<uint8_t>> read_function_code(const std::string& path, const ElfSymbol& sym, size_t max);
+
+// The same for many functions of one file, through one descriptor (opened
+// at the first read): a plan reads the entry of every symbol it probes.
+class CodeReader {
+public:
+    explicit CodeReader(std::string path) : path_(std::move(path)) {}
+    ~CodeReader();
+    CodeReader(const CodeReader&) = delete;
+    CodeReader& operator=(const CodeReader&) = delete;
+    Result<std::vector<uint8_t>> read(const ElfSymbol& sym, size_t max);
+
+private:
+    std::string path_;
+    int fd_ = -1;
+    int open_errno_ = 0;  // the first open's failure, kept: no retry per symbol
+};
 
 struct ElfData;
 // Where link-time address `vaddr` lies in the file, through the PT_LOAD of

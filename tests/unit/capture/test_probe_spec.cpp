@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bounded_time.hpp"
+#include "builtin_spec.hpp"
 #include "demangle.hpp"
 #include "nccl.hpp"
 #include "probe_attach.hpp"
@@ -502,11 +503,7 @@ std::string find_libtorch_cpu() {
     return {};
 }
 
-const ProbeSpec& builtin(const std::string& name) {
-    for (const auto& s : builtin_specs())
-        if (s.name == name) return s;
-    throw std::runtime_error("no built-in spec " + name);
-}
+using test::builtin;
 
 TEST(TorchSpecs, LibraryGlobs) {
     EXPECT_TRUE(builtin("torch-aten").matches_library("/usr/lib/x86_64-linux-gnu/libtorch_cpu.so.1.13.0"));
