@@ -12,9 +12,14 @@ namespace {
 constexpr std::string_view kEnterNewPrefix = "_ZN5torch8autograd8profiler25record_function_enter_new";
 constexpr const char* kEnd = "_ZN2at14RecordFunction3endEv";
 
+struct TailCall {
+    uint64_t target = 0;  // the jump's target (link-time)
+    size_t jump = 0;      // the jump's offset in `c`
+};
+
 // Where the function at `at` of `c` tail-calls a member of the object its
-// first argument points to: the jump's target (link-time), or nullopt.
-std::optional<uint64_t> member_tail_call(const std::vector<uint8_t>& c, size_t at, uint64_t base) {
+// first argument points to, or nullopt.
+std::optional<TailCall> member_tail_call(const std::vector<uint8_t>& c, size_t at, uint64_t base) {
     if (arch::bytes_at(c, at, {0xf3, 0x0f, 0x1e, 0xfa})) at += 4;
     if (!arch::bytes_at(c, at, {0x48, 0x8b, 0x3f})) return std::nullopt;  // mov (%rdi),%rdi
     at += 3;
@@ -23,7 +28,7 @@ std::optional<uint64_t> member_tail_call(const std::vector<uint8_t>& c, size_t a
         return std::nullopt;
     at += 4;
     if (!arch::bytes_at(c, at, {0xe9, -1, -1, -1, -1})) return std::nullopt;  // jmp rel32
-    return base + at + 5 + arch::rel32_at(c, at + 1);
+    return TailCall{base + at + 5 + arch::rel32_at(c, at + 1), at};
 }
 
 }  // namespace
@@ -45,16 +50,16 @@ std::optional<host::ElfSymbol> derive_record_function_exit(const std::string& pa
         if (!fresh) return it->second;
         return it->second = host::is_plt_stub_of(path, *elf, t, kEnd);
     };
-    std::vector<uint64_t> found;
+    std::vector<uint64_t> found;  // the tail jumps
     for (size_t i = 0; i + 16 <= code->size(); i += 16)  // functions start 16-byte aligned
-        if (auto t = member_tail_call(*code, i, from); t && is_end(*t)) found.push_back(from + i);
+        if (auto t = member_tail_call(*code, i, from); t && is_end(t->target)) found.push_back(from + t->jump);
     if (found.size() != 1)
         return why = not_found + std::to_string(found.size()) + " functions near record_function_enter_new tail-call "
                      "RecordFunction::end() on a member of their argument's object (one expected)",
                std::nullopt;
     const auto offset = host::file_offset_of(*elf, found[0]);
     if (!offset) return why = not_found + "outside every segment", std::nullopt;
-    return host::ElfSymbol{std::string(kRecordFunctionExit), found[0], 16, *offset};
+    return host::ElfSymbol{std::string(kRecordFunctionExit), found[0], 5, *offset};
 }
 
 }  // namespace commdbg::torch

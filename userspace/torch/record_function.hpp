@@ -24,7 +24,12 @@ inline constexpr std::string_view kRecordFunctionExit = "torch::autograd::profil
 // exported record_function_enter_new: the one function of that form within
 // kWindow bytes of it, whose jump reaches end() (directly or through a PLT
 // stub whose GOT slot is relocated to end()).  The symbol it is probed at,
-// or nullopt with `why` where there is not exactly one.
+// or nullopt with `why` where there is not exactly one.  It is probed at its
+// tail jump, not its entry: the kernel emulates a `jmp` (one exception),
+// where the entry's `mov` is single-stepped out of line (a second one); the
+// exit's probe reads no register (it closes the thread's innermost labelled
+// scope), the stack there is the entry's (nothing is pushed, the return
+// address is at %rsp), and every call runs it.
 std::optional<host::ElfSymbol> derive_record_function_exit(const std::string& path, std::string& why);
 inline constexpr uint64_t kRecordFunctionExitWindow = 256 * 1024;
 

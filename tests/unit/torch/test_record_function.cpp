@@ -21,16 +21,23 @@ namespace {
 
 const char* kEnd = "_ZN2at14RecordFunction3endEv";
 
-// Its code, read back: `mov (%rdi),%rdi`, the member's offset added, and a
-// jump that reaches end() through the file's PLT (the stub's GOT slot is
-// relocated to end()).
+// The probed site is the function's tail jump, read back with the code
+// before it: `[endbr64] mov (%rdi),%rdi`, the member's offset added, then the
+// jump, which reaches end() through the file's PLT (the stub's GOT slot is
+// relocated to end()).  The jump is 7 bytes past the entry, 11 past endbr64.
 void expect_exit_shape(const std::string& lib, const host::ElfSymbol& exit) {
-    auto code = host::read_function_code(lib, exit, 16);
-    ASSERT_TRUE(code) << code.error();
-    const size_t at = arch::skip_endbr64(*code);
-    EXPECT_TRUE(arch::bytes_at(*code, at, {0x48, 0x8b, 0x3f})) << lib;
-    ASSERT_TRUE(arch::bytes_at(*code, at + 7, {0xe9, -1, -1, -1, -1})) << lib;
-    test::expect_plt_target(lib, exit.vaddr + at + 12 + arch::rel32_at(*code, at + 8), kEnd);
+    for (uint64_t before : {7u, 11u}) {
+        const host::ElfSymbol entry{"entry", exit.vaddr - before, 16, exit.file_offset - before};
+        auto code = host::read_function_code(lib, entry, 16);
+        ASSERT_TRUE(code) << code.error();
+        const size_t at = arch::skip_endbr64(*code);
+        if (at + 7 != before) continue;
+        EXPECT_TRUE(arch::bytes_at(*code, at, {0x48, 0x8b, 0x3f})) << lib;
+        ASSERT_TRUE(arch::bytes_at(*code, at + 7, {0xe9, -1, -1, -1, -1})) << lib;
+        test::expect_plt_target(lib, exit.vaddr + 5 + arch::rel32_at(*code, at + 8), kEnd);
+        return;
+    }
+    ADD_FAILURE() << lib << ": the probed site is not a tail jump 7 bytes past [endbr64] mov (%rdi),%rdi";
 }
 
 }  // namespace
