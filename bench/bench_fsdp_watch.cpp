@@ -32,11 +32,13 @@
 #include <vector>
 
 #include "bench_args.hpp"
+#include "proc_cpu.hpp"
 
 extern char** environ;
 
 namespace {
 
+using commdbg::bench::cpu_seconds;
 using commdbg::bench::median;
 
 namespace fs = std::filesystem;
@@ -61,19 +63,6 @@ pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>
     if (posix_spawn(&pid, a[0], &fa, nullptr, a.data(), ev.data()) != 0) pid = -1;
     posix_spawn_file_actions_destroy(&fa);
     return pid;
-}
-
-// utime + stime of a process, in seconds.
-double cpu_seconds(pid_t pid) {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-    std::string line;
-    std::getline(in, line);
-    std::istringstream rest(line.substr(line.rfind(')') + 1));
-    std::string f;
-    double ticks = 0;
-    for (int i = 3; i <= 15 && rest >> f; ++i)
-        if (i >= 14) ticks += std::stod(f);
-    return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 std::string metrics() {
