@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "bpf_session.hpp"
 
+#include <sys/epoll.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -156,12 +157,13 @@ int BpfSession::on_ring_record(void* ctx, void* data, size_t size) noexcept {
     return 0;
 }
 
-int BpfSession::poll(int timeout_ms) {
-    int n = ring_buffer__poll(rb_, timeout_ms);
-    // A poll that timed out reads nothing by itself, and records below the
-    // wake-up watermark never end it early: read what is there now.
-    if (n == 0) n = ring_buffer__consume(rb_);
-    return n;
+int BpfSession::poll(int timeout_ms, const std::function<void()>& woken) {
+    // A wait that timed out still reads what is there: records below the
+    // wake-up watermark never end it early.
+    epoll_event ev[4];
+    if (epoll_wait(ring_buffer__epoll_fd(rb_), ev, 4, timeout_ms) < 0) return -errno;
+    if (woken) woken();
+    return ring_buffer__consume(rb_);
 }
 
 void BpfSession::set_armed(bool on) {

@@ -112,8 +112,9 @@ public:
     void set_event_handler(EventHandler h) { handler_ = std::move(h); }
     // Delivers ready records to the handler; returns how many, or -errno.
     // Call records do not wake it until the buffer is 1/8 full: within
-    // timeout_ms it still delivers what is there.
-    int poll(int timeout_ms);
+    // timeout_ms it still delivers what is there.  `woken` runs once the
+    // wait is over, before the first record is delivered.
+    int poll(int timeout_ms, const std::function<void()>& woken = {});
 
     // Calls are counted and recorded only while armed (off at open): set
     // once every link of a window is attached, cleared before the first is

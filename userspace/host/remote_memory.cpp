@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <vector>
 
 #include "arch.hpp"
 
@@ -33,6 +34,31 @@ bool RemoteMemory::read2(uint64_t a, void* oa, size_t na, uint64_t b, void* ob, 
 int RemoteMemory::fetch2(uint64_t a, void* oa, size_t na, uint64_t b, void* ob, size_t nb) {
     if (int err = fetch(a, oa, na)) return err;
     return fetch(b, ob, nb);
+}
+
+size_t RemoteMemory::read_prefix(std::span<const Range> ranges) {
+    size_t done = 0;
+    while (done < ranges.size()) {
+        auto part = ranges.subspan(done, std::min(kMaxRanges, ranges.size() - done));
+        size_t valid = 0;  // the leading ranges read() would accept
+        while (valid < part.size() && arch::is_user_address(part[valid].addr) && part[valid].n != 0 &&
+               part[valid].n <= kMaxRead)
+            ++valid;
+        int err = 0;
+        size_t got = valid ? fetch_prefix(part.first(valid), err) : 0;
+        done += got;
+        if (got < part.size()) {
+            failed(got < valid ? err : EFAULT, ranges[done].addr);
+            return done;
+        }
+    }
+    return done;
+}
+
+size_t RemoteMemory::fetch_prefix(std::span<const Range> ranges, int& err) {
+    for (size_t i = 0; i < ranges.size(); ++i)
+        if ((err = fetch(ranges[i].addr, ranges[i].out, ranges[i].n)) != 0) return i;
+    return ranges.size();
 }
 
 bool RemoteMemory::c_string(uint64_t addr, std::string& out, size_t max) {
@@ -73,6 +99,27 @@ int ProcessMemory::fetch2(uint64_t a, void* oa, size_t na, uint64_t b, void* ob,
     iovec local[2] = {{oa, na}, {ob, nb}};
     iovec remote[2] = {{reinterpret_cast<void*>(a), na}, {reinterpret_cast<void*>(b), nb}};
     return vm_readv(pid_, local, remote, 2, na + nb);
+}
+
+size_t ProcessMemory::fetch_prefix(std::span<const Range> ranges, int& err) {
+    std::vector<iovec> local, remote;
+    local.reserve(ranges.size()), remote.reserve(ranges.size());
+    for (const Range& r : ranges) {
+        local.push_back({r.out, r.n});
+        remote.push_back({reinterpret_cast<void*>(r.addr), r.n});
+    }
+    ssize_t got = process_vm_readv(pid_, local.data(), ranges.size(), remote.data(), ranges.size(), 0);
+    if (got < 0) {
+        err = errno;
+        return 0;
+    }
+    // The kernel stops at the first range it cannot read (a short count);
+    // those before it are whole.
+    size_t whole = 0;
+    for (size_t left = static_cast<size_t>(got); whole < ranges.size() && ranges[whole].n <= left; ++whole)
+        left -= ranges[whole].n;
+    err = EFAULT;
+    return whole;
 }
 
 }  // namespace commdbg::host

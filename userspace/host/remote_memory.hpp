@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 namespace commdbg::host {
@@ -30,6 +31,16 @@ public:
     // Two ranges at once (one system call for a live process): a
     // re-validation of fields far apart.
     bool read2(uint64_t a, void* oa, size_t na, uint64_t b, void* ob, size_t nb);
+    // Many ranges at once (a live process: one system call per IOV_MAX of
+    // them), each checked as read() checks one: how many, from the first,
+    // were read whole.  The first that fails ends it; those after it are
+    // not read (a caller that wants them asks again past it).
+    struct Range {
+        uint64_t addr;
+        void* out;
+        size_t n;
+    };
+    size_t read_prefix(std::span<const Range> ranges);
     // A NUL-terminated string of at most `max` bytes (127 at most): false when
     // a byte before its end cannot be read.  Read whole first, byte by byte
     // when that fails: the string may end just before an unmapped page.
@@ -49,6 +60,10 @@ protected:
     // Reads all `n` bytes at `addr` (checked already): 0, or why not as an errno.
     virtual int fetch(uint64_t addr, void* out, size_t n) = 0;
     virtual int fetch2(uint64_t a, void* oa, size_t na, uint64_t b, void* ob, size_t nb);
+    // The ranges (checked already, at most kMaxRanges): how many, from the
+    // first, were read whole, and why the next one was not (an errno).
+    virtual size_t fetch_prefix(std::span<const Range> ranges, int& err);
+    static constexpr size_t kMaxRanges = 1024;  // IOV_MAX
 
 private:
     bool failed(int err, uint64_t addr);
@@ -66,6 +81,7 @@ public:
 protected:
     int fetch(uint64_t addr, void* out, size_t n) override;
     int fetch2(uint64_t a, void* oa, size_t na, uint64_t b, void* ob, size_t nb) override;
+    size_t fetch_prefix(std::span<const Range> ranges, int& err) override;
 
 private:
     int pid_;

@@ -99,30 +99,38 @@ using namespace pyobj;
 
 // The words a code object is known by, in one read: refcount, type, names,
 // line table, argcount, first line.  False when it is not a live code object.
-bool LivePyResolver::Process::code_head(uint64_t ptr, Code& c) {
+uint32_t LivePyResolver::Process::code_head_bytes() const {
     const PyLayout& l = d_.layout;
     const uint32_t name_at = l.minor == 10 ? l.code_name : l.code_qualname;
-    const uint32_t len = std::max({name_at, l.code_filename, l.code_localsplusnames, o_.code_linetable}) + 8;
-    std::array<uint8_t, 256> b{};
-    if (len > b.size() || !mem_->read(ptr, b.data(), len)) return false;
-    if (!plausible_refcnt(field<uint64_t>(b.data(), 0)) || field<uint64_t>(b.data(), l.ob_type) != l.code_type_addr)
-        return false;
-    c.name = field<uint64_t>(b.data(), name_at), c.filename = field<uint64_t>(b.data(), l.code_filename);
-    c.linetable = field<uint64_t>(b.data(), o_.code_linetable);
-    c.varnames = field<uint64_t>(b.data(), l.code_localsplusnames);
-    c.argcount = field<int32_t>(b.data(), l.code_argcount);
-    int32_t first = field<int32_t>(b.data(), l.code_firstlineno);
-    c.firstlineno = first > 0 ? static_cast<uint32_t>(first) : 0;
-    c.code_bytes = l.minor == 10 ? -1 : 2 * field<int64_t>(b.data(), kObSize);
+    return std::max({name_at, l.code_filename, l.code_localsplusnames, o_.code_linetable}) + 8;
+}
+
+bool LivePyResolver::Process::parse_code_head(const uint8_t* b, CodeHead& h) const {
+    const PyLayout& l = d_.layout;
+    if (!plausible_refcnt(field<uint64_t>(b, 0)) || field<uint64_t>(b, l.ob_type) != l.code_type_addr) return false;
+    h.name = field<uint64_t>(b, l.minor == 10 ? l.code_name : l.code_qualname);
+    h.filename = field<uint64_t>(b, l.code_filename);
+    h.linetable = field<uint64_t>(b, o_.code_linetable);
+    h.varnames = field<uint64_t>(b, l.code_localsplusnames);
+    h.argcount = field<int32_t>(b, l.code_argcount);
+    int32_t first = field<int32_t>(b, l.code_firstlineno);
+    h.firstlineno = first > 0 ? static_cast<uint32_t>(first) : 0;
+    h.code_bytes = l.minor == 10 ? -1 : 2 * field<int64_t>(b, kObSize);
     return true;
 }
 
+bool LivePyResolver::Process::code_head(uint64_t ptr, CodeHead& h) {
+    std::array<uint8_t, kCodeHeadMax> b{};
+    const uint32_t len = code_head_bytes();
+    return len <= b.size() && mem_->read(ptr, b.data(), len) && parse_code_head(b.data(), h);
+}
+
 bool LivePyResolver::Process::read_code(uint64_t ptr, Code& c) {
-    if (!code_head(ptr, c)) return false;
-    auto q = str(c.name), f = str(c.filename);
+    if (!code_head(ptr, c.head)) return false;
+    auto q = str(c.head.name), f = str(c.head.filename);
     if (!q || !f) return false;
     c.qualname = std::move(*q), c.file = std::move(*f);
-    if (auto names = tuple_items(c.varnames, 1); names && !names->empty())
+    if (auto names = tuple_items(c.head.varnames, 1); names && !names->empty())
         c.first_local = str(names->front()).value_or("");
     c.kind = kind_of(c.qualname, c.file, d_.layout.minor);
     c.library = library_file(c.file, d_.layout.minor);
@@ -130,20 +138,52 @@ bool LivePyResolver::Process::read_code(uint64_t ptr, Code& c) {
     return true;
 }
 
-// Cached per pointer; each use re-reads the words it was validated by, so a
-// freed code object (its refcount word now the allocator's) or another
-// object at the same address is noticed.
+LivePyResolver::Process::Code* LivePyResolver::Process::mark_used(uint64_t ptr, Code& c) {
+    if (c.used != epoch_ && used_.size() < kRevalidateMax) {
+        c.used = epoch_;
+        used_.push_back(ptr);
+    }
+    return &c;
+}
+
+void LivePyResolver::Process::revalidate_used(uint64_t e) {
+    std::vector<uint64_t> last;
+    last.swap(used_);
+    epoch_ = e;
+    const uint32_t len = code_head_bytes();
+    if (last.empty() || !d_.ok() || len > kCodeHeadMax) return;
+    std::vector<uint8_t> heads(last.size() * len);
+    std::vector<host::RemoteMemory::Range> ranges;
+    ranges.reserve(last.size());
+    for (size_t i = 0; i < last.size(); ++i) ranges.push_back({last[i], heads.data() + i * len, len});
+    // A range that fails (a page unmapped since) is left to code(), which
+    // tells a changed object from an exited process; the rest read on.
+    for (size_t i = 0; i < ranges.size();) {
+        const size_t read = mem_->read_prefix(std::span(ranges).subspan(i));
+        for (size_t k = i; k < i + read; ++k) {
+            auto it = codes_.find(last[k]);
+            CodeHead now;
+            if (it == codes_.end() || !parse_code_head(heads.data() + k * len, now) || !now.same_object(it->second.head))
+                continue;  // code() reads it again and drops it
+            it->second.checked = epoch_;
+            table_.note(last[k], py_code_kind(it->second.kind, it->second.head.argcount), epoch_);
+        }
+        i += read + 1;
+    }
+}
+
+// Cached per pointer; each use re-reads the words it was validated by (once
+// per batch: revalidate_used), so a freed code object (its refcount word now
+// the allocator's) or another object at the same address is noticed.
 LivePyResolver::Process::Code* LivePyResolver::Process::code(uint64_t ptr) {
     if (!d_.ok() || !arch::is_user_address(ptr)) return nullptr;
     if (auto it = codes_.find(ptr); it != codes_.end()) {
-        Code now;
         Code& c = it->second;
-        if (c.checked == epoch_) return &c;
-        if (code_head(ptr, now) && now.name == c.name && now.filename == c.filename && now.linetable == c.linetable &&
-            now.varnames == c.varnames && now.argcount == c.argcount && now.firstlineno == c.firstlineno) {
+        if (c.checked == epoch_) return mark_used(ptr, c);
+        if (CodeHead now; code_head(ptr, now) && now.same_object(c.head)) {
             c.checked = epoch_;
-            table_.note(ptr, py_code_kind(c.kind, c.argcount), epoch_);
-            return &c;
+            table_.note(ptr, py_code_kind(c.kind, c.head.argcount), epoch_);
+            return mark_used(ptr, c);
         }
         // Unreadable now, not changed: the process exited (or is exiting)
         // since the kernel saw a frame run this very code.  The last name
@@ -162,8 +202,8 @@ LivePyResolver::Process::Code* LivePyResolver::Process::code(uint64_t ptr) {
         ++account_.stats->unnamed_frames;
         return nullptr;
     }
-    table_.note(ptr, py_code_kind(c.kind, c.argcount), epoch_);
-    return &codes_.insert_or_assign(ptr, std::move(c)).first->second;
+    table_.note(ptr, py_code_kind(c.kind, c.head.argcount), epoch_);
+    return mark_used(ptr, codes_.insert_or_assign(ptr, std::move(c)).first->second);
 }
 
 uint32_t LivePyResolver::Process::line_of(Code& c, uint64_t code_ptr, uint64_t instr) {
@@ -172,22 +212,22 @@ uint32_t LivePyResolver::Process::line_of(Code& c, uint64_t code_ptr, uint64_t i
         int32_t lasti = static_cast<int32_t>(instr);  // f_lasti: an instruction index
         if (lasti >= 0) offset = 2 * static_cast<int64_t>(lasti);
     } else if (uint64_t base = code_ptr + o_.code_adaptive; instr >= base) {
-        if (instr - base < static_cast<uint64_t>(c.code_bytes)) offset = static_cast<int64_t>(instr - base);
+        if (instr - base < static_cast<uint64_t>(c.head.code_bytes)) offset = static_cast<int64_t>(instr - base);
     }
-    if (offset < 0) return c.firstlineno;
+    if (offset < 0) return c.head.firstlineno;
     if (auto it = c.lines.find(offset); it != c.lines.end()) return it->second;
     // A table that does not fit is read for this line and not kept.
     std::string scratch;
     if (!c.table) {
         uint64_t h[3] = {0, 0, 0};  // refcnt, type, ob_size
-        if (mem_->read(c.linetable, h, sizeof h) && has_flag(h[1], kFlagBytes) && h[2] <= kMaxLinetable) {
+        if (mem_->read(c.head.linetable, h, sizeof h) && has_flag(h[1], kFlagBytes) && h[2] <= kMaxLinetable) {
             scratch.resize(h[2]);
-            if (!scratch.empty() && !mem_->read(c.linetable + kBytesData, scratch.data(), scratch.size()))
+            if (!scratch.empty() && !mem_->read(c.head.linetable + kBytesData, scratch.data(), scratch.size()))
                 scratch.clear();
         }
         if (charge(heap_of(scratch))) c.bytes += heap_of(scratch), c.table = std::move(scratch);
     }
-    uint32_t line = py_line_of(d_.layout.minor, c.table ? *c.table : scratch, c.firstlineno, offset);
+    uint32_t line = py_line_of(d_.layout.minor, c.table ? *c.table : scratch, c.head.firstlineno, offset);
     constexpr size_t kLineBytes = kEntryOverhead + sizeof(std::pair<int64_t, uint32_t>);
     if (c.lines.size() < 4096 && charge(kLineBytes)) c.bytes += kLineBytes, c.lines.emplace(offset, line);
     return line;
@@ -206,7 +246,7 @@ const PyFrameInfo& LivePyResolver::Process::frame(const cd_py_frame& f) {
     if (c == nullptr) return kUnknownFrame;
     const uint32_t line = line_of(*c, f.code, f.instr);
     PyFrameKind kind = c->kind;
-    const Type* st = c->argcount >= 1 && f.self != 0 ? type(f.self_type) : nullptr;
+    const Type* st = c->head.argcount >= 1 && f.self != 0 ? type(f.self_type) : nullptr;
     const uint64_t st_serial = st != nullptr ? st->serial : 0;
     const std::string st_name = st != nullptr ? st->facts.name : "";
     const bool mod = st != nullptr && (st->mro_done ? st->facts.is_module : is_module(f.self_type));

@@ -179,6 +179,11 @@ std::optional<std::string> LivePyResolver::module_path(uint32_t pid, uint64_t ro
 
 void LivePyResolver::forget(uint32_t pid) { procs_.erase(pid); }
 
+void LivePyResolver::begin_batch() {
+    ++epoch_;
+    for (auto& [pid, p] : procs_) p->revalidate_used(epoch_);
+}
+
 void LivePyResolver::take_code_tables(const std::function<void(uint32_t, const cd_py_codes&)>& fn) {
     for (auto& [pid, p] : procs_)
         if (p->code_table().take_changed()) fn(pid, p->code_table().slots());

@@ -91,8 +91,10 @@ public:
     // are re-validated against the target once per batch, not once per frame
     // (two system calls a frame made a deep stack cost more to name than to
     // capture).  A code object freed and its address reused within one batch
-    // keeps its old name for the rest of that batch.
-    void begin_batch() { ++epoch_; }
+    // keeps its old name for the rest of that batch.  The code objects the
+    // last batch named are re-validated here, together: one system call
+    // per IOV_MAX of them.
+    void begin_batch();
     // The kinds of the code objects named so far (py_code_table.hpp), for
     // each process whose table changed since the last call: the kernel then
     // reads `self`'s type only where a record can use it.

@@ -135,6 +135,10 @@ public:
     uint64_t attr(uint64_t obj, std::string_view name);
     std::optional<std::string> str(uint64_t obj);
     void set_epoch(uint64_t e) { epoch_ = e; }
+    // At a batch's start (epoch `e`): the code objects the last batch named,
+    // re-validated together (one system call per IOV_MAX of them, not one
+    // each as frames ask): most frames of a batch ran code the last one ran.
+    void revalidate_used(uint64_t e);
     PyCodeTable& code_table() { return table_; }
     std::optional<uint32_t> values_index(uint64_t type_ptr, std::string_view name);
     uint64_t type_of(uint64_t obj) {
@@ -154,13 +158,23 @@ public:
     uint64_t method_self(uint64_t method);
 
 private:
-    struct Code {
-        uint64_t serial = 0;
-        uint64_t checked = 0;  // epoch it was last re-validated in
+    // The words a code object is known by: it still holds them, or it is
+    // not the code object it was.
+    struct CodeHead {
         uint64_t name = 0, filename = 0, linetable = 0, varnames = 0;  // what it was read from: re-validation
         int32_t argcount = 0;
         uint32_t firstlineno = 0;
         int64_t code_bytes = -1;  // 3.11+: bytecode size, for the instruction offset's bounds
+        bool same_object(const CodeHead& o) const {
+            return name == o.name && filename == o.filename && linetable == o.linetable && varnames == o.varnames &&
+                   argcount == o.argcount && firstlineno == o.firstlineno;
+        }
+    };
+    struct Code {
+        uint64_t serial = 0;
+        uint64_t checked = 0;  // epoch it was last re-validated in
+        uint64_t used = 0;     // epoch a frame last named it in: re-validated at the next batch's start
+        CodeHead head;
         std::string qualname, file, first_local;
         PyFrameKind kind = PyFrameKind::Plain;
         bool library = false;
@@ -202,7 +216,12 @@ private:
     using FrameKey = std::tuple<uint64_t, uint32_t, PyFrameKind, uint64_t, uint64_t, std::string>;
     using ItemFn = std::function<bool(uint64_t key, uint64_t value)>;  // false: stop
 
-    bool code_head(uint64_t ptr, Code& c);
+    static constexpr uint32_t kCodeHeadMax = 256;      // bytes of a code object's head read (3.10-3.13: < 160)
+    static constexpr size_t kRevalidateMax = 4096;     // code objects re-validated together at a batch's start
+    bool code_head(uint64_t ptr, CodeHead& h);
+    bool parse_code_head(const uint8_t* b, CodeHead& h) const;
+    uint32_t code_head_bytes() const;
+    Code* mark_used(uint64_t ptr, Code& c);
     bool read_code(uint64_t ptr, Code& c);
     Code* code(uint64_t ptr);
     uint32_t line_of(Code& c, uint64_t code_ptr, uint64_t instr);
@@ -241,6 +260,7 @@ private:
     uint64_t serials_ = 0;
     uint64_t epoch_ = 1;  // LivePyResolver::begin_batch()
     std::unordered_map<uint64_t, Code> codes_;
+    std::vector<uint64_t> used_;  // the code objects named in the current batch (Code::used == epoch_)
     PyCodeTable table_;  // what the kernel is told of codes_
     std::unordered_map<uint64_t, Type> types_;
     std::map<FrameKey, PyFrameInfo> frames_;  // node-stable: frame() hands out references

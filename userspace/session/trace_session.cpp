@@ -439,8 +439,12 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
 int TraceSession::poll(int timeout_ms) {
     RecordSpan span(cost_);
     recheck_access();
-    python_.begin_batch();
-    const int n = bpf_->poll(timeout_ms);
+    const int n = bpf_->poll(timeout_ms, [this] {
+        if (auto now = std::chrono::steady_clock::now(); now - py_batch_began_ >= kPyBatch) {
+            py_batch_began_ = now;
+            python_.begin_batch();
+        }
+    });
     python_.tell_code_kinds();
     // Parameters not readable yet are read again, kParamRetryEvery apart at
     // first and twice as far each time while some stay unreadable (up to

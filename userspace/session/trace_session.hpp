@@ -178,6 +178,11 @@ private:
     std::chrono::steady_clock::time_point params_retried_{};
     static constexpr std::chrono::milliseconds kParamRetryEvery{5}, kParamRetryMax{2000};
     std::chrono::milliseconds params_retry_gap_ = kParamRetryEvery;
+    // A batch of records (the Python names' re-validation, py_objects.hpp)
+    // spans the polls of at least kPyBatch: a poll woken by a full ring
+    // every few milliseconds re-validated the same code objects each time.
+    std::chrono::steady_clock::time_point py_batch_began_{};
+    static constexpr std::chrono::milliseconds kPyBatch{20};
 };
 
 // "pid 4242 (python3 train.py)" for messages.

@@ -16,11 +16,14 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "py_config.hpp"
 #include "py_objects.hpp"
+#include "remote_memory.hpp"
 #include "test_proc.hpp"
 
 using namespace commdbg;
@@ -500,6 +503,62 @@ TEST_P(PyObjectsOn, NamesEveryFrameOfTheLiveStackWithLinesModulesAndKinds) {
     EXPECT_EQ(res_.frame(pid_, frames[1]).module, u(self_["mixer1"]));
     EXPECT_EQ(res_.frame(pid_, frames[1]).module_class, "Mixer");
     EXPECT_EQ(res_.module_path(pid_, u(self_["model"]), res_.frame(pid_, frames[1]).module), "encoder.blocks.1.mixer");
+}
+
+// The target's memory, read as ProcessMemory reads it, with each read kept:
+// what a batch costs in system calls.
+class CountingMemory final : public host::RemoteMemory {
+public:
+    explicit CountingMemory(int pid) : inner_(pid) {}
+    std::vector<uint64_t> singles;               // addresses read one by one
+    std::vector<std::vector<uint64_t>> batches;  // each read of many ranges at once
+
+protected:
+    int fetch(uint64_t addr, void* out, size_t n) override {
+        singles.push_back(addr);
+        return inner_.read(addr, out, n) ? 0 : inner_.last_error();
+    }
+    size_t fetch_prefix(std::span<const Range> ranges, int& err) override {
+        batches.emplace_back();
+        for (const Range& r : ranges) batches.back().push_back(r.addr);
+        const size_t whole = inner_.read_prefix(ranges);
+        err = inner_.last_error();
+        return whole;
+    }
+
+private:
+    host::ProcessMemory inner_;
+};
+
+TEST_P(PyObjectsOn, ABatchRevalidatesTheCodeObjectsTheLastOneNamedInOneRead) {
+    std::vector<cd_py_frame> frames;
+    for (int i = 0; i < 200 && frames.size() != self_["frames"].size(); ++i, usleep(20 * 1000))
+        frames = walk(static_cast<int>(pid_), layout(), u(self_["tstate"]));
+    ASSERT_EQ(frames.size(), self_["frames"].size());
+    std::set<uint64_t> codes;
+    for (const auto& f : frames) codes.insert(f.code);
+    ASSERT_GE(codes.size(), 4u);
+
+    LivePyResolver res;
+    auto counted = std::make_unique<CountingMemory>(static_cast<int>(pid_));
+    CountingMemory& mem = *counted;
+    res.adopt(pid_, res_.discovery(pid_), std::move(counted));
+    std::vector<std::string> first;
+    for (const auto& f : frames) first.push_back(res.frame(pid_, f).qualname);
+    EXPECT_TRUE(mem.batches.empty()) << "the first batch reads each code object itself";
+
+    res.begin_batch();
+    ASSERT_EQ(mem.batches.size(), 1u) << "one read re-validates what the last batch named";
+    EXPECT_EQ(std::set<uint64_t>(mem.batches[0].begin(), mem.batches[0].end()), codes);
+    const size_t singles_before = mem.singles.size();
+    for (size_t i = 0; i < frames.size(); ++i) EXPECT_EQ(res.frame(pid_, frames[i]).qualname, first[i]);
+    for (size_t i = singles_before; i < mem.singles.size(); ++i)
+        EXPECT_FALSE(codes.count(mem.singles[i])) << std::hex << mem.singles[i] << " read again by itself";
+
+    // A batch that named nothing leaves nothing to re-validate for the next.
+    res.begin_batch();
+    res.begin_batch();
+    EXPECT_EQ(mem.batches.size(), 2u);
 }
 
 TEST_P(PyObjectsOn, ModulePathsFollowTheModulesDicts) {
