@@ -168,6 +168,7 @@ void LivePyResolver::Process::revalidate_used(uint64_t e) {
             it->second.checked = epoch_;
             table_.note(last[k], py_code_kind(it->second.kind, it->second.head.argcount), epoch_);
         }
+        if (i + read < ranges.size() && mem_->gone()) break;  // exited: every later read fails alike
         i += read + 1;
     }
 }

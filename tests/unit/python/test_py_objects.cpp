@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/uio.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -510,6 +511,7 @@ TEST_P(PyObjectsOn, NamesEveryFrameOfTheLiveStackWithLinesModulesAndKinds) {
 class CountingMemory final : public host::RemoteMemory {
 public:
     explicit CountingMemory(int pid) : inner_(pid) {}
+    void read_from(int pid) { inner_ = host::ProcessMemory(pid); }  // another process's memory from now on
     std::vector<uint64_t> singles;               // addresses read one by one
     std::vector<std::vector<uint64_t>> batches;  // each read of many ranges at once
 
@@ -559,6 +561,18 @@ TEST_P(PyObjectsOn, ABatchRevalidatesTheCodeObjectsTheLastOneNamedInOneRead) {
     res.begin_batch();
     res.begin_batch();
     EXPECT_EQ(mem.batches.size(), 2u);
+
+    // The process gone (its memory now an exited one's): one read says so,
+    // not one per code object, and the names validated last stand.
+    for (const auto& f : frames) res.frame(pid_, f);
+    pid_t exited = fork();
+    ASSERT_GE(exited, 0);
+    if (exited == 0) _exit(0);
+    ASSERT_EQ(waitpid(exited, nullptr, 0), exited);
+    mem.read_from(exited);
+    res.begin_batch();
+    EXPECT_EQ(mem.batches.size(), 3u) << "one read, not one per code object";
+    for (size_t i = 0; i < frames.size(); ++i) EXPECT_EQ(res.frame(pid_, frames[i]).qualname, first[i]);
 }
 
 TEST_P(PyObjectsOn, ModulePathsFollowTheModulesDicts) {
