@@ -278,6 +278,9 @@ struct cd_tensors {
 #define CD_LABEL_MAX 128
 #define CD_MAX_PY_FRAMES 128   /* compile-time bound; cd_py_cfg.max_frames the run-time one */
 #define CD_DEFAULT_PY_FRAMES 64
+/* A record with a Python stack wakes the reader unless one did less than this
+ * long ago; the reader reads again this long after a wake-up by itself. */
+#define CD_CONTEXT_WAKE_NS 5000000ull
 
 enum cd_py_status {
 	CD_PY_NONE = 0,	     /* not walked: the record wants no stack, or no cd_py_cfg */

@@ -89,12 +89,12 @@ FUNC_INLINE struct record_buf *context_buf(__u64 cookie, __u32 tgid, __u32 tid, 
 }
 
 /* Names of a record's Python frames are read from the live process when
- * userspace takes the record: a record with context wakes it at least every
- * CONTEXT_WAKE_NS, so a short job's last frames are named before it exits
- * (a record per wake-up at worst, not one per record).  A scope's begin
- * wakes it at once while userspace has yet to learn where torch 1.13 keeps
- * labels. */
-#define CONTEXT_WAKE_NS 5000000ull
+ * userspace takes the record: a record with context wakes it unless one did
+ * less than CD_CONTEXT_WAKE_NS ago (a wake-up per 5 ms at most, not one per
+ * record); userspace reads again that long after a wake-up by itself, so
+ * the records in between are named within ~5 ms too (TraceSession::poll).
+ * A scope's begin wakes it at once while userspace has yet to learn where
+ * torch 1.13 keeps labels. */
 __u64 context_woken_ns = 0;
 
 FUNC_INLINE __u64 context_wakeup(__u64 wakeup, __u64 cookie, const struct cd_py_cfg *cfg)
@@ -106,7 +106,7 @@ FUNC_INLINE __u64 context_wakeup(__u64 wakeup, __u64 cookie, const struct cd_py_
 	if (cfg && !cfg->rf_type && CD_COOKIE_ROLE(cookie) == CD_ROLE_SCOPE_BEGIN)
 		return BPF_RB_FORCE_WAKEUP;
 	now = bpf_ktime_get_ns();
-	if (now - context_woken_ns < CONTEXT_WAKE_NS)
+	if (now - context_woken_ns < CD_CONTEXT_WAKE_NS)
 		return wakeup;
 	context_woken_ns = now;
 	return BPF_RB_FORCE_WAKEUP;

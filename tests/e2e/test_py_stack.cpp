@@ -379,5 +379,43 @@ TEST(PyStackInRoot, LibraryOnTheJobsOwnMountIsProbed) {
     for (const auto& r : s.records) EXPECT_TRUE(r.rec->contains("py_stack")) << r.rec->dump(1);
 }
 
+// A record with a stack wakes commdbg at most once in 5 ms (bpf/python/
+// context.h); one that comes sooner after the last wake-up announces
+// nothing.  commdbg reads it all the same within about that long, while the
+// code it names lives: each burst's second call, 2 ms after its first, is
+// named although burst_K's code object is freed 25 ms later.  (It once
+// waited for the next poll, 50 ms at most in `commdbg run`, and a job's last collectives before its
+// interpreter's finalization freed __main__'s code lost their names.)
+TEST(PyStackNaming, RecordsNoWakeUpAnnouncedAreNamedWhileTheirCodeLives) {
+    const Interp in = interpreters()[0];
+    REQUIRE_INTERP(in);
+    constexpr int kBursts = 6;
+    TempDir tmp;
+    const std::string job = std::string(SOURCE_DIR) + "/tests/testprogs/py_trailing_records.py";
+    auto r = run({commdbg_bin(), "run", "--probes", "nccl", "--json", tmp.path("out.json"), "--", in.exe, job,
+                  std::to_string(kBursts), "25", "--lib", std::string(STUB_NCCL_DIR) + "/libnccl.so.2"},
+                 {}, 120);
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto bursts = workload_lines(r.out, "burst");
+    auto ends = workload_lines(r.out, "calls_per_burst");
+    ASSERT_EQ(bursts.size(), static_cast<size_t>(kBursts)) << r.out;
+    ASSERT_EQ(ends.size(), 1u) << r.out;
+    auto procs = processes_of(read_json(tmp.path("out.json")));
+    const nlohmann::json* p = process_by_pid(procs, ends[0]["pid"].get<int>());
+    ASSERT_NE(p, nullptr) << "the job's pid is not in the dump";
+    std::vector<NcclRecord> recs;
+    collect_allreduce((*p)["records"], recs);
+    std::sort(recs.begin(), recs.end(), [](const NcclRecord& a, const NcclRecord& b) { return a.start_ns < b.start_ns; });
+    ASSERT_EQ(recs.size(), static_cast<size_t>(2 * kBursts));
+    for (size_t i = 0; i < recs.size(); ++i) {
+        const nlohmann::json& want = bursts[i / 2];
+        const nlohmann::json& stack = recs[i].rec->value("py_stack", nlohmann::json::array());
+        SCOPED_TRACE("burst " + std::to_string(i / 2) + " call " + std::to_string(i % 2) + ": " + stack.dump());
+        ASSERT_FALSE(stack.empty());
+        EXPECT_EQ(stack[0].value("qualname", ""), want["qualname"].get<std::string>());
+        EXPECT_EQ(stack[0].value("file", ""), want["file"].get<std::string>());
+    }
+}
+
 }  // namespace
 }  // namespace commdbg::e2e

@@ -436,15 +436,24 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
     model_.on_event(ev);
 }
 
+// A record with a Python stack wakes this reader unless one did less than
+// CD_CONTEXT_WAKE_NS ago; the records in between announce nothing.  After a
+// poll that read records the next one waits no longer than that, so those
+// are named within ~5 ms, while the code they name lives: a job's last
+// collectives are followed at once by its interpreter's finalization, which
+// frees __main__'s code objects (a wait of the caller's full timeout left
+// them "<unknown>").
 int TraceSession::poll(int timeout_ms) {
     RecordSpan span(cost_);
     recheck_access();
+    if (read_last_ && timeout_ms > kAfterReadMs) timeout_ms = kAfterReadMs;
     const int n = bpf_->poll(timeout_ms, [this] {
         if (auto now = std::chrono::steady_clock::now(); now - py_batch_began_ >= kPyBatch) {
             py_batch_began_ = now;
             python_.begin_batch();
         }
     });
+    read_last_ = n > 0;
     python_.tell_code_kinds();
     // Parameters not readable yet are read again, kParamRetryEvery apart at
     // first and twice as far each time while some stay unreadable (up to
