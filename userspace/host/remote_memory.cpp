@@ -18,22 +18,19 @@ bool RemoteMemory::failed(int err, uint64_t addr) {
     return false;
 }
 
+bool RemoteMemory::acceptable(uint64_t addr, size_t n) {
+    return arch::is_user_address(addr) && n != 0 && n <= kMaxRead;
+}
+
 bool RemoteMemory::read(uint64_t addr, void* out, size_t n) {
-    if (!arch::is_user_address(addr) || n == 0 || n > kMaxRead) return failed(EFAULT, addr);
+    if (!acceptable(addr, n)) return failed(EFAULT, addr);
     if (int err = fetch(addr, out, n)) return failed(err, addr);
     return true;
 }
 
 bool RemoteMemory::read2(uint64_t a, void* oa, size_t na, uint64_t b, void* ob, size_t nb) {
-    if (!arch::is_user_address(a) || na > kMaxRead) return failed(EFAULT, a);
-    if (!arch::is_user_address(b) || nb > kMaxRead) return failed(EFAULT, b);
-    if (int err = fetch2(a, oa, na, b, ob, nb)) return failed(err, a);
-    return true;
-}
-
-int RemoteMemory::fetch2(uint64_t a, void* oa, size_t na, uint64_t b, void* ob, size_t nb) {
-    if (int err = fetch(a, oa, na)) return err;
-    return fetch(b, ob, nb);
+    const Range both[2] = {{a, oa, na}, {b, ob, nb}};
+    return read_prefix(both) == 2;
 }
 
 size_t RemoteMemory::read_prefix(std::span<const Range> ranges) {
@@ -41,9 +38,7 @@ size_t RemoteMemory::read_prefix(std::span<const Range> ranges) {
     while (done < ranges.size()) {
         auto part = ranges.subspan(done, std::min(kMaxRanges, ranges.size() - done));
         size_t valid = 0;  // the leading ranges read() would accept
-        while (valid < part.size() && arch::is_user_address(part[valid].addr) && part[valid].n != 0 &&
-               part[valid].n <= kMaxRead)
-            ++valid;
+        while (valid < part.size() && acceptable(part[valid].addr, part[valid].n)) ++valid;
         int err = 0;
         size_t got = valid ? fetch_prefix(part.first(valid), err) : 0;
         done += got;
@@ -93,12 +88,6 @@ int ProcessMemory::fetch(uint64_t addr, void* out, size_t n) {
     iovec local{out, n};
     iovec remote{reinterpret_cast<void*>(addr), n};
     return vm_readv(pid_, &local, &remote, 1, n);
-}
-
-int ProcessMemory::fetch2(uint64_t a, void* oa, size_t na, uint64_t b, void* ob, size_t nb) {
-    iovec local[2] = {{oa, na}, {ob, nb}};
-    iovec remote[2] = {{reinterpret_cast<void*>(a), na}, {reinterpret_cast<void*>(b), nb}};
-    return vm_readv(pid_, local, remote, 2, na + nb);
 }
 
 size_t ProcessMemory::fetch_prefix(std::span<const Range> ranges, int& err) {

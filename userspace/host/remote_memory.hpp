@@ -28,8 +28,8 @@ public:
     bool get(uint64_t addr, T& out) {
         return read(addr, &out, sizeof out);
     }
-    // Two ranges at once (one system call for a live process): a
-    // re-validation of fields far apart.
+    // Two ranges at once (read_prefix: one system call for a live
+    // process), both whole or false: a re-validation of fields far apart.
     bool read2(uint64_t a, void* oa, size_t na, uint64_t b, void* ob, size_t nb);
     // Many ranges at once (a live process: one system call per IOV_MAX of
     // them), each checked as read() checks one: how many, from the first,
@@ -59,13 +59,14 @@ public:
 protected:
     // Reads all `n` bytes at `addr` (checked already): 0, or why not as an errno.
     virtual int fetch(uint64_t addr, void* out, size_t n) = 0;
-    virtual int fetch2(uint64_t a, void* oa, size_t na, uint64_t b, void* ob, size_t nb);
     // The ranges (checked already, at most kMaxRanges): how many, from the
     // first, were read whole, and why the next one was not (an errno).
     virtual size_t fetch_prefix(std::span<const Range> ranges, int& err);
     static constexpr size_t kMaxRanges = 1024;  // IOV_MAX
 
 private:
+    // What read() reads: an address in user space, 1 to kMaxRead bytes.
+    static bool acceptable(uint64_t addr, size_t n);
     bool failed(int err, uint64_t addr);
     int last_error_ = 0;
     uint64_t failed_at_ = 0;
@@ -80,7 +81,6 @@ public:
 
 protected:
     int fetch(uint64_t addr, void* out, size_t n) override;
-    int fetch2(uint64_t a, void* oa, size_t na, uint64_t b, void* ob, size_t nb) override;
     size_t fetch_prefix(std::span<const Range> ranges, int& err) override;
 
 private:
