@@ -183,7 +183,7 @@ private:
     // every few milliseconds re-validated the same code objects each time.
     std::chrono::steady_clock::time_point py_batch_began_{};
     static constexpr std::chrono::milliseconds kPyBatch{20};
-    // The last poll read records: the next waits at most kAfterRead, so the
+    // The last poll read records: the next waits at most kAfterReadMs, so the
     // records no wake-up announced are read (and named) soon after.
     bool read_last_ = false;
     static constexpr int kAfterReadMs = static_cast<int>((CD_CONTEXT_WAKE_NS + 999999) / 1000000);
