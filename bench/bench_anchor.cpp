@@ -8,6 +8,8 @@
 //     commdbgd's always-on node counter, with and without --no-count-errors
 //   the flight recorder (stub, with a communicator): commdbgd's node counter
 //     with and without --no-flight-recorder
+//   a bystander: the same calls in this process, never traced, while each
+//     tracer traces another process that maps the same file
 //   torch-aten (a python loop of torch.add): unprobed | bpftrace count() on
 //     at::_ops::add_Tensor::call | commdbg attach --probes torch-aten
 //     --noise-level 2 (records; below level 1, or --counts-only, no op is
@@ -159,6 +161,25 @@ void print_rows(const std::vector<Row>& rows, size_t anchor, const std::string& 
     }
 }
 
+// A directory for the tracers' outputs, removed with it.
+struct ScratchDir {
+    std::string path;
+    ScratchDir() {
+        char tmpl[] = "/tmp/commdbg-bench-XXXXXX";
+        path = mkdtemp(tmpl);
+    }
+    ~ScratchDir() {
+        std::error_code ec;
+        std::filesystem::remove_all(path, ec);
+    }
+};
+
+// Every tracer in turn over the rounds, then their table.
+void measure_and_print(const std::vector<Tracer>& tracers, const Target& t, int rounds, size_t anchor,
+                       const std::string& anchor_name) {
+    print_rows(measure_rounds(tracers, t, rounds), anchor, anchor_name);
+}
+
 // ---- NCCL ---------------------------------------------------------------------
 
 // n calls of `h`'s ncclAllReduce on `comm`, one float each.
@@ -173,54 +194,108 @@ Target allreduce_target(void* h, void* comm, long n) {
             n};
 }
 
-void bench_nccl(const std::string& commdbg, const std::optional<std::string>& bpftrace, long n, int rounds) {
-    const std::string real = "/usr/local/cuda/lib64/libnccl.so.2";
-    const std::string lib = access(real.c_str(), R_OK) == 0 ? real : std::string(STUB_NCCL);
-    void* h = dlopen(lib.c_str(), RTLD_NOW);
-    if (!h) {
-        std::printf("bench_anchor: cannot load %s: %s\n", lib.c_str(), dlerror());
-        return;
+// The real libnccl where installed, else the stub; the communicator each
+// call passes: the real library rejects a NULL one at once (no GPU needed),
+// the stub never dereferences its fake one.
+struct Nccl {
+    std::string lib;
+    void* handle = nullptr;
+    void* comm = nullptr;
+    Nccl() {
+        const std::string real = "/usr/local/cuda/lib64/libnccl.so.2";
+        lib = access(real.c_str(), R_OK) == 0 ? real : std::string(STUB_NCCL);
+        handle = dlopen(lib.c_str(), RTLD_NOW);
+        if (!handle) std::printf("bench_anchor: cannot load %s: %s\n", lib.c_str(), dlerror());
+        comm = lib == real ? nullptr : reinterpret_cast<void*>(0x1000);
     }
-    // The real library rejects a NULL communicator at once (no GPU needed);
-    // the stub never dereferences its fake one.
-    void* comm = lib == real ? nullptr : reinterpret_cast<void*>(0x1000);
-    const Target t = allreduce_target(h, comm, n);
+    ~Nccl() {
+        if (handle) dlclose(handle);
+    }
+};
+
+// bpftrace counting ncclAllReduce in `lib` on entry (and return), each probe
+// with `pred` (a predicate, or empty).
+std::string bpftrace_count(const std::string& lib, bool returns, const std::string& pred = "") {
+    std::string script = "uprobe:" + lib + ":ncclAllReduce " + pred + " { @calls = count(); }";
+    if (returns) script += " uretprobe:" + lib + ":ncclAllReduce " + pred + " { @returns = count(); }";
+    return script;
+}
+
+void bench_nccl(const std::string& commdbg, const std::optional<std::string>& bpftrace, long n, int rounds) {
+    Nccl nccl;
+    if (!nccl.handle) return;
+    const Target t = allreduce_target(nccl.handle, nccl.comm, n);
     const std::string pid = std::to_string(getpid());
-    std::printf("ncclAllReduce on %s, %ld calls per measurement (best of 3), %d rounds, pid %s\n", lib.c_str(), n,
-                rounds, pid.c_str());
-    char dir_tmpl[] = "/tmp/commdbg-bench-XXXXXX";
-    std::string dir = mkdtemp(dir_tmpl);
+    std::printf("ncclAllReduce on %s, %ld calls per measurement (best of 3), %d rounds, pid %s\n", nccl.lib.c_str(),
+                n, rounds, pid.c_str());
+    ScratchDir dir;
     const std::string commdbgd = commdbg.substr(0, commdbg.rfind('/')) + "/commdbgd";
     const std::string no_bt = bpftrace ? "" : "no bpftrace (make bench installs Debian's)";
     const std::string bt = bpftrace.value_or("bpftrace");
     std::vector<Tracer> tracers = {
         {"unprobed", {}, "", true, 0, 0, ""},
-        {"bpftrace count() on entry",
-         {bt, "-p", pid, "-e", "uprobe:" + lib + ":ncclAllReduce { @calls = count(); }"}, "Attaching", false, SIGINT,
-         1, no_bt},
-        {"bpftrace count() on entry and return",
-         {bt, "-p", pid, "-e",
-          "uprobe:" + lib + ":ncclAllReduce { @calls = count(); } uretprobe:" + lib +
-              ":ncclAllReduce { @returns = count(); }"},
-         "Attaching", false, SIGINT, 2, no_bt},
+        {"bpftrace count() on entry", {bt, "-p", pid, "-e", bpftrace_count(nccl.lib, false)}, "Attaching", false,
+         SIGINT, 1, no_bt},
+        {"bpftrace count() on entry and return", {bt, "-p", pid, "-e", bpftrace_count(nccl.lib, true)}, "Attaching",
+         false, SIGINT, 2, no_bt},
         {"commdbg attach --counts-only",
-         {commdbg, "attach", pid, "--no-daemon", "--counts-only", "--probes", "nccl", "--table", dir + "/counts.txt"},
+         {commdbg, "attach", pid, "--no-daemon", "--counts-only", "--probes", "nccl", "--table",
+          dir.path + "/counts.txt"},
          "commdbg: tracing", true, SIGINT, 0, ""},
         {"commdbg attach (records)",
          {commdbg, "attach", pid, "--no-daemon", "--probes", "nccl", "--noise-level", "0", "--table",
-          dir + "/records.txt"},
+          dir.path + "/records.txt"},
          "commdbg: tracing", true, SIGINT, 0, ""},
-        {"commdbgd node counter (always on)", {commdbgd, "--socket", dir + "/d.sock", "--metrics-listen", ""},
+        {"commdbgd node counter (always on)", {commdbgd, "--socket", dir.path + "/d.sock", "--metrics-listen", ""},
          "counting", true, SIGTERM, 0, ""},
         {"commdbgd node counter --no-count-errors",
-         {commdbgd, "--socket", dir + "/d2.sock", "--metrics-listen", "", "--no-count-errors"}, "counting", true,
-         SIGTERM, 0, ""},
+         {commdbgd, "--socket", dir.path + "/d2.sock", "--metrics-listen", "", "--no-count-errors"}, "counting",
+         true, SIGTERM, 0, ""},
     };
-    auto rows = measure_rounds(tracers, t, rounds);
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-    print_rows(rows, 2, "bpftrace entry+return");
-    dlclose(h);
+    measure_and_print(tracers, t, rounds, 2, "bpftrace entry+return");
+}
+
+// What a tracer of another process costs a process it does not trace that
+// calls the same function (a bystander: another job's rank on the same node,
+// a notebook using the same NCCL).  The other process maps the same file and
+// holds it; this one, never traced, makes the calls.  A uprobe belongs to the
+// file: every process mapping it takes the trap, and commdbg's program
+// returns at once for an untraced one (docs/safety.md).  bpftrace is measured
+// with -p and with a pid predicate.
+void bench_bystander(const std::string& commdbg, const std::optional<std::string>& bpftrace, long n, int rounds) {
+    Nccl nccl;
+    if (!nccl.handle) return;
+    Background other({LIB_MAPPER, "--hold", "3600000", nccl.lib});
+    if (other.wait_for_line("done", 30).empty()) {
+        std::printf("bench_anchor: %s did not map %s\n", LIB_MAPPER, nccl.lib.c_str());
+        return;
+    }
+    const Target t = allreduce_target(nccl.handle, nccl.comm, n);
+    const std::string pid = std::to_string(other.pid());
+    std::printf("a bystander: ncclAllReduce on %s in this process (pid %d, never traced) while a tracer traces "
+                "pid %s, which maps the same file; %ld calls per measurement (best of 3), %d rounds\n",
+                nccl.lib.c_str(), static_cast<int>(getpid()), pid.c_str(), n, rounds);
+    ScratchDir dir;
+    const std::string no_bt = bpftrace ? "" : "no bpftrace (make bench installs Debian's)";
+    const std::string bt = bpftrace.value_or("bpftrace");
+    std::vector<Tracer> tracers = {
+        {"unprobed", {}, "", true, 0, 0, ""},
+        {"bpftrace -p <other> entry+return count", {bt, "-p", pid, "-e", bpftrace_count(nccl.lib, true)},
+         "Attaching", false, SIGINT, 2, no_bt},
+        {"bpftrace /pid == <other>/ entry+return count",
+         {bt, "-e", bpftrace_count(nccl.lib, true, "/pid == " + pid + "/")}, "Attaching", false, SIGINT, 2, no_bt},
+        {"commdbg attach <other> --counts-only",
+         {commdbg, "attach", pid, "--no-daemon", "--counts-only", "--probes", "nccl", "--table",
+          dir.path + "/counts.txt"},
+         "commdbg: tracing", true, SIGINT, 0, ""},
+        {"commdbg attach <other> (records)",
+         {commdbg, "attach", pid, "--no-daemon", "--probes", "nccl", "--noise-level", "0", "--table",
+          dir.path + "/records.txt"},
+         "commdbg: tracing", true, SIGINT, 0, ""},
+    };
+    measure_and_print(tracers, t, rounds, 0, "unprobed");
+    kill(other.pid(), SIGTERM);
+    other.wait(10);
 }
 
 // The flight recorder's cost: commdbgd's node counter with it and without
@@ -237,21 +312,17 @@ void bench_flight(const std::string& commdbg, long n, int rounds) {
     std::printf("flight recorder: ncclAllReduce on %s with a communicator, %ld calls per measurement (best of 3), "
                 "%d rounds\n",
                 STUB_NCCL, n, rounds);
-    char dir_tmpl[] = "/tmp/commdbg-bench-XXXXXX";
-    std::string dir = mkdtemp(dir_tmpl);
+    ScratchDir dir;
     const std::string commdbgd = commdbg.substr(0, commdbg.rfind('/')) + "/commdbgd";
     std::vector<Tracer> tracers = {
         {"unprobed", {}, "", true, 0, 0, ""},
         {"commdbgd node counter --no-flight-recorder",
-         {commdbgd, "--socket", dir + "/d.sock", "--metrics-listen", "", "--no-flight-recorder"}, "counting", true,
-         SIGTERM, 0, ""},
-        {"commdbgd node counter (recorder on)", {commdbgd, "--socket", dir + "/d2.sock", "--metrics-listen", ""},
+         {commdbgd, "--socket", dir.path + "/d.sock", "--metrics-listen", "", "--no-flight-recorder"}, "counting",
+         true, SIGTERM, 0, ""},
+        {"commdbgd node counter (recorder on)", {commdbgd, "--socket", dir.path + "/d2.sock", "--metrics-listen", ""},
          "counting", true, SIGTERM, 0, ""},
     };
-    auto rows = measure_rounds(tracers, t, rounds);
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-    print_rows(rows, 1, "without the recorder");
+    measure_and_print(tracers, t, rounds, 1, "without the recorder");
     dlclose(h);
 }
 
@@ -288,8 +359,7 @@ void bench_torch(const std::string& commdbg, const std::optional<std::string>& b
     const std::string pid = std::to_string(py.pid());
     std::printf("torch.add on 8 floats in /usr/bin/python3 (pid %s), %ld ops per measurement (best of 3), %d rounds\n",
                 pid.c_str(), n, rounds);
-    char dir_tmpl[] = "/tmp/commdbg-bench-XXXXXX";
-    std::string dir = mkdtemp(dir_tmpl);
+    ScratchDir dir;
     std::string no_bt = !bpftrace ? "no bpftrace (make bench installs Debian's)" : !lib ? "libtorch_cpu.so not mapped" : "";
     std::vector<Tracer> tracers = {
         {"unprobed", {}, "", true, 0, 0, ""},
@@ -302,13 +372,10 @@ void bench_torch(const std::string& commdbg, const std::optional<std::string>& b
         // --counts-only counts collectives only): the level that shows add.
         {"commdbg attach --probes torch-aten --noise-level 2",
          {commdbg, "attach", pid, "--no-daemon", "--probes", "torch-aten", "--noise-level", "2", "--table",
-          dir + "/records.txt"},
+          dir.path + "/records.txt"},
          "commdbg: tracing", true, SIGINT, 0, ""},
     };
-    auto rows = measure_rounds(tracers, t, rounds);
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-    print_rows(rows, 1, "bpftrace entry");
+    measure_and_print(tracers, t, rounds, 1, "bpftrace entry");
 }
 
 }  // namespace
@@ -324,6 +391,7 @@ int main(int argc, char** argv) {
     auto bpftrace = find_bpftrace();
     bench_nccl(COMMDBG_BIN, bpftrace, n, rounds);
     bench_flight(COMMDBG_BIN, n, rounds);
+    bench_bystander(COMMDBG_BIN, bpftrace, n / 10, rounds);
     bench_torch(COMMDBG_BIN, bpftrace, n / 10, rounds);
     return 0;
 }
