@@ -50,7 +50,7 @@ int finish_check(session::TraceSession& s, std::optional<int> wstatus, const Tra
         verdict += fsdp::render_summary(out.fsdp.violations, out.fsdp.warnings, out.fsdp.processes);
     if (int rc = write_outputs(out, trace, &verdict); rc != 0) return rc;
     std::cerr << no_lifecycle_note(out);
-    if (trace.cost) std::cerr << describe_cost(s.cost());
+    if (trace.cost) std::cerr << describe_cost(s.cost()) << describe_probe_hits(s.probe_hits());
     if (out.fsdp.violations > 0) return kViolationsFound;
     return wstatus ? exit_status(*wstatus) : 0;
 }

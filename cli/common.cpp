@@ -75,7 +75,8 @@ void add_trace_options(CLI::App* app, TraceCliOptions& o) {
         ->check(integer_in(1, CD_MAX_PY_FRAMES));
     app->add_flag("--cost", o.cost,
                   "Print commdbg's own CPU at the end (stderr): setting processes up (symbols, probes, Python and "
-                  "torch discovery), and handling records, per record");
+                  "torch discovery), and handling records, per record; and how often the probes fired (each a trap "
+                  "in the calling process; the kernel's BPF run statistics are on meanwhile)");
 }
 
 session::SessionOptions session_options(const TraceCliOptions& o) {
@@ -92,6 +93,7 @@ session::SessionOptions session_options(const TraceCliOptions& o) {
     s.view_noise_level = o.trace_opt && o.trace_opt->count() ? 3 : o.noise_level;
     s.owner_uid = geteuid();  // the kernel's rule, as through commdbgd (0: root, unchecked)
     s.owner_gid = getegid();
+    s.probe_hits = o.cost;
     return s;
 }
 
@@ -160,12 +162,31 @@ std::string describe_cost(const session::SessionCost& c) {
     return line;
 }
 
+// "commdbg: probes fired 120034 times (120000 entries, 30 returns, 4 loader
+// changes) ...": what the job paid, beside commdbg's own CPU.
+std::string describe_probe_hits(const capture::ProbeHits& h) {
+    if (!h.counted)
+        return "commdbg: probe hits not counted: the kernel refused to turn its BPF run statistics on "
+               "(bpf_enable_stats; needs CAP_SYS_ADMIN)\n";
+    const uint64_t hits = h.entries + h.returns + h.loader;
+    char line[640];
+    std::snprintf(line, sizeof line,
+                  "commdbg: probes fired %llu times (%llu entries, %llu returns, %llu loader changes), each a trap "
+                  "in the calling thread, in every process that maps a probed file, traced or not "
+                  "(docs/safety.md); commdbg's BPF programs took %.3f s of them (%.0f ns a hit)\n",
+                  static_cast<unsigned long long>(hits), static_cast<unsigned long long>(h.entries),
+                  static_cast<unsigned long long>(h.returns), static_cast<unsigned long long>(h.loader),
+                  1e-9 * static_cast<double>(h.run_ns),
+                  hits ? static_cast<double>(h.run_ns) / static_cast<double>(hits) : 0.0);
+    return line;
+}
+
 int emit_outputs(session::TraceSession& s, const TraceCliOptions& o) {
     session::OutputWants wants{.table_color = isatty(STDOUT_FILENO) != 0,
                       .json = !o.json_file.empty(),
                       .trace = !o.trace_file.empty()};
     const int rc = write_outputs(render_session(s, o.noise_level, wants), o);
-    if (o.cost) std::cerr << describe_cost(s.cost());
+    if (o.cost) std::cerr << describe_cost(s.cost()) << describe_probe_hits(s.probe_hits());
     return rc;
 }
 

@@ -61,6 +61,7 @@ void print_messages(session::TraceSession& s);
 
 // --cost's line: commdbg's own CPU in all (getrusage), setting up, per record.
 std::string describe_cost(const session::SessionCost& c);
+std::string describe_probe_hits(const capture::ProbeHits& h);
 
 // Prints messages and the table, writes the requested files (also used for a
 // session that commdbgd ran).  Returns 0, or 1 when a file could not be written.

@@ -3,7 +3,8 @@
 // handling records.  Its record count is the dump's (every call recorded is
 // one record handled), without records it handles none, and its parts add
 // up to no more than the whole getrusage gives.  torch's own RecordFunctions
-// (one around every autograd node run, ...) cost no record.
+// (one around every autograd node run, ...) cost no record.  It also says how
+// often the probes fired, bystanders' calls included.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -67,6 +68,65 @@ TEST(OwnCost, OnlyWhenAskedFor) {
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_FALSE(cost_line(r.err)) << r.err;
     EXPECT_EQ(r.err.find("own CPU"), std::string::npos) << r.err;
+}
+
+// "probes fired N times (E entries, R returns, L loader changes)": the
+// kernel's own count of the programs' runs (its BPF run statistics).
+struct HitsLine {
+    long entries = 0, returns = 0;
+};
+
+std::optional<HitsLine> hits_line(const std::string& err) {
+    static const std::regex re(R"(commdbg: probes fired [0-9]+ times \(([0-9]+) entries, ([0-9]+) returns, )");
+    std::smatch m;
+    if (!std::regex_search(err, m, re)) return std::nullopt;
+    return HitsLine{std::stol(m[1]), std::stol(m[2])};
+}
+
+// --cost also says how often the probes fired: every call of a probed
+// function, by the traced job and by a bystander that maps the same file and
+// is never traced (a uprobe belongs to the file, docs/safety.md).  The
+// traced calls are what the exact counters counted; the bystander's are in
+// the hits and in no counter.
+TEST(OwnCost, ProbeHitsAreTheTracedCallsAndABystandersToo) {
+    REQUIRE_BPF();
+    TempDir tmp;
+    const std::string go = tmp.path("go"), done = tmp.path("done");
+    const long bystander_calls = 200;
+    Background bystander({"/bin/sh", "-c",
+                          testprog("nccl_workload") + " --calls all_reduce=" + std::to_string(bystander_calls) +
+                              " --wait-file " + go + " && touch " + done},
+                         nccl_env(false));
+    ASSERT_FALSE(bystander.wait_for_line("ready pid=").empty()) << "the bystander did not load the stub";
+    // The traced command starts its workload (the stub is probed once it
+    // maps it), lets the bystander go and waits for both; its workload calls
+    // once the bystander is done.
+    const std::string ready = tmp.path("ready");
+    const std::string script = testprog("nccl_workload") + " --calls all_reduce=300,broadcast=40 --group --wait-file " +
+                               done + " > " + ready + " & while ! grep -q ready " + ready +
+                               "; do sleep 0.05; done; touch " + go + "; wait";
+    auto r = run({commdbg_bin(), "run", "--cost", "--probes", "nccl", "--json", tmp.path("out.json"), "--", "/bin/sh",
+                  "-c", script},
+                 nccl_env(false));
+    ASSERT_EQ(r.status, 0) << r.err;
+    ASSERT_EQ(bystander.wait(30).status, 0);
+    auto h = hits_line(r.err);
+    ASSERT_TRUE(h) << "no probe hits line in: " << r.err;
+    long counted = 0;
+    for (const auto& p : processes_of(read_json(tmp.path("out.json"))))
+        for (const auto& k : p.value("counters", nlohmann::json::array())) counted += k.value("calls", 0L);
+    EXPECT_EQ(counted, 300 + 40 + 2) << "the traced calls (and the group's start and end), none of the bystander's";
+    EXPECT_EQ(h->entries, counted + bystander_calls) << r.err;
+    EXPECT_EQ(h->returns, h->entries) << "every NCCL probe is return-probed";
+}
+
+// Without --cost the kernel's run statistics stay as they were.
+TEST(OwnCost, ProbeHitsOnlyWhenAskedFor) {
+    REQUIRE_BPF();
+    auto r = run({commdbg_bin(), "run", "--counts-only", "--", testprog("nccl_workload"), "--calls", "all_reduce=3"},
+                 nccl_env(false));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_FALSE(hits_line(r.err)) << r.err;
 }
 
 // A record_function scope is two records (its begin and its end; torch 1.13

@@ -93,6 +93,7 @@ Result<std::unique_ptr<BpfSession>> BpfSession::open(const BpfOptions& opts) {
     s->skel_->rodata->scope_cgroup = opts.scope_cgroup_fd >= 0 ? 1 : 0;
     s->skel_->rodata->fine_keys_per_process = opts.counter_keys_per_process;
     s->skel_->rodata->wakeup_bytes = s->ringbuf_bytes_ / kWakeupFraction;
+    if (opts.run_stats) s->stats_fd_ = bpf_enable_stats(BPF_STATS_RUN_TIME);
     s->skel_->rodata->test_failed_stops = opts.test_failed_stops;
     if (!opts.file_prefixes.empty()) {
         if (opts.file_prefixes.size() > CD_FILE_PREFIXES)
@@ -139,6 +140,7 @@ Result<std::unique_ptr<BpfSession>> BpfSession::open(const BpfOptions& opts) {
 }
 
 BpfSession::~BpfSession() {
+    if (stats_fd_ >= 0) close(stats_fd_);
     if (rb_) ring_buffer__free(rb_);
     mmap_hook_.reset();  // first: nothing is stopped once the rest goes
     tracepoints_.clear();
@@ -439,6 +441,22 @@ std::vector<ProgramStats> BpfSession::program_stats() const {
         out.push_back(std::move(s));
     }
     return out;
+}
+
+ProbeHits BpfSession::probe_hits() const {
+    ProbeHits h;
+    h.counted = stats_fd_ >= 0;
+    if (!h.counted) return h;
+    for (const ProgramStats& s : program_stats()) {
+        uint64_t* runs = s.name == "call_enter"       ? &h.entries
+                         : s.name == "call_exit"      ? &h.returns
+                         : s.name == "dl_debug_state" ? &h.loader
+                                                      : nullptr;
+        if (!runs) continue;  // the tracepoints: forks, exits, mmaps, not traps
+        *runs = s.runs;
+        h.run_ns += s.run_ns;
+    }
+    return h;
 }
 
 std::vector<std::pair<std::string, uint32_t>> BpfSession::verified_insns() const {

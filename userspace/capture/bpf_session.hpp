@@ -42,6 +42,11 @@ struct BpfOptions {
     // Tests only (commdbgd reads COMMDBG_TEST_FAILED_STOPS): the first so
     // many stops for a new file are taken as refused by the kernel.
     uint32_t test_failed_stops = 0;
+    // Turn the kernel's BPF run statistics on while the session lives
+    // (bpf_enable_stats: every program on the host counts its runs then, at
+    // two clock reads a run), so probe_hits() can say how often the probes
+    // fired.  `--cost` asks for it.
+    bool run_stats = false;
 };
 
 // One exact kernel counter.  coarse: the process's own per-symbol counter,
@@ -75,6 +80,15 @@ struct ProgramStats {
     std::string name;
     uint32_t verified_insns = 0;
     uint64_t runs = 0, run_ns = 0;
+};
+
+// How often the session's uprobes fired while the kernel's run statistics
+// were on: each hit is a trap in the thread that made the call, in every
+// process that maps a probed file, traced or not (a uprobe belongs to the
+// file); `run_ns` is what commdbg's programs took of them.
+struct ProbeHits {
+    bool counted = false;  // false: bpf_enable_stats was refused, nothing below is known
+    uint64_t entries = 0, returns = 0, loader = 0, run_ns = 0;
 };
 
 struct LinkDeleter {
@@ -174,6 +188,7 @@ public:
     // attach waits for.
     std::vector<std::pair<std::string, uint32_t>> verified_insns() const;
     std::vector<ProgramStats> program_stats() const;
+    ProbeHits probe_hits() const;
 
 private:
     std::vector<cd_flight_key> flight_keys(uint32_t tgid) const;  // the flight recorders of tgid
@@ -181,6 +196,7 @@ private:
     void traced_changed();
     static int on_ring_record(void* ctx, void* data, size_t size) noexcept;
 
+    int stats_fd_ = -1;  // BpfOptions::run_stats: the kernel counts runs while it is open
     commdbg_bpf* skel_ = nullptr;
     ring_buffer* rb_ = nullptr;
     std::vector<LinkPtr> tracepoints_;

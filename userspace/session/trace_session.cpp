@@ -134,6 +134,7 @@ Result<std::unique_ptr<TraceSession>> TraceSession::create(const SessionOptions&
     auto guard = std::make_unique<capture::ResumeGuard>();
     capture::BpfOptions bpf_opts;
     bpf_opts.ringbuf_bytes = opts.ringbuf_bytes;
+    bpf_opts.run_stats = opts.probe_hits;
     auto bpf = capture::BpfSession::open(bpf_opts);
     if (!bpf) return R::fail(bpf.error());
     std::unique_ptr<TraceSession> s(

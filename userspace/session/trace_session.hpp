@@ -47,6 +47,8 @@ struct SessionOptions {
     // (a followed child that execs a set-uid program, a prctl making it
     // non-dumpable) is withheld: untraced, its later records dropped, noted.
     uint32_t owner_uid = 0, owner_gid = 0;
+    // Count how often the probes fire (capture::BpfOptions::run_stats).
+    bool probe_hits = false;
 };
 
 // Ops the outputs at `noise_level` never show get no probe (issue 27: a
@@ -134,6 +136,7 @@ public:
     uint64_t failed_records() const { return failed_records_; }
     std::array<uint64_t, CD_DROP_MAX> kernel_drops() const { return bpf_->drops(); }
     std::vector<capture::ProgramStats> program_stats() const { return bpf_->program_stats(); }
+    capture::ProbeHits probe_hits() const { return bpf_->probe_hits(); }
     const std::vector<capture::AttachedFile>& attached_files() const { return attacher_.files(); }
     const SessionCost& cost() const { return cost_; }
 
