@@ -94,18 +94,15 @@ FUNC_INLINE struct record_buf *context_buf(__u64 cookie, __u32 tgid, __u32 tid, 
  * record); userspace reads again that long after a wake-up by itself, so
  * the records in between are named within ~5 ms too (TraceSession::poll).
  * A scope's begin wakes it at once while userspace has yet to learn where
- * torch 1.13 keeps labels. */
+ * torch 1.13 keeps labels.  `now`: the record's own time, read once for both. */
 __u64 context_woken_ns = 0;
 
-FUNC_INLINE __u64 context_wakeup(__u64 wakeup, __u64 cookie, const struct cd_py_cfg *cfg)
+FUNC_INLINE __u64 context_wakeup(__u64 wakeup, __u64 cookie, const struct cd_py_cfg *cfg, __u64 now)
 {
-	__u64 now;
-
 	if (wakeup == BPF_RB_FORCE_WAKEUP)
 		return wakeup;
 	if (cfg && !cfg->rf_type && CD_COOKIE_ROLE(cookie) == CD_ROLE_SCOPE_BEGIN)
 		return BPF_RB_FORCE_WAKEUP;
-	now = bpf_ktime_get_ns();
 	if (now - context_woken_ns < CD_CONTEXT_WAKE_NS)
 		return wakeup;
 	context_woken_ns = now;
@@ -150,7 +147,7 @@ FUNC_INLINE bool emit_enter_with_context(const struct entry *en, __u64 wakeup)
 		return false;
 	body = b->head + (tensors ? ENTER_TENSORS_BODY_OFF : ENTER_BODY_OFF);
 	fill_enter((struct cd_call_enter *)body, en, tensors + tail, tensors ? CD_TAIL_TENSORS : CD_TAIL_CONTEXT);
-	wakeup = context_wakeup(wakeup, en->cookie, cfg);
+	wakeup = context_wakeup(wakeup, en->cookie, cfg, en->ts);
 	if (bpf_ringbuf_output(&events, body, sizeof(struct cd_call_enter) + tensors + tail, wakeup))
 		count_ringbuf_drop(en->tgid);
 	return true;
@@ -173,7 +170,7 @@ FUNC_INLINE bool emit_call_with_context(const struct cd_inflight *call, __u32 ti
 		return false;
 	body = b->head + RECORD_HEAD_MAX - RECORD_BODY_MAX;
 	fill_call((struct cd_call *)body, call, tid, r, tail);
-	wakeup = context_wakeup(wakeup, call->cookie, cfg);
+	wakeup = context_wakeup(wakeup, call->cookie, cfg, ((struct cd_call *)body)->h.ts_ns);
 	if (bpf_ringbuf_output(&events, body, sizeof(struct cd_call) + tail, wakeup))
 		count_ringbuf_drop(call->ckey.tgid);
 	return true;
