@@ -14,6 +14,11 @@
 // and with torch-c10d's collectives counted too, and --fsdp-checks); then the
 // same for the FSDP2 version of the job (--fsdp), with `commdbg check` too.
 // Ratios against the round's alone run; medians and ranges over rounds.
+// Beside the step time, the job's CPU per step (each rank's process, every
+// thread, user and kernel; tp_commdebug.py's cpu_s, summed over the ranks):
+// a uprobe's trap and the BPF programs run in the calling thread, so this is
+// what tracing costs the job's own threads, without the waits on the slower
+// rank that spread a step's time over rounds on this VM.
 // commdbg's own CPU (its --cost line): in all, setting processes up, and per
 // record handled; commdbgd's: utime + stime over the job.
 // Usage (root, from the build tree): bench_tp [steps] [rounds] [trixie root]
@@ -54,6 +59,7 @@ struct Mode {
     bool commdebug = false;
     std::vector<std::string> daemon;  // a commdbgd to start before the job, or none
     std::vector<double> step_s, ratio;
+    std::vector<double> job_cpu_s, cpu_ratio;           // the ranks' CPU per step, summed; over alone's
     std::vector<double> cpu_s, setup_s, per_record_us;  // commdbg's --cost line
     std::vector<double> daemon_cpu_s;                   // commdbgd's utime + stime over the job
 };
@@ -71,7 +77,8 @@ Mode daemon_mode(std::string key, std::string what, std::vector<std::string> arg
 }
 
 struct JobRun {
-    double step_s = 0;  // the ranks' median step time (the slower rank's)
+    double step_s = 0;   // the ranks' median step time (the slower rank's)
+    double job_cpu_s = 0;  // the ranks' median CPU per step (their processes, every thread), summed
     std::optional<std::array<double, 3>> cost;  // commdbg's CPU: all, set-ups, us per record
     std::optional<double> daemon_cpu_s;         // commdbgd's CPU over the job
 };
@@ -98,7 +105,9 @@ std::optional<JobRun> run_job(const std::string& cmd) {
     while (fgets(line, sizeof line, f)) {
         if (auto c = cost_of(line)) run.cost = c;
         auto j = nlohmann::json::parse(line, nullptr, false);
-        if (!j.is_discarded() && j.is_object() && j.contains("step_s")) ranks.push_back(j["step_s"].get<double>());
+        if (j.is_discarded() || !j.is_object() || !j.contains("step_s") || !j.contains("cpu_s")) continue;
+        ranks.push_back(j["step_s"].get<double>());
+        run.job_cpu_s += j["cpu_s"].get<double>();
     }
     int status = pclose(f);
     if (status != 0 || ranks.size() != 2) return std::nullopt;
@@ -188,6 +197,8 @@ bool run_rounds(std::vector<Mode>& modes, const std::string& job, int rounds) {
             }
             m.step_s.push_back(s->step_s);
             m.ratio.push_back(s->step_s / modes[0].step_s.back());
+            m.job_cpu_s.push_back(s->job_cpu_s);
+            m.cpu_ratio.push_back(s->job_cpu_s / modes[0].job_cpu_s.back());
             if (s->cost) {
                 m.cpu_s.push_back((*s->cost)[0]);
                 m.setup_s.push_back((*s->cost)[1]);
@@ -200,14 +211,20 @@ bool run_rounds(std::vector<Mode>& modes, const std::string& job, int rounds) {
 
 // Per mode: the median step, the median and range of its ratios to the
 // round's alone run, and its best step over alone's best (noise on this VM
-// only ever adds time, so the best rounds bound what the tracer itself adds).
+// only ever adds time, so the best rounds bound what the tracer itself adds);
+// then the ranks' CPU per step, summed, and its ratio to alone's: what the
+// job's own threads spent, traps and BPF programs included, without the
+// waits on the other rank that make a step's time so noisy here.
 void print_modes(const std::vector<Mode>& modes) {
     const double alone_best = *std::min_element(modes[0].step_s.begin(), modes[0].step_s.end());
     for (const Mode& m : modes) {
         auto [lo, hi] = std::minmax_element(m.ratio.begin(), m.ratio.end());
+        auto [clo, chi] = std::minmax_element(m.cpu_ratio.begin(), m.cpu_ratio.end());
         const double best = *std::min_element(m.step_s.begin(), m.step_s.end());
         std::printf("%-46s %6.2f ms per step  ratio %.2f of alone (rounds %.2f-%.2f, best %.2f)", m.what.c_str(),
                     1e3 * median(m.step_s), median(m.ratio), *lo, *hi, best / alone_best);
+        std::printf("  job CPU %.2f ms per step, %.3f of alone (rounds %.3f-%.3f)", 1e3 * median(m.job_cpu_s),
+                    median(m.cpu_ratio), *clo, *chi);
         if (!m.cpu_s.empty())
             std::printf("  commdbg CPU %.2f s (set-ups %.2f s, %.1f us per record)", median(m.cpu_s),
                         median(m.setup_s), median(m.per_record_us));

@@ -153,23 +153,27 @@ def count_module_calls():
 
 def run_timed(rank, model, opt, x, timed, with_commdebug):
     """bench_tp: `timed` steps after 3 untimed, each alone or inside its own
-    CommDebugMode; one line {"rank", "pid", "step_s": median step seconds}."""
+    CommDebugMode; one line {"rank", "pid", "step_s": median step seconds,
+    "cpu_s": median step CPU seconds of the whole process (all its threads,
+    user and kernel: a uprobe's trap and BPF programs run in the calling
+    thread and are charged to it)}."""
     import contextlib
     import statistics
     import time
 
     import torch.distributed as dist
 
-    times = []
+    times, cpus = [], []
     for i in range(3 + timed):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with make_mode() if with_commdebug else contextlib.nullcontext():
             model(x).sum().backward()
             opt.step()
             opt.zero_grad()
         if i >= 3:
             times.append(time.perf_counter() - t0)
-    line = {"rank": rank, "pid": os.getpid(), "step_s": statistics.median(times)}
+            cpus.append(time.process_time() - c0)
+    line = {"rank": rank, "pid": os.getpid(), "step_s": statistics.median(times), "cpu_s": statistics.median(cpus)}
     if MODULE_CALLS is not None:
         line["module_calls"], line["tracing_state_calls"] = MODULE_CALLS
     emit(line)
