@@ -6,8 +6,10 @@
 //     unprobed | bpftrace count() on entry | bpftrace count() on entry and
 //     return | commdbg attach --counts-only | commdbg attach (records) |
 //     commdbgd's always-on node counter, with and without --no-count-errors
-//   the flight recorder (stub, with a communicator): commdbgd's node counter
-//     with and without --no-flight-recorder
+//   on a communicator (the stub's fake one: calls that succeed, as a job's
+//     do): bpftrace's entry+return count, commdbg attach --counts-only and
+//     with records (a session keeps no flight recorder), commdbgd's node
+//     counter with and without --no-flight-recorder
 //   a bystander: the same calls in this process, never traced, while each
 //     tracer traces another process that maps the same file
 //   torch-aten (a python loop of torch.add): unprobed | bpftrace count() on
@@ -161,6 +163,16 @@ void print_rows(const std::vector<Row>& rows, size_t anchor, const std::string& 
     }
 }
 
+// rows[num] over rows[den], round by round: the median and the range.
+void print_ratio(const std::vector<Row>& rows, size_t num, size_t den, const std::string& what) {
+    const Row &a = rows[num], &b = rows[den];
+    if (a.ns.empty() || a.ns.size() != b.ns.size()) return;
+    std::vector<double> ratio;
+    for (size_t i = 0; i < a.ns.size(); ++i) ratio.push_back(a.ns[i] / b.ns[i]);
+    auto [lo, hi] = std::minmax_element(ratio.begin(), ratio.end());
+    std::printf("  %s: %.2fx (rounds %.2f-%.2f)\n", what.c_str(), median(ratio), *lo, *hi);
+}
+
 // A directory for the tracers' outputs, removed with it.
 struct ScratchDir {
     std::string path;
@@ -298,31 +310,49 @@ void bench_bystander(const std::string& commdbg, const std::optional<std::string
     other.wait(10);
 }
 
-// The flight recorder's cost: commdbgd's node counter with it and without
-// (--no-flight-recorder), on the stub with its fake communicator — real NCCL
-// without a GPU rejects the NULL one, and a call with no communicator is
-// never recorded.
-void bench_flight(const std::string& commdbg, long n, int rounds) {
+// Calls that succeed on a communicator, as a job's do (the stub with its
+// fake one: real NCCL without a GPU rejects the NULL one at once, so the
+// section above measures calls that fail, each counted as an error at its
+// return, and never the flight recorder, which skips a call without a
+// communicator): bpftrace's entry+return count, commdbg's sessions, and
+// commdbgd's node counter without and with its flight recorder.  A session
+// keeps no recorder (only commdbgd's is read).  Ratios to bpftrace, then the
+// recorder's: the node counter with it over the node counter without.
+void bench_comm(const std::string& commdbg, const std::optional<std::string>& bpftrace, long n, int rounds) {
     void* h = dlopen(STUB_NCCL, RTLD_NOW);
     if (!h) {
         std::printf("bench_anchor: cannot load %s: %s\n", STUB_NCCL, dlerror());
         return;
     }
     const Target t = allreduce_target(h, reinterpret_cast<void*>(0x1000), n);
-    std::printf("flight recorder: ncclAllReduce on %s with a communicator, %ld calls per measurement (best of 3), "
-                "%d rounds\n",
+    const std::string pid = std::to_string(getpid());
+    std::printf("on a communicator: ncclAllReduce on %s, %ld calls per measurement (best of 3), %d rounds\n",
                 STUB_NCCL, n, rounds);
     ScratchDir dir;
     const std::string commdbgd = commdbg.substr(0, commdbg.rfind('/')) + "/commdbgd";
+    const std::string no_bt = bpftrace ? "" : "no bpftrace (make bench installs Debian's)";
     std::vector<Tracer> tracers = {
         {"unprobed", {}, "", true, 0, 0, ""},
+        {"bpftrace count() on entry and return",
+         {bpftrace.value_or("bpftrace"), "-p", pid, "-e", bpftrace_count(STUB_NCCL, true)}, "Attaching", false,
+         SIGINT, 2, no_bt},
+        {"commdbg attach --counts-only",
+         {commdbg, "attach", pid, "--no-daemon", "--counts-only", "--probes", "nccl", "--table",
+          dir.path + "/counts.txt"},
+         "commdbg: tracing", true, SIGINT, 0, ""},
+        {"commdbg attach (records)",
+         {commdbg, "attach", pid, "--no-daemon", "--probes", "nccl", "--noise-level", "0", "--table",
+          dir.path + "/records.txt"},
+         "commdbg: tracing", true, SIGINT, 0, ""},
         {"commdbgd node counter --no-flight-recorder",
          {commdbgd, "--socket", dir.path + "/d.sock", "--metrics-listen", "", "--no-flight-recorder"}, "counting",
          true, SIGTERM, 0, ""},
         {"commdbgd node counter (recorder on)", {commdbgd, "--socket", dir.path + "/d2.sock", "--metrics-listen", ""},
          "counting", true, SIGTERM, 0, ""},
     };
-    measure_and_print(tracers, t, rounds, 1, "without the recorder");
+    const std::vector<Row> rows = measure_rounds(tracers, t, rounds);
+    print_rows(rows, 1, "bpftrace entry+return");
+    print_ratio(rows, 5, 4, "the flight recorder: the node counter with it over without it");
     dlclose(h);
 }
 
@@ -390,7 +420,7 @@ int main(int argc, char** argv) {
     }
     auto bpftrace = find_bpftrace();
     bench_nccl(COMMDBG_BIN, bpftrace, n, rounds);
-    bench_flight(COMMDBG_BIN, n, rounds);
+    bench_comm(COMMDBG_BIN, bpftrace, n, rounds);
     bench_bystander(COMMDBG_BIN, bpftrace, n / 10, rounds);
     bench_torch(COMMDBG_BIN, bpftrace, n / 10, rounds);
     return 0;

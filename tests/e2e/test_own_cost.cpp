@@ -4,12 +4,14 @@
 // one record handled), without records it handles none, and its parts add
 // up to no more than the whole getrusage gives.  torch's own RecordFunctions
 // (one around every autograd node run, ...) cost no record.  It also says how
-// often the probes fired, bystanders' calls included.
+// often the probes fired, bystanders' calls included.  A session writes no
+// flight recorder, which only commdbgd's node counter keeps.
 #include <gtest/gtest.h>
 
 #include <map>
 #include <regex>
 
+#include "daemon_util.hpp"
 #include "e2e_util.hpp"
 
 namespace commdbg::e2e {
@@ -68,6 +70,31 @@ TEST(OwnCost, OnlyWhenAskedFor) {
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_FALSE(cost_line(r.err)) << r.err;
     EXPECT_EQ(r.err.find("own CPU"), std::string::npos) << r.err;
+}
+
+// The flight recorder is commdbgd's (commdbg hang asks it, docs/hang.md); a
+// session's own `flight` map is read by nobody and goes with the session, so
+// a session does not write it: while a session counts a workload's
+// collectives on a communicator (the stub's fake one), its `counters` map
+// fills and its `flight` map stays empty.
+TEST(OwnCost, ASessionWritesNoFlightRecorder) {
+    REQUIRE_BPF();
+    for (const char* mode : {"--counts-only", "--noise-level=0"}) {
+        SCOPED_TRACE(mode);
+        commdbg::testproc::Background s({commdbg_bin(), "run", mode, "--", testprog("nccl_workload"), "--fake-comm",
+                                         "--calls", "all_reduce=10", "--duration-ms", "4000"},
+                                        nccl_env(false));
+        std::map<std::string, size_t> maps;
+        for (int i = 0; i < 100 && maps["counters"] == 0; ++i) {
+            daemon_util::sleep_ms(50);
+            maps = daemon_util::hash_map_entries(s.pid());
+        }
+        ASSERT_GT(maps["counters"], 0u) << "the session counted nothing";
+        ASSERT_EQ(maps.count("flight"), 1u) << "no flight map among the session's maps";
+        EXPECT_EQ(maps["flight"], 0u) << "the session wrote a flight recorder nobody reads";
+        auto r = s.wait(60);
+        EXPECT_EQ(r.status, 0) << r.err;
+    }
 }
 
 // "probes fired N times (E entries, R returns, L loader changes)": the

@@ -230,8 +230,12 @@ Result<bool> check_traceable(int pid) {
 
 }  // namespace
 
+// No CD_TRACE_FLIGHT: the flight recorder is commdbgd's node counter's, which
+// `commdbg hang` asks; a session's BPF object, its `flight` map with it, is
+// its own, read by nobody and gone when it ends.  Writing it cost each
+// collective two hash lookups, an atomic and two clock reads for nothing.
 uint32_t TraceSession::trace_flags(bool follow, bool dl_stop) {
-    uint32_t flags = CD_TRACE_COUNT | CD_TRACE_FLIGHT;
+    uint32_t flags = CD_TRACE_COUNT;
     if (opts_.records) flags |= CD_TRACE_RECORDS;
     if (opts_.records && opts_.stack_args) flags |= CD_TRACE_STACK_ARGS;
     flags |= follow ? CD_TRACE_FOLLOW : CD_TRACE_NOTE_FORK;
