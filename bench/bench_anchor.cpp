@@ -10,6 +10,8 @@
 //     do): bpftrace's entry+return count, commdbg attach --counts-only and
 //     with records (a session keeps no flight recorder), commdbgd's node
 //     counter with and without --no-flight-recorder
+//   a system call (getppid) on the host: unprobed | under commdbgd's node
+//     counter, which hooks every syscall's exit | under a session
 //   a bystander: the same calls in this process, never traced, while each
 //     tracer traces another process that maps the same file
 //   torch-aten (a python loop of torch.add): unprobed | bpftrace count() on
@@ -23,6 +25,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -356,6 +359,38 @@ void bench_comm(const std::string& commdbg, const std::optional<std::string>& bp
     dlclose(h);
 }
 
+// What commdbgd costs every system call on the host: to stop a process that
+// maps a new libnccl file before its first call, the node counter hooks the
+// exit of every system call (tp_btf/sys_exit; no fexit on this kernel), and
+// an enabled syscall tracepoint sends every syscall of every task through
+// the kernel's slow exit path.  A session hooks none.  getppid(2) in a loop,
+// unprobed and under each.
+void bench_syscall(const std::string& commdbg, long n, int rounds) {
+    void* h = dlopen(STUB_NCCL, RTLD_NOW);  // for the session to probe
+    const Target t = {[](long calls) {
+                          auto t0 = Clock::now();
+                          for (long i = 0; i < calls; ++i) syscall(SYS_getppid);
+                          return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() /
+                                 static_cast<double>(calls);
+                      },
+                      n};
+    std::printf("a system call: getppid() in this process, %ld calls per measurement (best of 3), %d rounds\n", n,
+                rounds);
+    ScratchDir dir;
+    const std::string commdbgd = commdbg.substr(0, commdbg.rfind('/')) + "/commdbgd";
+    std::vector<Tracer> tracers = {
+        {"unprobed", {}, "", true, 0, 0, ""},
+        {"commdbgd node counter", {commdbgd, "--socket", dir.path + "/d.sock", "--metrics-listen", ""}, "counting",
+         true, SIGTERM, 0, ""},
+        {"commdbg attach --counts-only (this process)",
+         {commdbg, "attach", std::to_string(getpid()), "--no-daemon", "--counts-only", "--probes", "nccl", "--table",
+          dir.path + "/counts.txt"},
+         "commdbg: tracing", true, SIGINT, 0, ""},
+    };
+    measure_and_print(tracers, t, rounds, 0, "unprobed");
+    if (h) dlclose(h);
+}
+
 // ---- torch-aten ------------------------------------------------------------------
 
 std::optional<std::string> libtorch_of(pid_t pid) {
@@ -421,6 +456,7 @@ int main(int argc, char** argv) {
     auto bpftrace = find_bpftrace();
     bench_nccl(COMMDBG_BIN, bpftrace, n, rounds);
     bench_comm(COMMDBG_BIN, bpftrace, n, rounds);
+    bench_syscall(COMMDBG_BIN, n * 5, rounds);
     bench_bystander(COMMDBG_BIN, bpftrace, n / 10, rounds);
     bench_torch(COMMDBG_BIN, bpftrace, n / 10, rounds);
     return 0;

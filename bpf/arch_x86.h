@@ -39,8 +39,11 @@ FUNC_INLINE __u64 cd_thread_pointer(void)
 	return t->thread.fsbase;
 }
 
-/* sys_exit: which syscall returned, and the number of mmap. */
+/* sys_exit: which syscall returned, and the number of mmap.  `regs` is the
+ * tracepoint's BTF-typed argument: a direct load (CO-RE relocated), not a
+ * bpf_probe_read_kernel call, since the program runs at every syscall exit
+ * on the host. */
 #define CD_NR_MMAP 9
-#define CD_SYSCALL_NR(regs) BPF_CORE_READ(regs, orig_ax)
+#define CD_SYSCALL_NR(regs) ((regs)->orig_ax)
 
 #endif /* COMMDBG_ARCH_X86_H */
