@@ -195,6 +195,26 @@ void measure_and_print(const std::vector<Tracer>& tracers, const Target& t, int 
     print_rows(measure_rounds(tracers, t, rounds), anchor, anchor_name);
 }
 
+// `commdbg attach pid` with the nccl spec, its table into `out`: counts
+// only, or records (noise level 0).
+Tracer attach_nccl(const std::string& what, const std::string& commdbg, const std::string& pid, bool records,
+                   const std::string& out) {
+    std::vector<std::string> argv = {commdbg, "attach", pid, "--no-daemon", "--probes", "nccl", "--table", out};
+    if (records)
+        argv.insert(argv.end(), {"--noise-level", "0"});
+    else
+        argv.push_back("--counts-only");
+    return {what, argv, "commdbg: tracing", true, SIGINT, 0, ""};
+}
+
+// commdbgd's node counter on the socket `sock`, with `more` options.
+Tracer node_counter(const std::string& what, const std::string& commdbgd, const std::string& sock,
+                    const std::vector<std::string>& more = {}) {
+    std::vector<std::string> argv = {commdbgd, "--socket", sock, "--metrics-listen", ""};
+    argv.insert(argv.end(), more.begin(), more.end());
+    return {what, argv, "counting", true, SIGTERM, 0, ""};
+}
+
 // ---- NCCL ---------------------------------------------------------------------
 
 // n calls of `h`'s ncclAllReduce on `comm`, one float each.
@@ -253,19 +273,11 @@ void bench_nccl(const std::string& commdbg, const std::optional<std::string>& bp
          SIGINT, 1, no_bt},
         {"bpftrace count() on entry and return", {bt, "-p", pid, "-e", bpftrace_count(nccl.lib, true)}, "Attaching",
          false, SIGINT, 2, no_bt},
-        {"commdbg attach --counts-only",
-         {commdbg, "attach", pid, "--no-daemon", "--counts-only", "--probes", "nccl", "--table",
-          dir.path + "/counts.txt"},
-         "commdbg: tracing", true, SIGINT, 0, ""},
-        {"commdbg attach (records)",
-         {commdbg, "attach", pid, "--no-daemon", "--probes", "nccl", "--noise-level", "0", "--table",
-          dir.path + "/records.txt"},
-         "commdbg: tracing", true, SIGINT, 0, ""},
-        {"commdbgd node counter (always on)", {commdbgd, "--socket", dir.path + "/d.sock", "--metrics-listen", ""},
-         "counting", true, SIGTERM, 0, ""},
-        {"commdbgd node counter --no-count-errors",
-         {commdbgd, "--socket", dir.path + "/d2.sock", "--metrics-listen", "", "--no-count-errors"}, "counting",
-         true, SIGTERM, 0, ""},
+        attach_nccl("commdbg attach --counts-only", commdbg, pid, false, dir.path + "/counts.txt"),
+        attach_nccl("commdbg attach (records)", commdbg, pid, true, dir.path + "/records.txt"),
+        node_counter("commdbgd node counter (always on)", commdbgd, dir.path + "/d.sock"),
+        node_counter("commdbgd node counter --no-count-errors", commdbgd, dir.path + "/d2.sock",
+                     {"--no-count-errors"}),
     };
     measure_and_print(tracers, t, rounds, 2, "bpftrace entry+return");
 }
@@ -299,14 +311,8 @@ void bench_bystander(const std::string& commdbg, const std::optional<std::string
          "Attaching", false, SIGINT, 2, no_bt},
         {"bpftrace /pid == <other>/ entry+return count",
          {bt, "-e", bpftrace_count(nccl.lib, true, "/pid == " + pid + "/")}, "Attaching", false, SIGINT, 2, no_bt},
-        {"commdbg attach <other> --counts-only",
-         {commdbg, "attach", pid, "--no-daemon", "--counts-only", "--probes", "nccl", "--table",
-          dir.path + "/counts.txt"},
-         "commdbg: tracing", true, SIGINT, 0, ""},
-        {"commdbg attach <other> (records)",
-         {commdbg, "attach", pid, "--no-daemon", "--probes", "nccl", "--noise-level", "0", "--table",
-          dir.path + "/records.txt"},
-         "commdbg: tracing", true, SIGINT, 0, ""},
+        attach_nccl("commdbg attach <other> --counts-only", commdbg, pid, false, dir.path + "/counts.txt"),
+        attach_nccl("commdbg attach <other> (records)", commdbg, pid, true, dir.path + "/records.txt"),
     };
     measure_and_print(tracers, t, rounds, 0, "unprobed");
     kill(other.pid(), SIGTERM);
@@ -339,19 +345,11 @@ void bench_comm(const std::string& commdbg, const std::optional<std::string>& bp
         {"bpftrace count() on entry and return",
          {bpftrace.value_or("bpftrace"), "-p", pid, "-e", bpftrace_count(STUB_NCCL, true)}, "Attaching", false,
          SIGINT, 2, no_bt},
-        {"commdbg attach --counts-only",
-         {commdbg, "attach", pid, "--no-daemon", "--counts-only", "--probes", "nccl", "--table",
-          dir.path + "/counts.txt"},
-         "commdbg: tracing", true, SIGINT, 0, ""},
-        {"commdbg attach (records)",
-         {commdbg, "attach", pid, "--no-daemon", "--probes", "nccl", "--noise-level", "0", "--table",
-          dir.path + "/records.txt"},
-         "commdbg: tracing", true, SIGINT, 0, ""},
-        {"commdbgd node counter --no-flight-recorder",
-         {commdbgd, "--socket", dir.path + "/d.sock", "--metrics-listen", "", "--no-flight-recorder"}, "counting",
-         true, SIGTERM, 0, ""},
-        {"commdbgd node counter (recorder on)", {commdbgd, "--socket", dir.path + "/d2.sock", "--metrics-listen", ""},
-         "counting", true, SIGTERM, 0, ""},
+        attach_nccl("commdbg attach --counts-only", commdbg, pid, false, dir.path + "/counts.txt"),
+        attach_nccl("commdbg attach (records)", commdbg, pid, true, dir.path + "/records.txt"),
+        node_counter("commdbgd node counter --no-flight-recorder", commdbgd, dir.path + "/d.sock",
+                     {"--no-flight-recorder"}),
+        node_counter("commdbgd node counter (recorder on)", commdbgd, dir.path + "/d2.sock"),
     };
     const std::vector<Row> rows = measure_rounds(tracers, t, rounds);
     print_rows(rows, 1, "bpftrace entry+return");
@@ -380,12 +378,9 @@ void bench_syscall(const std::string& commdbg, long n, int rounds) {
     const std::string commdbgd = commdbg.substr(0, commdbg.rfind('/')) + "/commdbgd";
     std::vector<Tracer> tracers = {
         {"unprobed", {}, "", true, 0, 0, ""},
-        {"commdbgd node counter", {commdbgd, "--socket", dir.path + "/d.sock", "--metrics-listen", ""}, "counting",
-         true, SIGTERM, 0, ""},
-        {"commdbg attach --counts-only (this process)",
-         {commdbg, "attach", std::to_string(getpid()), "--no-daemon", "--counts-only", "--probes", "nccl", "--table",
-          dir.path + "/counts.txt"},
-         "commdbg: tracing", true, SIGINT, 0, ""},
+        node_counter("commdbgd node counter", commdbgd, dir.path + "/d.sock"),
+        attach_nccl("commdbg attach --counts-only (this process)", commdbg, std::to_string(getpid()), false,
+                    dir.path + "/counts.txt"),
     };
     measure_and_print(tracers, t, rounds, 0, "unprobed");
     if (h) dlclose(h);
