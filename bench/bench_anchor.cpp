@@ -146,6 +146,19 @@ std::optional<std::string> find_bpftrace() {
     return std::nullopt;
 }
 
+// a over b, round by round: the median and the range; nullopt unless both
+// were measured in every round.
+struct Ratio {
+    double median, lo, hi;
+};
+std::optional<Ratio> round_ratio(const Row& a, const Row& b) {
+    if (a.ns.empty() || a.ns.size() != b.ns.size()) return std::nullopt;
+    std::vector<double> ratio;
+    for (size_t i = 0; i < a.ns.size(); ++i) ratio.push_back(a.ns[i] / b.ns[i]);
+    auto [lo, hi] = std::minmax_element(ratio.begin(), ratio.end());
+    return Ratio{median(ratio), *lo, *hi};
+}
+
 // rows[0] is the unprobed call; `anchor` indexes the row ratios are to.
 void print_rows(const std::vector<Row>& rows, size_t anchor, const std::string& anchor_name) {
     const Row& base = rows[0];
@@ -156,24 +169,16 @@ void print_rows(const std::vector<Row>& rows, size_t anchor, const std::string& 
             continue;
         }
         std::printf("  %-52s %9.1f ns  %7.2fx unprobed", r.what.c_str(), median(r.ns), median(r.ns) / median(base.ns));
-        if (anc.ns.size() == r.ns.size()) {
-            std::vector<double> ratio;
-            for (size_t i = 0; i < r.ns.size(); ++i) ratio.push_back(r.ns[i] / anc.ns[i]);
-            auto [lo, hi] = std::minmax_element(ratio.begin(), ratio.end());
-            std::printf("  %5.2fx %s (rounds %.2f-%.2f)", median(ratio), anchor_name.c_str(), *lo, *hi);
-        }
+        if (auto q = round_ratio(r, anc))
+            std::printf("  %5.2fx %s (rounds %.2f-%.2f)", q->median, anchor_name.c_str(), q->lo, q->hi);
         std::printf("\n");
     }
 }
 
 // rows[num] over rows[den], round by round: the median and the range.
 void print_ratio(const std::vector<Row>& rows, size_t num, size_t den, const std::string& what) {
-    const Row &a = rows[num], &b = rows[den];
-    if (a.ns.empty() || a.ns.size() != b.ns.size()) return;
-    std::vector<double> ratio;
-    for (size_t i = 0; i < a.ns.size(); ++i) ratio.push_back(a.ns[i] / b.ns[i]);
-    auto [lo, hi] = std::minmax_element(ratio.begin(), ratio.end());
-    std::printf("  %s: %.2fx (rounds %.2f-%.2f)\n", what.c_str(), median(ratio), *lo, *hi);
+    if (auto q = round_ratio(rows[num], rows[den]))
+        std::printf("  %s: %.2fx (rounds %.2f-%.2f)\n", what.c_str(), q->median, q->lo, q->hi);
 }
 
 // A directory for the tracers' outputs, removed with it.
@@ -207,12 +212,32 @@ Tracer attach_nccl(const std::string& what, const std::string& commdbg, const st
     return {what, argv, "commdbg: tracing", true, SIGINT, 0, ""};
 }
 
-// commdbgd's node counter on the socket `sock`, with `more` options.
-Tracer node_counter(const std::string& what, const std::string& commdbgd, const std::string& sock,
+// commdbgd (beside `commdbg`)'s node counter on the socket `sock`, with
+// `more` options.
+Tracer node_counter(const std::string& what, const std::string& commdbg, const std::string& sock,
                     const std::vector<std::string>& more = {}) {
-    std::vector<std::string> argv = {commdbgd, "--socket", sock, "--metrics-listen", ""};
+    std::vector<std::string> argv = {commdbg.substr(0, commdbg.rfind('/')) + "/commdbgd", "--socket", sock,
+                                     "--metrics-listen", ""};
     argv.insert(argv.end(), more.begin(), more.end());
     return {what, argv, "counting", true, SIGTERM, 0, ""};
+}
+
+// bpftrace with `args`, in place once it holds `probes` perf_event fds; not
+// measured where there is no bpftrace, or where `why` says.
+Tracer bpftrace_tracer(const std::string& what, const std::optional<std::string>& bpftrace,
+                       const std::vector<std::string>& args, int probes, const std::string& why = "") {
+    std::vector<std::string> argv = {bpftrace.value_or("bpftrace")};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return {what, argv, "Attaching", false, SIGINT, probes,
+            !bpftrace ? "no bpftrace (make bench installs Debian's)" : why};
+}
+
+// Runs `call` `calls` times; ns per call.
+template <class Call>
+double ns_per_call(long calls, Call call) {
+    auto t0 = Clock::now();
+    for (long i = 0; i < calls; ++i) call();
+    return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / static_cast<double>(calls);
 }
 
 // ---- NCCL ---------------------------------------------------------------------
@@ -222,9 +247,7 @@ Target allreduce_target(void* h, void* comm, long n) {
     auto fn = reinterpret_cast<AllReduceFn>(dlsym(h, "ncclAllReduce"));
     return {[fn, comm](long calls) {
                 static float buf[4];
-                auto t0 = Clock::now();
-                for (long i = 0; i < calls; ++i) fn(buf, buf, 1, 7, 0, comm, nullptr);
-                return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / static_cast<double>(calls);
+                return ns_per_call(calls, [&] { fn(buf, buf, 1, 7, 0, comm, nullptr); });
             },
             n};
 }
@@ -264,20 +287,15 @@ void bench_nccl(const std::string& commdbg, const std::optional<std::string>& bp
     std::printf("ncclAllReduce on %s, %ld calls per measurement (best of 3), %d rounds, pid %s\n", nccl.lib.c_str(),
                 n, rounds, pid.c_str());
     ScratchDir dir;
-    const std::string commdbgd = commdbg.substr(0, commdbg.rfind('/')) + "/commdbgd";
-    const std::string no_bt = bpftrace ? "" : "no bpftrace (make bench installs Debian's)";
-    const std::string bt = bpftrace.value_or("bpftrace");
     std::vector<Tracer> tracers = {
         {"unprobed", {}, "", true, 0, 0, ""},
-        {"bpftrace count() on entry", {bt, "-p", pid, "-e", bpftrace_count(nccl.lib, false)}, "Attaching", false,
-         SIGINT, 1, no_bt},
-        {"bpftrace count() on entry and return", {bt, "-p", pid, "-e", bpftrace_count(nccl.lib, true)}, "Attaching",
-         false, SIGINT, 2, no_bt},
+        bpftrace_tracer("bpftrace count() on entry", bpftrace, {"-p", pid, "-e", bpftrace_count(nccl.lib, false)}, 1),
+        bpftrace_tracer("bpftrace count() on entry and return", bpftrace,
+                        {"-p", pid, "-e", bpftrace_count(nccl.lib, true)}, 2),
         attach_nccl("commdbg attach --counts-only", commdbg, pid, false, dir.path + "/counts.txt"),
         attach_nccl("commdbg attach (records)", commdbg, pid, true, dir.path + "/records.txt"),
-        node_counter("commdbgd node counter (always on)", commdbgd, dir.path + "/d.sock"),
-        node_counter("commdbgd node counter --no-count-errors", commdbgd, dir.path + "/d2.sock",
-                     {"--no-count-errors"}),
+        node_counter("commdbgd node counter (always on)", commdbg, dir.path + "/d.sock"),
+        node_counter("commdbgd node counter --no-count-errors", commdbg, dir.path + "/d2.sock", {"--no-count-errors"}),
     };
     measure_and_print(tracers, t, rounds, 2, "bpftrace entry+return");
 }
@@ -303,14 +321,12 @@ void bench_bystander(const std::string& commdbg, const std::optional<std::string
                 "pid %s, which maps the same file; %ld calls per measurement (best of 3), %d rounds\n",
                 nccl.lib.c_str(), static_cast<int>(getpid()), pid.c_str(), n, rounds);
     ScratchDir dir;
-    const std::string no_bt = bpftrace ? "" : "no bpftrace (make bench installs Debian's)";
-    const std::string bt = bpftrace.value_or("bpftrace");
     std::vector<Tracer> tracers = {
         {"unprobed", {}, "", true, 0, 0, ""},
-        {"bpftrace -p <other> entry+return count", {bt, "-p", pid, "-e", bpftrace_count(nccl.lib, true)},
-         "Attaching", false, SIGINT, 2, no_bt},
-        {"bpftrace /pid == <other>/ entry+return count",
-         {bt, "-e", bpftrace_count(nccl.lib, true, "/pid == " + pid + "/")}, "Attaching", false, SIGINT, 2, no_bt},
+        bpftrace_tracer("bpftrace -p <other> entry+return count", bpftrace,
+                        {"-p", pid, "-e", bpftrace_count(nccl.lib, true)}, 2),
+        bpftrace_tracer("bpftrace /pid == <other>/ entry+return count", bpftrace,
+                        {"-e", bpftrace_count(nccl.lib, true, "/pid == " + pid + "/")}, 2),
         attach_nccl("commdbg attach <other> --counts-only", commdbg, pid, false, dir.path + "/counts.txt"),
         attach_nccl("commdbg attach <other> (records)", commdbg, pid, true, dir.path + "/records.txt"),
     };
@@ -338,18 +354,15 @@ void bench_comm(const std::string& commdbg, const std::optional<std::string>& bp
     std::printf("on a communicator: ncclAllReduce on %s, %ld calls per measurement (best of 3), %d rounds\n",
                 STUB_NCCL, n, rounds);
     ScratchDir dir;
-    const std::string commdbgd = commdbg.substr(0, commdbg.rfind('/')) + "/commdbgd";
-    const std::string no_bt = bpftrace ? "" : "no bpftrace (make bench installs Debian's)";
     std::vector<Tracer> tracers = {
         {"unprobed", {}, "", true, 0, 0, ""},
-        {"bpftrace count() on entry and return",
-         {bpftrace.value_or("bpftrace"), "-p", pid, "-e", bpftrace_count(STUB_NCCL, true)}, "Attaching", false,
-         SIGINT, 2, no_bt},
+        bpftrace_tracer("bpftrace count() on entry and return", bpftrace,
+                        {"-p", pid, "-e", bpftrace_count(STUB_NCCL, true)}, 2),
         attach_nccl("commdbg attach --counts-only", commdbg, pid, false, dir.path + "/counts.txt"),
         attach_nccl("commdbg attach (records)", commdbg, pid, true, dir.path + "/records.txt"),
-        node_counter("commdbgd node counter --no-flight-recorder", commdbgd, dir.path + "/d.sock",
+        node_counter("commdbgd node counter --no-flight-recorder", commdbg, dir.path + "/d.sock",
                      {"--no-flight-recorder"}),
-        node_counter("commdbgd node counter (recorder on)", commdbgd, dir.path + "/d2.sock"),
+        node_counter("commdbgd node counter (recorder on)", commdbg, dir.path + "/d2.sock"),
     };
     const std::vector<Row> rows = measure_rounds(tracers, t, rounds);
     print_rows(rows, 1, "bpftrace entry+return");
@@ -365,20 +378,13 @@ void bench_comm(const std::string& commdbg, const std::optional<std::string>& bp
 // unprobed and under each.
 void bench_syscall(const std::string& commdbg, long n, int rounds) {
     void* h = dlopen(STUB_NCCL, RTLD_NOW);  // for the session to probe
-    const Target t = {[](long calls) {
-                          auto t0 = Clock::now();
-                          for (long i = 0; i < calls; ++i) syscall(SYS_getppid);
-                          return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() /
-                                 static_cast<double>(calls);
-                      },
-                      n};
+    const Target t = {[](long calls) { return ns_per_call(calls, [] { syscall(SYS_getppid); }); }, n};
     std::printf("a system call: getppid() in this process, %ld calls per measurement (best of 3), %d rounds\n", n,
                 rounds);
     ScratchDir dir;
-    const std::string commdbgd = commdbg.substr(0, commdbg.rfind('/')) + "/commdbgd";
     std::vector<Tracer> tracers = {
         {"unprobed", {}, "", true, 0, 0, ""},
-        node_counter("commdbgd node counter", commdbgd, dir.path + "/d.sock"),
+        node_counter("commdbgd node counter", commdbg, dir.path + "/d.sock"),
         attach_nccl("commdbg attach --counts-only (this process)", commdbg, std::to_string(getpid()), false,
                     dir.path + "/counts.txt"),
     };
@@ -420,14 +426,13 @@ void bench_torch(const std::string& commdbg, const std::optional<std::string>& b
     std::printf("torch.add on 8 floats in /usr/bin/python3 (pid %s), %ld ops per measurement (best of 3), %d rounds\n",
                 pid.c_str(), n, rounds);
     ScratchDir dir;
-    std::string no_bt = !bpftrace ? "no bpftrace (make bench installs Debian's)" : !lib ? "libtorch_cpu.so not mapped" : "";
     std::vector<Tracer> tracers = {
         {"unprobed", {}, "", true, 0, 0, ""},
-        {"bpftrace count() on entry of at::_ops::add_Tensor::call",
-         {bpftrace.value_or("bpftrace"), "-p", pid, "-e",
-          "uprobe:" + lib.value_or("") +
-              ":_ZN2at4_ops10add_Tensor4callERKNS_6TensorES4_RKN3c106ScalarE { @calls = count(); }"},
-         "Attaching", false, SIGINT, 1, no_bt},
+        bpftrace_tracer("bpftrace count() on entry of at::_ops::add_Tensor::call", bpftrace,
+                        {"-p", pid, "-e",
+                         "uprobe:" + lib.value_or("") +
+                             ":_ZN2at4_ops10add_Tensor4callERKNS_6TensorES4_RKN3c106ScalarE { @calls = count(); }"},
+                        1, lib ? "" : "libtorch_cpu.so not mapped"),
         // Ops are probed only where records show them (noise level >= 1;
         // --counts-only counts collectives only): the level that shows add.
         {"commdbg attach --probes torch-aten --noise-level 2",
