@@ -171,14 +171,17 @@ struct SharedDir {
 // uid 65534 must be able to run the binaries and load the stub; where
 // build/ is not readable for it, copies in a world-readable dir are used.
 struct NobodyBins {
-    std::string commdbg, workload, sleeper, stub_dir;
+    std::string commdbg, workload, sleeper, flood, stub_dir;
     std::unique_ptr<SharedDir> copies;
 };
 
 inline NobodyBins nobody_bins() {
-    NobodyBins b{commdbg_bin(), testprog("nccl_workload"), testprog("plain_sleeper"), STUB_NCCL_DIR, nullptr};
-    auto ok = run(concat(kAsNobody, {"/bin/sh", "-c", "test -x \"$0\" && test -x \"$1\" && test -x \"$2\" && test -r \"$3\"",
-                                     b.commdbg, b.workload, b.sleeper, b.stub_dir + "/libnccl.so.2"}));
+    NobodyBins b{commdbg_bin(),        testprog("nccl_workload"), testprog("plain_sleeper"),
+                 testprog("counter_flood"), STUB_NCCL_DIR,             nullptr};
+    auto ok = run(concat(kAsNobody, {"/bin/sh", "-c",
+                                     "test -x \"$0\" && test -x \"$1\" && test -x \"$2\" && test -x \"$3\" && "
+                                     "test -r \"$4\"",
+                                     b.commdbg, b.workload, b.sleeper, b.flood, b.stub_dir + "/libnccl.so.2"}));
     if (ok.status == 0) return b;
     b.copies = std::make_unique<SharedDir>();
     namespace fs = std::filesystem;
@@ -191,6 +194,7 @@ inline NobodyBins nobody_bins() {
     b.commdbg = copy(commdbg_bin());
     b.workload = copy(testprog("nccl_workload"));
     b.sleeper = copy(testprog("plain_sleeper"));
+    b.flood = copy(testprog("counter_flood"));
     fs::copy_file(fs::canonical(lib_path(false)), b.copies->path("libnccl.so.2"));
     chmod(b.copies->path("libnccl.so.2").c_str(), 0755);
     b.stub_dir = b.copies->path("");

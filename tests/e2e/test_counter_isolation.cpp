@@ -17,18 +17,20 @@ using namespace daemon_util;
 
 constexpr long kNodeCounterKeys = 65536;  // max_entries of the kernel's `counters` map
 
-// A counter_flood run as uid 65534, its children still alive (waiting for `go`).
+// A counter_flood run as uid 65534, its children still alive (waiting for
+// `go`); from copies it can read where the build tree is closed to it.
 struct Flood {
+    NobodyBins bins;
     std::unique_ptr<Background> proc;
     std::vector<int> children;
 };
 
 Flood start_flood(const SharedDir& dir, int procs, long keys) {
     Flood f;
-    f.proc = std::make_unique<Background>(concat(kAsNobody, {testprog("counter_flood"), "--procs", std::to_string(procs),
-                                                             "--keys", std::to_string(keys), "--wait-file",
-                                                             dir.path("go")}),
-                                          nccl_env(false));
+    f.bins = nobody_bins();
+    f.proc = std::make_unique<Background>(concat(kAsNobody, {f.bins.flood, "--procs", std::to_string(procs), "--keys",
+                                                             std::to_string(keys), "--wait-file", dir.path("go")}),
+                                          nobody_env(f.bins));
     std::string line = f.proc->wait_for_line("ready children=", 120);
     EXPECT_FALSE(line.empty()) << "counter_flood never finished its calls";
     for (const auto& [pid, state] : children_of(f.proc->pid())) f.children.push_back(pid);
