@@ -4,6 +4,7 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -65,6 +66,51 @@ Frame callers_frame(const std::vector<Frame>& stack, size_t from) {
     return stack[from];
 }
 
+// The parts of a signature a rank's recorder may have left unread: a c10d
+// call made before commdbgd could read its process's tensors and options
+// has a kind only.
+constexpr size_t kSignatureParts = 4;  // count, dtype, op, root
+
+std::optional<std::string> part(const Issued& e, size_t i) {
+    switch (i) {
+    case 0: return e.count ? std::optional(std::to_string(*e.count)) : std::nullopt;
+    case 1: return e.dtype.empty() ? std::nullopt : std::optional(e.dtype);
+    case 2: return e.op.empty() ? std::nullopt : std::optional(e.op);
+    default: return e.root < 0 ? std::nullopt : std::optional(std::to_string(e.root));
+    }
+}
+
+void forget_part(Issued& e, size_t i) {
+    switch (i) {
+    case 0: e.count.reset(); break;
+    case 1: e.dtype.clear(); break;
+    case 2: e.op.clear(); break;
+    default: e.root = -1;
+    }
+}
+
+// What the ranks' calls of one kind at one number hold in each part: the
+// values read, and whether some rank left it unread.
+struct PartsSeen {
+    std::array<std::set<std::string>, kSignatureParts> values;
+    std::array<bool, kSignatureParts> unread{};
+    void add(const Issued& e) {
+        for (size_t i = 0; i < kSignatureParts; ++i)
+            if (auto v = part(e, i)) values[i].insert(*v);
+            else unread[i] = true;
+    }
+    // A part some rank left unread and the others agree on: no rank's
+    // signature shows it.
+    bool forgotten(size_t i) const { return unread[i] && values[i].size() == 1; }
+    // A rank that left unread a part the others differ in: it cannot be
+    // said to be the odd one.
+    bool undecided(const Issued& e) const {
+        for (size_t i = 0; i < kSignatureParts; ++i)
+            if (!part(e, i) && values[i].size() > 1) return true;
+        return false;
+    }
+};
+
 }  // namespace
 
 std::string Issued::signature() const {
@@ -94,32 +140,42 @@ Issued Issued::from_json(const nlohmann::json& e) {
 }
 
 std::vector<Divergence> divergences(const std::vector<RankIssued>& ranks) {
-    // A count one rank's recorder could not read (a c10d call before
-    // commdbgd could read that process's tensors) differs from none: at
-    // such a number the counts are left out of every signature.
-    std::map<uint64_t, std::pair<bool, bool>> counted;  // seq -> (some have a count, some have none)
+    // A part one rank's recorder could not read differs from none: it is
+    // compared among the ranks that read it (a kind that differs still differs).
+    std::map<std::pair<uint64_t, std::string>, PartsSeen> seen;  // (seq, kind) -> its parts
     for (const RankIssued& r : ranks)
-        for (const Issued& e : *r.last) (e.count ? counted[e.seq].first : counted[e.seq].second) = true;
+        for (const Issued& e : *r.last) seen[{e.seq, e.collective}].add(e);
     std::map<uint64_t, std::map<std::string, std::vector<int>>> at;  // seq -> signature -> who
+    std::map<uint64_t, std::set<int>> undecided;                      // seq -> who
     for (const RankIssued& r : ranks)
         for (const Issued& e : *r.last) {
+            const PartsSeen& parts = seen[{e.seq, e.collective}];
             Issued x = e;
-            if (counted[e.seq].first && counted[e.seq].second) x.count.reset();
+            for (size_t i = 0; i < kSignatureParts; ++i)
+                if (parts.forgotten(i)) forget_part(x, i);
             at[e.seq][x.signature()].push_back(r.who);
+            if (parts.undecided(e)) undecided[e.seq].insert(r.who);
         }
     std::vector<Divergence> out;
     for (const auto& [seq, sigs] : at) {
         if (sigs.size() < 2) continue;
         Divergence d{seq, {}, {}};
+        // The signature most ranks that read every differing part issued.
+        const std::set<int>& unsure = undecided[seq];
+        auto decided = [&](const std::vector<int>& who) {
+            return std::count_if(who.begin(), who.end(), [&](int pid) { return !unsure.count(pid); });
+        };
         auto most = std::max_element(sigs.begin(), sigs.end(),
-                                     [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+                                     [&](const auto& a, const auto& b) { return decided(a.second) < decided(b.second); });
         for (const auto& [sig, who] : sigs) {
             d.signatures.emplace_back(sig, who);
-            if (sig != most->first) d.odd.insert(d.odd.end(), who.begin(), who.end());
+            if (sig == most->first) continue;
+            for (int pid : who)
+                if (!unsure.count(pid)) d.odd.push_back(pid);
         }
         // The most ranks' signature first: the odd ones read against it.
         std::stable_sort(d.signatures.begin(), d.signatures.end(),
-                         [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
+                         [&](const auto& a, const auto& b) { return decided(a.second) > decided(b.second); });
         out.push_back(std::move(d));
     }
     return out;

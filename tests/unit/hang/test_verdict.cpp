@@ -187,6 +187,38 @@ TEST(HangVerdict, ACollectiveWithoutACountShowsNoneAndStillDiverges) {
     EXPECT_EQ(divergences({{10, &c16}, {11, &b}, {12, &c16}}).at(0).odd, std::vector<int>{11});
 }
 
+// A c10d call recorded before commdbgd could read its process's tensors and
+// options has a kind only: what it left unread is no divergence where the
+// others agree on it; where the others differ in it, they still diverge and
+// the rank that left it unread is not named the odd one.
+TEST(HangVerdict, WhatOneRankLeftUnreadIsComparedAmongTheRanksThatReadIt) {
+    const std::vector<Issued> sum = {{1, "all_reduce", 16, "float32", "sum", -1}, {2, "broadcast", 16, "float32", "", 0}};
+    const std::vector<Issued> max = {{1, "all_reduce", 16, "float32", "max", -1}, {2, "broadcast", 16, "float32", "", 0}};
+    const std::vector<Issued> unread = {{1, "all_reduce", std::nullopt, "", "", -1}, {2, "broadcast", std::nullopt, "", "", -1}};
+    const std::vector<Issued> root1 = {{1, "all_reduce", 16, "float32", "sum", -1}, {2, "broadcast", 16, "float32", "", 1}};
+    EXPECT_TRUE(divergences({{10, &sum}, {11, &unread}, {12, &sum}}).empty());
+    // The known ranks differ in the op: still a divergence, named by them.
+    std::vector<Divergence> d = divergences({{10, &sum}, {11, &unread}, {12, &max}, {13, &sum}});
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0].seq, 1u);
+    EXPECT_EQ(d[0].odd, std::vector<int>{12});
+    // What every rank that read it agrees on is shown by none.
+    EXPECT_EQ(d[0].signatures.front(), (std::pair<std::string, std::vector<int>>{"all_reduce sum", {10, 13}}));
+    EXPECT_EQ(d[0].signatures.back(), (std::pair<std::string, std::vector<int>>{"all_reduce", {11}}));
+    // Two ranks unread outnumber neither reader: the reader against the
+    // majority of readers is the odd one.
+    d = divergences({{10, &unread}, {11, &unread}, {12, &root1}, {13, &sum}, {14, &sum}});
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0].seq, 2u);
+    EXPECT_EQ(d[0].odd, std::vector<int>{12});
+    EXPECT_EQ(d[0].signatures.front().second, (std::vector<int>{13, 14}));
+    // A kind that differs still differs, however little its rank read.
+    const std::vector<Issued> other = {{1, "all_gather", std::nullopt, "", "", -1}};
+    d = divergences({{10, &sum}, {11, &other}, {12, &sum}});
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0].odd, std::vector<int>{11});
+}
+
 TEST(HangVerdict, ARankThatIssuedFewerWhileTheOthersWaitNeverIssuedTheNext) {
     Verdict v = verdict_of({on_comm(10, 0, 6), on_comm(11, 1, 6), on_comm(12, 2, 5)});
     EXPECT_EQ(v.kind, Verdict::Kind::missing);
