@@ -160,8 +160,8 @@ std::optional<int> parse_args(int argc, char** argv, DaemonArgs& a) {
     bool no_flight_recorder = false;
     app.add_flag("--no-flight-recorder", no_flight_recorder,
                  "Keep no flight recorder for the processes the node counter counts: `commdbg hang` then has counts "
-                 "and stacks but no signatures, and commdbg_collective_mismatch_total stays 0; `commdbg attach` "
-                 "sessions still keep theirs");
+                 "and stacks but no signatures, and commdbg_collective_mismatch_total stays 0 (`commdbg attach` "
+                 "sessions keep none either way)");
     app.add_option("--max-sessions", a.max_sessions,
                    "Tracing sessions (`commdbg attach`) run at once; each may hold ~0.3 GB at the default " +
                        std::to_string(limits::kDefaultMaxRecords) + "-record budget")
