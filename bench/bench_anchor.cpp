@@ -7,7 +7,9 @@
 //     return | commdbg attach --counts-only | commdbg attach (records) |
 //     commdbgd's always-on node counter, with and without --no-count-errors
 //   on a communicator (the stub's fake one: calls that succeed, as a job's
-//     do): bpftrace's entry+return count, commdbg attach --counts-only and
+//     do): bpftrace's entry+return count, bpftrace counting what
+//     --counts-only counts (calls, elements and errors per process,
+//     communicator and datatype), commdbg attach --counts-only and
 //     with records (a session keeps no flight recorder), commdbgd's node
 //     counter with and without --no-flight-recorder
 //   a system call (getppid) on the host: unprobed | under commdbgd's node
@@ -279,6 +281,19 @@ std::string bpftrace_count(const std::string& lib, bool returns, const std::stri
     return script;
 }
 
+// bpftrace counting what `commdbg attach --counts-only` counts of
+// ncclAllReduce in `lib`: calls and elements per process, communicator and
+// datatype at the entry, and at the return the calls that returned non-zero
+// under the same key, which the entry leaves in a map by thread.
+std::string bpftrace_keyed_count(const std::string& lib) {
+    return "uprobe:" + lib +
+           ":ncclAllReduce { @calls[pid, arg5, arg3] = count(); @elements[pid, arg5, arg3] = sum(arg2); "
+           "@comm[tid] = arg5; @dtype[tid] = arg3; } uretprobe:" +
+           lib +
+           ":ncclAllReduce { if ((int32)retval != 0) { @errors[pid, @comm[tid], @dtype[tid]] = count(); } "
+           "delete(@comm[tid]); delete(@dtype[tid]); }";
+}
+
 void bench_nccl(const std::string& commdbg, const std::optional<std::string>& bpftrace, long n, int rounds) {
     Nccl nccl;
     if (!nccl.handle) return;
@@ -358,6 +373,8 @@ void bench_comm(const std::string& commdbg, const std::optional<std::string>& bp
         {"unprobed", {}, "", true, 0, 0, ""},
         bpftrace_tracer("bpftrace count() on entry and return", bpftrace,
                         {"-p", pid, "-e", bpftrace_count(STUB_NCCL, true)}, 2),
+        bpftrace_tracer("bpftrace keyed as --counts-only counts", bpftrace,
+                        {"-p", pid, "-e", bpftrace_keyed_count(STUB_NCCL)}, 2),
         attach_nccl("commdbg attach --counts-only", commdbg, pid, false, dir.path + "/counts.txt"),
         attach_nccl("commdbg attach (records)", commdbg, pid, true, dir.path + "/records.txt"),
         node_counter("commdbgd node counter --no-flight-recorder", commdbg, dir.path + "/d.sock",
@@ -366,7 +383,8 @@ void bench_comm(const std::string& commdbg, const std::optional<std::string>& bp
     };
     const std::vector<Row> rows = measure_rounds(tracers, t, rounds);
     print_rows(rows, 1, "bpftrace entry+return");
-    print_ratio(rows, 5, 4, "the flight recorder: the node counter with it over without it");
+    print_ratio(rows, 3, 2, "--counts-only over bpftrace counting the same keys and errors");
+    print_ratio(rows, 6, 5, "the flight recorder: the node counter with it over without it");
     dlclose(h);
 }
 
