@@ -86,8 +86,13 @@ struct RankIssued {
 // analyzer's mismatch (`commdbg hang`, and commdbgd as collectives arrive).
 struct Divergence {
     uint64_t seq = 0;
-    std::vector<std::pair<std::string, std::vector<int>>> signatures;  // each signature and who issued it, most ranks first
-    std::vector<int> odd;  // who issued another than the most common one
+    // Each signature and who issued it, most ranks first; a part some rank
+    // left unread is left out where the ranks that read it agree.
+    std::vector<std::pair<std::string, std::vector<int>>> signatures;
+    // Who issued another than the most common one, counting only the ranks
+    // that read every part the signatures differ in; those that did not
+    // are in no one's count and never odd.
+    std::vector<int> odd;
 };
 // Every number at which two ranks recorded different signatures, in order.
 std::vector<Divergence> divergences(const std::vector<RankIssued>& ranks);
