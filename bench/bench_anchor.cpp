@@ -15,7 +15,8 @@
 //   a system call (getppid) on the host: unprobed | under commdbgd's node
 //     counter, which hooks every syscall's exit | under a session
 //   a bystander: the same calls in this process, never traced, while each
-//     tracer traces another process that maps the same file
+//     tracer traces another process that maps the same file (attach
+//     --no-follow too, whose probes are in that process alone)
 //   torch-aten (a python loop of torch.add): unprobed | bpftrace count() on
 //     at::_ops::add_Tensor::call | commdbg attach --probes torch-aten
 //     --noise-level 2 (records; below level 1, or --counts-only, no op is
@@ -205,8 +206,9 @@ void measure_and_print(const std::vector<Tracer>& tracers, const Target& t, int 
 // `commdbg attach pid` with the nccl spec, its table into `out`: counts
 // only, or records (noise level 0).
 Tracer attach_nccl(const std::string& what, const std::string& commdbg, const std::string& pid, bool records,
-                   const std::string& out) {
+                   const std::string& out, const std::vector<std::string>& more = {}) {
     std::vector<std::string> argv = {commdbg, "attach", pid, "--no-daemon", "--probes", "nccl", "--table", out};
+    argv.insert(argv.end(), more.begin(), more.end());
     if (records)
         argv.insert(argv.end(), {"--noise-level", "0"});
     else
@@ -320,8 +322,9 @@ void bench_nccl(const std::string& commdbg, const std::optional<std::string>& bp
 // a notebook using the same NCCL).  The other process maps the same file and
 // holds it; this one, never traced, makes the calls.  A uprobe belongs to the
 // file: every process mapping it takes the trap, and commdbg's program
-// returns at once for an untraced one (docs/safety.md).  bpftrace is measured
-// with -p and with a pid predicate.
+// returns at once for an untraced one (docs/safety.md), except under attach
+// --no-follow, whose probes are in the traced process alone.  bpftrace is
+// measured with -p and with a pid predicate.
 void bench_bystander(const std::string& commdbg, const std::optional<std::string>& bpftrace, long n, int rounds) {
     Nccl nccl;
     if (!nccl.handle) return;
@@ -344,6 +347,10 @@ void bench_bystander(const std::string& commdbg, const std::optional<std::string
                         {"-e", bpftrace_count(nccl.lib, true, "/pid == " + pid + "/")}, 2),
         attach_nccl("commdbg attach <other> --counts-only", commdbg, pid, false, dir.path + "/counts.txt"),
         attach_nccl("commdbg attach <other> (records)", commdbg, pid, true, dir.path + "/records.txt"),
+        attach_nccl("commdbg attach <other> --no-follow --counts-only", commdbg, pid, false,
+                    dir.path + "/counts-nf.txt", {"--no-follow"}),
+        attach_nccl("commdbg attach <other> --no-follow (records)", commdbg, pid, true, dir.path + "/records-nf.txt",
+                    {"--no-follow"}),
     };
     measure_and_print(tracers, t, rounds, 0, "unprobed");
     kill(other.pid(), SIGTERM);

@@ -191,7 +191,9 @@ int attach_in_process(std::string_view verb, int pid, double duration, bool foll
         std::cerr << who << ": permission denied — run as root or as the process owner\n";
         return 1;
     }
-    auto session = session::TraceSession::create(session_options(trace));
+    auto opts = session_options(trace);
+    if (!follow) opts.only_pid = pid;  // no process but this one: its probes in it alone
+    auto session = session::TraceSession::create(opts);
     if (!session) {
         std::cerr << who << ": " << session.error() << "\n";
         return 1;
@@ -225,7 +227,8 @@ void register_attach(CLI::App& app) {
                     "Seconds to trace, at most 30 days (default or 0: until Ctrl-C or the process exits)")
         ->check(duration_seconds());
     sub->add_flag("--no-follow", opts->no_follow,
-                  "Do not trace children the process forks during the window (each fork is noted instead)");
+                  "Do not trace children the process forks during the window (each fork is noted instead); the "
+                  "probes are then in this process alone: other processes mapping the same libraries pay no trap");
     add_trace_options(sub, opts->trace);
     sub->add_option("--socket", opts->socket,
                     "commdbgd control socket (default $COMMDBG_SOCKET or /run/commdbg/commdbgd.sock); "

@@ -172,10 +172,12 @@ std::string describe_probe_hits(const capture::ProbeHits& h) {
     char line[640];
     std::snprintf(line, sizeof line,
                   "commdbg: probes fired %llu times (%llu entries, %llu returns, %llu loader changes), each a trap "
-                  "in the calling thread, in every process that maps a probed file, traced or not "
-                  "(docs/safety.md); commdbg's BPF programs took %.3f s of them (%.0f ns a hit)\n",
+                  "in the calling thread, %s (docs/safety.md); commdbg's BPF programs took %.3f s of them "
+                  "(%.0f ns a hit)\n",
                   static_cast<unsigned long long>(hits), static_cast<unsigned long long>(h.entries),
                   static_cast<unsigned long long>(h.returns), static_cast<unsigned long long>(h.loader),
+                  h.one_process ? "in the traced process only (--no-follow)"
+                                : "in every process that maps a probed file, traced or not",
                   1e-9 * static_cast<double>(h.run_ns),
                   hits ? static_cast<double>(h.run_ns) / static_cast<double>(hits) : 0.0);
     return line;

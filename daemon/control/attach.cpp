@@ -113,7 +113,9 @@ Result<bool> AttachSessions::attach(const protocol::Request& req, const protocol
         uint64_t id;
         ~SlotRelease() { s->release_slot(id); }
     } release{this, *slot};
-    auto created = session::TraceSession::create(session_options(req, peer));
+    auto opts = session_options(req, peer);
+    if (!req.follow) opts.only_pid = *req.pid;  // no process but this one: its probes in it alone
+    auto created = session::TraceSession::create(opts);
     if (!created) return R::fail(who + ": " + created.error());
     // Children forked during the window are traced as with --no-daemon;
     // never stopped at a loader change (its parent may be a shell).

@@ -388,6 +388,23 @@ TEST(AttachChildren, NoFollowNotesEveryChild) {
     EXPECT_FALSE(r.dump.contains("processes")) << r.dump.dump().substr(0, 300);
 }
 
+// commdbgd's session for --no-follow probes the parent alone (OwnCost.
+// NoFollowProbesTheTracedProcessAlone): its children are noted as without it.
+TEST(AttachChildren, ThroughTheDaemonNoFollowNotesEveryChild) {
+    REQUIRE_BPF();
+    using namespace daemon_util;
+    SharedDir dir;
+    START_DAEMON(d, dir);
+    TempDir tmp;
+    auto r = attach_to_forking_parent(tmp, 2, {"--socket", d.socket(), "--no-follow"}, "in commdbgd");
+    ASSERT_EQ(r.attach.status, 0) << r.attach.err;
+    size_t notes = 0;
+    for (size_t at = 0; (at = r.attach.err.find("which is not traced (--no-follow)", at)) != std::string::npos; ++at)
+        ++notes;
+    EXPECT_EQ(notes, 2u) << r.attach.err;
+    EXPECT_FALSE(r.dump.contains("processes")) << r.dump.dump().substr(0, 300);
+}
+
 TEST(AttachChildren, ThroughTheDaemonChildrenAreTracedToo) {
     REQUIRE_BPF();
     using namespace daemon_util;

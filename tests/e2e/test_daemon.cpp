@@ -191,10 +191,13 @@ TEST(Daemon, LinkedWorkloadsOnAKnownFileAreCountedExactly) {
 
 // `cli` (argv up to the binary) attaches through the daemon to a workload
 // waiting on `go`, which is released once tracing; the dump in `out` must
-// count kPattern exactly.
+// count kPattern exactly.  `more`: further attach arguments.
 void attach_counts_pattern(const std::vector<std::string>& cli, Background& work, const std::string& go,
-                           const std::string& out, const std::string& socket) {
-    Background dbg(concat(cli, {"attach", std::to_string(work.pid()), "-d", "1", "--json", out, "--socket", socket}));
+                           const std::string& out, const std::string& socket,
+                           const std::vector<std::string>& more = {}) {
+    Background dbg(concat(cli, concat({"attach", std::to_string(work.pid()), "-d", "1", "--json", out, "--socket",
+                                       socket},
+                                      more)));
     std::string tracing = dbg.wait_for_err_line("commdbg: tracing", 60);
     if (tracing.empty()) {
         auto r = dbg.wait(5);
@@ -231,6 +234,20 @@ TEST(Daemon, AttachThroughDaemon) {
         sleep_ms(100);
     }
     EXPECT_TRUE(s.value("sessions", json::array()).empty()) << s.dump();
+}
+
+// --no-follow: the daemon's session probes the process alone (the kernel's
+// per-process filter, OwnCost.NoFollowProbesTheTracedProcessAlone) and
+// counts it as exactly.
+TEST(Daemon, AttachThroughDaemonNoFollowCountsExactly) {
+    REQUIRE_BPF();
+    SharedDir tmp;
+    START_DAEMON(d, tmp);
+    Background work({testprog("nccl_workload"), "--calls", pattern_arg(kPattern), "--fake-comm", "--wait-file",
+                     tmp.path("go")},
+                    nccl_env(false));
+    ASSERT_FALSE(work.wait_for_line("ready pid=").empty()) << "workload never got ready";
+    attach_counts_pattern({commdbg_bin()}, work, tmp.path("go"), tmp.path("out.json"), d.socket(), {"--no-follow"});
 }
 
 // A session's reply carries the table and only the outputs the request names

@@ -8,11 +8,14 @@
 // flight recorder, which only commdbgd's node counter keeps.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <map>
 #include <regex>
 
 #include "daemon_util.hpp"
 #include "e2e_util.hpp"
+#include "elf_symbols.hpp"
+#include "procfs.hpp"
 
 namespace commdbg::e2e {
 namespace {
@@ -145,6 +148,88 @@ TEST(OwnCost, ProbeHitsAreTheTracedCallsAndABystandersToo) {
     EXPECT_EQ(counted, 300 + 40 + 2) << "the traced calls (and the group's start and end), none of the bystander's";
     EXPECT_EQ(h->entries, counted + bystander_calls) << r.err;
     EXPECT_EQ(h->returns, h->entries) << "every NCCL probe is return-probed";
+}
+
+// `n` bytes of `pid`'s memory where it maps byte `file_offset` of a file
+// whose path contains `lib`; empty when it maps none there.
+std::string mapped_code(int pid, const std::string& lib, uint64_t file_offset, size_t n) {
+    auto maps = host::read_maps(pid);
+    if (!maps) return {};
+    for (const auto& m : *maps) {
+        if (m.path.find(lib) == std::string::npos || file_offset < m.offset ||
+            file_offset + n > m.offset + (m.end - m.start))
+            continue;
+        std::ifstream mem("/proc/" + std::to_string(pid) + "/mem", std::ios::binary);
+        mem.seekg(static_cast<std::streamoff>(m.start + (file_offset - m.offset)));
+        std::string out(n, '\0');
+        if (mem.read(out.data(), static_cast<std::streamsize>(n))) return out;
+    }
+    return {};
+}
+
+// attach --no-follow traces one process and none of its children, so its
+// probes are installed in that process alone (the kernel's per-process
+// uprobe filter): a bystander mapping the same libnccl file neither runs the
+// programs (no hit, where OwnCost.ProbeHitsAreTheTracedCallsAndABystandersToo
+// counts its calls without --no-follow) nor carries a breakpoint in its code,
+// where the traced process does; and the traced process's calls, made from
+// threads other than the one its pid names, are all counted.  On a kernel
+// whose filter matches one thread only, commdbg says so and probes as
+// without --no-follow.
+TEST(OwnCost, NoFollowProbesTheTracedProcessAlone) {
+    REQUIRE_BPF();
+    TempDir tmp;
+    const std::string go = tmp.path("go");
+    const long bystander_calls = 200;
+    Background bystander({testprog("nccl_workload"), "--calls", "all_reduce=" + std::to_string(bystander_calls),
+                          "--wait-file", go},
+                         nccl_env(false));
+    ASSERT_FALSE(bystander.wait_for_line("ready pid=").empty()) << "the bystander did not load the stub";
+    Background target({testprog("nccl_workload"), "--calls", "all_reduce=300,broadcast=40", "--threads", "2",
+                       "--wait-file", go},
+                      nccl_env(false));
+    ASSERT_FALSE(target.wait_for_line("ready pid=").empty()) << "the target did not load the stub";
+    Background dbg({commdbg_bin(), "attach", std::to_string(target.pid()), "--no-daemon", "--no-follow", "--cost",
+                    "--probes", "nccl", "--json", tmp.path("out.json")});
+    ASSERT_FALSE(dbg.wait_for_err_line("commdbg: tracing", 60).empty()) << dbg.wait(5).err;
+
+    // The stub's ncclAllReduce as the file has it, and in each process.
+    std::string lib;
+    auto target_maps = host::read_maps(target.pid());
+    ASSERT_TRUE(target_maps) << target_maps.error();
+    for (const auto& m : *target_maps)
+        if (m.path.find("libnccl") != std::string::npos) lib = m.path;
+    ASSERT_FALSE(lib.empty()) << "the target maps no libnccl";
+    auto elf = host::ElfSymbols::open(lib);
+    ASSERT_TRUE(elf) << elf.error();
+    const host::ElfSymbol* sym = elf->find("ncclAllReduce");
+    ASSERT_NE(sym, nullptr);
+    std::ifstream file(lib, std::ios::binary);
+    std::string in_file(16, '\0');
+    file.seekg(static_cast<std::streamoff>(sym->file_offset));
+    ASSERT_TRUE(file.read(in_file.data(), 16));
+    ASSERT_EQ(in_file.find('\xcc'), std::string::npos) << "an int3 in the file itself";
+    const std::string in_target = mapped_code(target.pid(), lib, sym->file_offset, 16);
+    const std::string in_bystander = mapped_code(bystander.pid(), lib, sym->file_offset, 16);
+    EXPECT_NE(in_target.find('\xcc'), std::string::npos) << "no breakpoint in the traced process: is it probed?";
+
+    touch(go);
+    ASSERT_EQ(bystander.wait(30).status, 0);
+    auto r = dbg.wait(60);
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto h = hits_line(r.err);
+    ASSERT_TRUE(h) << "no probe hits line in: " << r.err;
+    long counted = 0;
+    for (const auto& k : read_json(tmp.path("out.json")).value("counters", nlohmann::json::array()))
+        counted += k.value("calls", 0L);
+    EXPECT_EQ(counted, 300 + 40) << r.err;
+    if (r.err.find("as without --no-follow") != std::string::npos) {  // this kernel's filter is per thread
+        EXPECT_NE(in_bystander, in_file) << r.err;
+        EXPECT_EQ(h->entries, counted + bystander_calls) << r.err;
+        return;
+    }
+    EXPECT_EQ(in_bystander, in_file) << "the bystander's code carries the traced process's breakpoint";
+    EXPECT_EQ(h->entries, counted) << "the bystander's " << bystander_calls << " calls ran the programs: " << r.err;
 }
 
 // Without --cost the kernel's run statistics stay as they were.

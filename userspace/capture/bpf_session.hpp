@@ -89,6 +89,7 @@ struct ProgramStats {
 struct ProbeHits {
     bool counted = false;  // false: bpf_enable_stats was refused, nothing below is known
     uint64_t entries = 0, returns = 0, loader = 0, run_ns = 0;
+    bool one_process = false;  // the probes are in the traced process alone (ProbeAttacher::only_in_process)
 };
 
 struct LinkDeleter {

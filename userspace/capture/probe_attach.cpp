@@ -303,7 +303,7 @@ Result<size_t> ProbeAttacher::attach_multi(bpf_program* prog, const host::Mapped
                                            bool retprobe, std::vector<std::string>& notes) {
     auto try_attach = [&](const unsigned long* offs, const __u64* cks, size_t n) -> bpf_link* {
         LIBBPF_OPTS(bpf_uprobe_multi_opts, o, .offsets = offs, .cookies = cks, .cnt = n, .retprobe = retprobe);
-        return bpf_program__attach_uprobe_multi(prog, -1, f.open_path.c_str(), nullptr, &o);
+        return bpf_program__attach_uprobe_multi(prog, pid_filter_, f.open_path.c_str(), nullptr, &o);
     };
     auto& links = file_links_[{f.dev, f.inode}];
     if (bpf_link* l = try_attach(offsets.data(), cookies.data(), offsets.size())) {
@@ -344,7 +344,7 @@ Result<bool> ProbeAttacher::attach_loader(const std::string& path, uint64_t dev,
         return Result<bool>::fail("loader " + path +
                                   ": no _dl_debug_state symbol — libraries loaded later may be missed");
     LIBBPF_OPTS(bpf_uprobe_opts, o);
-    bpf_link* l = bpf_program__attach_uprobe_opts(bpf_.dl_program(), -1, path.c_str(), s->file_offset, &o);
+    bpf_link* l = bpf_program__attach_uprobe_opts(bpf_.dl_program(), pid_filter_, path.c_str(), s->file_offset, &o);
     if (!l) return Result<bool>::fail(bpf_error_message("loader probe on " + path, errno));
     links_.emplace_back(l);
     return true;

@@ -69,6 +69,11 @@ public:
     // accumulate links.  Returns what was detached.
     std::vector<AttachedFile> detach_files(const std::function<bool(const AttachedFile&)>& unused);
     const std::vector<ProbeSpec>& specs() const { return specs_; }
+    // Links made from now on fire in process `pid` only (-1: every process
+    // that maps the file): the kernel puts the breakpoints in that process's
+    // memory alone, so a bystander mapping the same file pays no trap.
+    void only_in_process(int pid) { pid_filter_ = pid; }
+    bool in_one_process() const { return pid_filter_ >= 0; }
 
     // Offsets + cookies for one spec on one file, without attaching (tests, bench).
     struct Plan {
@@ -96,6 +101,7 @@ private:
     BpfSession& bpf_;
     SymbolTable& symbols_;
     std::vector<ProbeSpec> specs_;
+    int pid_filter_ = -1;  // only_in_process
     std::set<std::pair<uint64_t, uint64_t>> seen_;         // files looked at (dev, inode)
     std::set<std::pair<uint64_t, uint64_t>> loaders_;      // loader files probed
     std::vector<AttachedFile> files_;

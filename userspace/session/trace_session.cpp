@@ -15,6 +15,7 @@
 #include "module_entry.hpp"
 #include "record_function.hpp"
 #include "events.hpp"
+#include "pid_filter.hpp"
 #include "snapshot.hpp"
 #include "procfs.hpp"
 #include "render.hpp"
@@ -156,6 +157,13 @@ TraceSession::TraceSession(std::unique_ptr<capture::ResumeGuard> guard, std::uni
                                          .depth = opts.py_depth}),
       torch_(torch_maps_, opts.records && opts.tensors) {
     bpf_->set_event_handler([this](std::span<const uint8_t> b) { on_record(b); });
+    if (opts.only_pid >= 0) {
+        if (auto covers = capture::pid_filter_covers_process())
+            attacher_.only_in_process(opts.only_pid);
+        else
+            messages_.push_back(covers.error() + " — the probes are in every process that maps a probed file, "
+                                                 "as without --no-follow");
+    }
     if (python_.stacks()) {
         model_.set_resolver(&python_.resolver());
         torch_.set_python(&python_.resolver());
@@ -279,6 +287,9 @@ Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
     CpuSpan span(cost_.setup_ns);
     ++cost_.setups;
     if (auto r = check_traceable(pid); !r) return r;
+    if (opts_.only_pid >= 0 && (pid != opts_.only_pid || follow))
+        return Result<bool>::fail("pid " + std::to_string(pid) + ": this session's probes fire in pid " +
+                                  std::to_string(opts_.only_pid) + " only, without its children");
     if (!owner_may_read(static_cast<uint32_t>(pid)))
         return Result<bool>::fail("pid " + std::to_string(pid) + ": permission denied — uid " +
                                   std::to_string(opts_.owner_uid) +

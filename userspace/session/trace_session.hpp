@@ -49,6 +49,11 @@ struct SessionOptions {
     uint32_t owner_uid = 0, owner_gid = 0;
     // Count how often the probes fire (capture::BpfOptions::run_stats).
     bool probe_hits = false;
+    // The one process the session will trace (attach --no-follow), or -1.
+    // Its probes are then installed in that process only: another process
+    // mapping the same library (the job's other ranks) pays no trap, where
+    // without it every call there traps for nothing (docs/safety.md).
+    int only_pid = -1;
 };
 
 // Ops the outputs at `noise_level` never show get no probe (issue 27: a
@@ -136,7 +141,11 @@ public:
     uint64_t failed_records() const { return failed_records_; }
     std::array<uint64_t, CD_DROP_MAX> kernel_drops() const { return bpf_->drops(); }
     std::vector<capture::ProgramStats> program_stats() const { return bpf_->program_stats(); }
-    capture::ProbeHits probe_hits() const { return bpf_->probe_hits(); }
+    capture::ProbeHits probe_hits() const {
+        auto h = bpf_->probe_hits();
+        h.one_process = attacher_.in_one_process();
+        return h;
+    }
     const std::vector<capture::AttachedFile>& attached_files() const { return attacher_.files(); }
     const SessionCost& cost() const { return cost_; }
 
