@@ -370,6 +370,16 @@ void expect_children_traced(const ForkedRun& r, int children) {
     EXPECT_EQ(seen, children);
 }
 
+// No child in the dump, and a note for each.
+void expect_children_noted(const ForkedRun& r, size_t children) {
+    ASSERT_EQ(r.attach.status, 0) << r.attach.err;
+    size_t notes = 0;
+    for (size_t at = 0; (at = r.attach.err.find("which is not traced (--no-follow)", at)) != std::string::npos; ++at)
+        ++notes;
+    EXPECT_EQ(notes, children) << r.attach.err;
+    EXPECT_FALSE(r.dump.contains("processes")) << r.dump.dump().substr(0, 300);
+}
+
 TEST(AttachChildren, ChildrenForkedDuringTheWindowAreTracedExactly) {
     REQUIRE_BPF();
     TempDir tmp;
@@ -379,13 +389,7 @@ TEST(AttachChildren, ChildrenForkedDuringTheWindowAreTracedExactly) {
 TEST(AttachChildren, NoFollowNotesEveryChild) {
     REQUIRE_BPF();
     TempDir tmp;
-    auto r = attach_to_forking_parent(tmp, 3, {"--no-daemon", "--no-follow"});
-    ASSERT_EQ(r.attach.status, 0) << r.attach.err;
-    size_t notes = 0;
-    for (size_t at = 0; (at = r.attach.err.find("which is not traced (--no-follow)", at)) != std::string::npos; ++at)
-        ++notes;
-    EXPECT_EQ(notes, 3u) << r.attach.err;
-    EXPECT_FALSE(r.dump.contains("processes")) << r.dump.dump().substr(0, 300);
+    expect_children_noted(attach_to_forking_parent(tmp, 3, {"--no-daemon", "--no-follow"}), 3);
 }
 
 // commdbgd's session for --no-follow probes the parent alone (OwnCost.
@@ -396,13 +400,8 @@ TEST(AttachChildren, ThroughTheDaemonNoFollowNotesEveryChild) {
     SharedDir dir;
     START_DAEMON(d, dir);
     TempDir tmp;
-    auto r = attach_to_forking_parent(tmp, 2, {"--socket", d.socket(), "--no-follow"}, "in commdbgd");
-    ASSERT_EQ(r.attach.status, 0) << r.attach.err;
-    size_t notes = 0;
-    for (size_t at = 0; (at = r.attach.err.find("which is not traced (--no-follow)", at)) != std::string::npos; ++at)
-        ++notes;
-    EXPECT_EQ(notes, 2u) << r.attach.err;
-    EXPECT_FALSE(r.dump.contains("processes")) << r.dump.dump().substr(0, 300);
+    expect_children_noted(attach_to_forking_parent(tmp, 2, {"--socket", d.socket(), "--no-follow"}, "in commdbgd"),
+                          2);
 }
 
 TEST(AttachChildren, ThroughTheDaemonChildrenAreTracedToo) {

@@ -214,8 +214,9 @@ void attach_counts_pattern(const std::vector<std::string>& cli, Background& work
     EXPECT_EQ(j.value("total_counts", -1), total_of(kPattern));
 }
 
-TEST(Daemon, AttachThroughDaemon) {
-    REQUIRE_BPF();
+// A fresh daemon's session, with `more` attach arguments, counts kPattern
+// exactly and is gone from the daemon's list afterwards.
+void attach_through_daemon(const std::vector<std::string>& more) {
     SharedDir tmp;
     START_DAEMON(d, tmp);
     Background work({testprog("nccl_workload"), "--calls", pattern_arg(kPattern), "--fake-comm", "--wait-file",
@@ -223,8 +224,8 @@ TEST(Daemon, AttachThroughDaemon) {
                     nccl_env(false));
     ASSERT_FALSE(work.wait_for_line("ready pid=").empty()) << "workload never got ready";
 
-    attach_counts_pattern({commdbg_bin()}, work, tmp.path("go"), tmp.path("out.json"), d.socket());
-    if (HasFatalFailure()) return;
+    attach_counts_pattern({commdbg_bin()}, work, tmp.path("go"), tmp.path("out.json"), d.socket(), more);
+    if (::testing::Test::HasFatalFailure()) return;
     // The session is over: the daemon lists none once its thread has let go
     // of the slot, a moment after the last byte.
     json s;
@@ -236,18 +237,17 @@ TEST(Daemon, AttachThroughDaemon) {
     EXPECT_TRUE(s.value("sessions", json::array()).empty()) << s.dump();
 }
 
+TEST(Daemon, AttachThroughDaemon) {
+    REQUIRE_BPF();
+    attach_through_daemon({});
+}
+
 // --no-follow: the daemon's session probes the process alone (the kernel's
 // per-process filter, OwnCost.NoFollowProbesTheTracedProcessAlone) and
 // counts it as exactly.
 TEST(Daemon, AttachThroughDaemonNoFollowCountsExactly) {
     REQUIRE_BPF();
-    SharedDir tmp;
-    START_DAEMON(d, tmp);
-    Background work({testprog("nccl_workload"), "--calls", pattern_arg(kPattern), "--fake-comm", "--wait-file",
-                     tmp.path("go")},
-                    nccl_env(false));
-    ASSERT_FALSE(work.wait_for_line("ready pid=").empty()) << "workload never got ready";
-    attach_counts_pattern({commdbg_bin()}, work, tmp.path("go"), tmp.path("out.json"), d.socket(), {"--no-follow"});
+    attach_through_daemon({"--no-follow"});
 }
 
 // A session's reply carries the table and only the outputs the request names

@@ -206,7 +206,15 @@ Result<ScanResult> ProbeAttacher::scan_process(int pid, const ScanLimits& limits
     if (!maps) return Result<ScanResult>::fail(maps.error());
     ScanResult out;
     size_t examined = 0;  // new named files read, attached or not
-    auto files = mapped_files(*maps, pid, [](std::string_view) { return true; });
+    // Only the files a spec names, and loaders, are looked at (each a stat or
+    // more): a torch process maps hundreds, and its import alone is a few
+    // hundred loader changes, each a scan.
+    auto files = mapped_files(*maps, pid, [this](std::string_view path) {
+        if (is_loader_path(path)) return true;
+        for (const auto& spec : specs_)
+            if (spec.matches_library(path)) return true;
+        return false;
+    });
     for (const auto& f : files) {
         if (f.path.empty() || f.path[0] != '/') continue;
         auto key = std::make_pair(f.dev, f.inode);
