@@ -5,6 +5,8 @@
 // process that never maps libnccl says so plainly.  A `run` of a command
 // chrooted into a root with its own loader counts its dlopened calls too.
 #include <gtest/gtest.h>
+
+#include <regex>
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -187,8 +189,10 @@ TEST_P(RunImmediateCalls, CallsRightAfterDlopenCountedExactly) {
     if (real) REQUIRE_REAL_NCCL();
     TempDir tmp;
     // nccl_workload_dl has no link-time NCCL: libnccl appears only at the
-    // dlopen, and the first call follows it immediately.
-    std::vector<std::string> argv = {commdbg_bin(), "run", "--json", tmp.path("out.json"), "--",
+    // dlopen, and the first call follows it immediately.  The loader stops
+    // the process twice for it: before the mapping (RT_ADD, nothing to scan:
+    // --cost counts it) and after (scanned and attached).
+    std::vector<std::string> argv = {commdbg_bin(), "run", "--cost", "--json", tmp.path("out.json"), "--",
                                      testprog("nccl_workload_dl"), "--dlopen", lib_path(real), "--calls",
                                      pattern_arg(kPattern)};
     if (!real) argv.push_back("--fake-comm");
@@ -201,6 +205,10 @@ TEST_P(RunImmediateCalls, CallsRightAfterDlopenCountedExactly) {
     expect_counts_exactly(j, kPattern);
     ASSERT_EQ(j["process"]["libraries"].size(), 1u) << j["process"].dump();
     EXPECT_NE(j["process"]["libraries"][0].get<std::string>().find("libnccl.so"), std::string::npos);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.err, m, std::regex("; ([0-9]+) loader stops before a mapping needed none")))
+        << r.err;
+    EXPECT_GE(std::stoi(m[1]), 1) << r.err;
 }
 
 INSTANTIATE_TEST_SUITE_P(StubAndReal, RunImmediateCalls, ::testing::Values(false, true),

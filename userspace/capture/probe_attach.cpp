@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gelf.h>
 #include <libelf.h>
+#include <link.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <set>
@@ -223,6 +225,7 @@ Result<ScanResult> ProbeAttacher::scan_process(int pid, const ScanLimits& limits
                 auto r = attach_loader(f.open_path, f.dev, f.inode);
                 if (!r) out.notes.push_back(r.error());
             }
+            out.loader_state = loader_state(*maps, f, key);
             continue;
         }
         bool named = false;
@@ -341,6 +344,22 @@ Result<size_t> ProbeAttacher::attach_multi(bpf_program* prog, const host::Mapped
     if (!l) return Result<size_t>::fail(bpf_error_message("attaching to " + f.path, errno));
     links.emplace_back(l);
     return ok_offsets.size();
+}
+
+std::optional<uint64_t> ProbeAttacher::loader_state(const std::vector<host::MapEntry>& maps,
+                                                    const host::MappedFile& f,
+                                                    const std::pair<uint64_t, uint64_t>& key) {
+    auto it = loader_elf_.find(key);
+    if (it == loader_elf_.end()) {
+        auto elf = host::read_elf_data(f.open_path, std::set<std::string, std::less<>>{"_r_debug"});
+        std::optional<host::ElfData> kept;
+        if (elf && elf->symbols.count("_r_debug")) kept = std::move(*elf);
+        it = loader_elf_.emplace(key, std::move(kept)).first;
+    }
+    if (!it->second) return std::nullopt;
+    auto bias = host::load_bias(maps, f.path, *it->second);
+    if (!bias) return std::nullopt;
+    return *bias + it->second->symbols.at("_r_debug") + offsetof(struct r_debug, r_state);
 }
 
 Result<bool> ProbeAttacher::attach_loader(const std::string& path, uint64_t dev, uint64_t inode) {

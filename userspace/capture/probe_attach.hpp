@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -37,6 +38,10 @@ struct ScanResult {
     size_t files_over_limit = 0;        // new named files left alone: ScanLimits::max_new_files reached
     std::vector<std::string> libraries; // files the process maps that a spec names
     std::vector<std::string> notes;     // skipped symbols, unreadable files, ...
+    // Where the process's dynamic loader keeps `_r_debug.r_state` (glibc's
+    // <link.h>: RT_ADD while an object is being mapped, RT_CONSISTENT once
+    // done); none when its loader exports no `_r_debug`.
+    std::optional<uint64_t> loader_state;
 };
 
 // What one scan may attach: at most max_new_files new library files (the
@@ -96,6 +101,8 @@ private:
     Result<size_t> attach_multi(bpf_program* prog, const host::MappedFile& f, std::vector<unsigned long> offsets,
                                 std::vector<__u64> cookies, bool retprobe, std::vector<std::string>& notes);
     Result<bool> attach_loader(const std::string& path, uint64_t dev, uint64_t inode);
+    std::optional<uint64_t> loader_state(const std::vector<host::MapEntry>& maps, const host::MappedFile& f,
+                                         const std::pair<uint64_t, uint64_t>& key);
     static void destroy_last_first(std::vector<LinkPtr>& links);
 
     BpfSession& bpf_;
@@ -104,6 +111,9 @@ private:
     int pid_filter_ = -1;  // only_in_process
     std::set<std::pair<uint64_t, uint64_t>> seen_;         // files looked at (dev, inode)
     std::set<std::pair<uint64_t, uint64_t>> loaders_;      // loader files probed
+    // Per loader file: its `_r_debug`'s link-time address and its PT_LOADs,
+    // read once (nullopt: it exports none).
+    std::map<std::pair<uint64_t, uint64_t>, std::optional<host::ElfData>> loader_elf_;
     std::vector<AttachedFile> files_;
     std::vector<LinkPtr> links_;  // loader probes
     std::map<std::pair<uint64_t, uint64_t>, std::vector<LinkPtr>> file_links_;  // per library file

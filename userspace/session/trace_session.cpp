@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "trace_session.hpp"
 
+#include <link.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -18,6 +19,7 @@
 #include "pid_filter.hpp"
 #include "snapshot.hpp"
 #include "procfs.hpp"
+#include "remote_memory.hpp"
 #include "render.hpp"
 
 namespace commdbg::session {
@@ -325,6 +327,7 @@ Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
     // for all symbols at once.  Files attached later do not close it.
     bpf_->set_armed(true);
     p.libraries.insert(scan_result->libraries.begin(), scan_result->libraries.end());
+    p.loader_state = scan_result->loader_state;
     for (auto& n : scan_result->notes) messages_.push_back(std::move(n));
     // Traced anew, its kernel flags were rewritten: CD_TRACE_PYTHON with them.
     python_.retrace(p.pid);
@@ -335,6 +338,19 @@ Result<bool> TraceSession::add_process(int pid, bool follow, bool dl_stop) {
 void TraceSession::setup_frameworks(TracedProcess& p) {
     if (auto note = python_.setup(p.pid)) p.notes.push_back(std::move(*note));
     if (auto note = torch_.setup(p.pid)) p.notes.push_back(std::move(*note));
+}
+
+// A loader stop where the loader says it is about to map an object (or to
+// unmap one), not that it has: glibc calls _dl_debug_state() before and
+// after, so half of a `run`'s stops at an import find nothing new, and the
+// one after the mapping always follows.  Only at a stop: the state read is
+// then this very call's.
+bool TraceSession::mapping_starts(const TracedProcess& p) {
+    int state = r_debug::RT_CONSISTENT;
+    if (!p.loader_state || !host::ProcessMemory(static_cast<int>(p.pid)).get(*p.loader_state, state)) return false;
+    if (state != r_debug::RT_ADD && state != r_debug::RT_DELETE) return false;
+    ++cost_.loader_stops_unscanned;
+    return true;
 }
 
 void TraceSession::scan(uint32_t pid) {
@@ -350,6 +366,7 @@ void TraceSession::scan(uint32_t pid) {
     if (auto info = host::read_process(static_cast<int>(pid)))
         p.command = info->cmdline.empty() ? info->comm : info->cmdline;
     p.libraries.insert(r->libraries.begin(), r->libraries.end());
+    p.loader_state = r->loader_state;
     for (auto& n : r->notes) messages_.push_back(std::move(n));
     setup_frameworks(p);
 }
@@ -399,7 +416,8 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
             python_.new_image(dl->tgid);
             torch_.drop(dl->tgid);
         }
-        if (procs_.count(dl->tgid)) scan(dl->tgid);
+        if (procs_.count(dl->tgid) && !(dl->stopped && !dl->exec && mapping_starts(procs_[dl->tgid])))
+            scan(dl->tgid);
         // SIGCONT after the attach: the stop was queued before the event, so
         // this can only end it (or cancel it while still pending).
         if (dl->stopped) kill(static_cast<pid_t>(dl->tgid), SIGCONT);

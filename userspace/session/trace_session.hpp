@@ -77,6 +77,7 @@ struct SessionCost {
     uint64_t records_ns = 0;  // the polls, less the set-up inside them
     uint64_t records = 0;     // call records handled
     uint64_t setups = 0;      // processes added or scanned
+    uint64_t loader_stops_unscanned = 0;  // stops before a mapping (TraceSession::mapping_starts)
 };
 
 struct TracedProcess {
@@ -99,6 +100,8 @@ struct TracedProcess {
     // The session's owner may no longer read it (SessionOptions::owner_uid):
     // untraced since, and nothing more of it is read or recorded.
     bool withheld = false;
+    // Its loader's `_r_debug.r_state` (capture::ScanResult::loader_state).
+    std::optional<uint64_t> loader_state;
 };
 
 class TraceSession {
@@ -157,6 +160,7 @@ private:
     void handle_record(std::span<const uint8_t> bytes);
     uint32_t trace_flags(bool follow, bool dl_stop);
     void scan(uint32_t pid);
+    bool mapping_starts(const TracedProcess& p);
     void rescan_after_lost_loader_events();
     TracedProcess& track(uint32_t pid);
     // Python stacks and tensor reads for p, each once its runtime is loaded; notes on failure.
