@@ -8,7 +8,7 @@
 // flight recorder, which only commdbgd's node counter keeps.
 #include <gtest/gtest.h>
 
-#include <fstream>
+#include <algorithm>
 #include <map>
 #include <regex>
 
@@ -16,6 +16,7 @@
 #include "e2e_util.hpp"
 #include "elf_symbols.hpp"
 #include "procfs.hpp"
+#include "remote_memory.hpp"
 
 namespace commdbg::e2e {
 namespace {
@@ -150,21 +151,21 @@ TEST(OwnCost, ProbeHitsAreTheTracedCallsAndABystandersToo) {
     EXPECT_EQ(h->returns, h->entries) << "every NCCL probe is return-probed";
 }
 
-// `n` bytes of `pid`'s memory where it maps byte `file_offset` of a file
-// whose path contains `lib`; empty when it maps none there.
-std::string mapped_code(int pid, const std::string& lib, uint64_t file_offset, size_t n) {
+// `n` bytes of `pid`'s memory where it maps byte `file_offset` of `lib`;
+// empty when it maps none there.
+std::vector<uint8_t> mapped_code(int pid, const std::string& lib, uint64_t file_offset, size_t n) {
     auto maps = host::read_maps(pid);
     if (!maps) return {};
     for (const auto& m : *maps) {
-        if (m.path.find(lib) == std::string::npos || file_offset < m.offset ||
-            file_offset + n > m.offset + (m.end - m.start))
-            continue;
-        std::ifstream mem("/proc/" + std::to_string(pid) + "/mem", std::ios::binary);
-        mem.seekg(static_cast<std::streamoff>(m.start + (file_offset - m.offset)));
-        std::string out(n, '\0');
-        if (mem.read(out.data(), static_cast<std::streamsize>(n))) return out;
+        if (m.path != lib || file_offset < m.offset || file_offset + n > m.offset + (m.end - m.start)) continue;
+        std::vector<uint8_t> out(n);
+        if (host::ProcessMemory(pid).read(m.start + (file_offset - m.offset), out.data(), n)) return out;
     }
     return {};
+}
+
+bool has_int3(const std::vector<uint8_t>& code) {
+    return std::find(code.begin(), code.end(), uint8_t{0xcc}) != code.end();
 }
 
 // attach --no-follow traces one process and none of its children, so its
@@ -204,14 +205,13 @@ TEST(OwnCost, NoFollowProbesTheTracedProcessAlone) {
     ASSERT_TRUE(elf) << elf.error();
     const host::ElfSymbol* sym = elf->find("ncclAllReduce");
     ASSERT_NE(sym, nullptr);
-    std::ifstream file(lib, std::ios::binary);
-    std::string in_file(16, '\0');
-    file.seekg(static_cast<std::streamoff>(sym->file_offset));
-    ASSERT_TRUE(file.read(in_file.data(), 16));
-    ASSERT_EQ(in_file.find('\xcc'), std::string::npos) << "an int3 in the file itself";
-    const std::string in_target = mapped_code(target.pid(), lib, sym->file_offset, 16);
-    const std::string in_bystander = mapped_code(bystander.pid(), lib, sym->file_offset, 16);
-    EXPECT_NE(in_target.find('\xcc'), std::string::npos) << "no breakpoint in the traced process: is it probed?";
+    auto code = host::read_function_code(lib, *sym, 16);
+    ASSERT_TRUE(code) << code.error();
+    const std::vector<uint8_t> in_file = *code;
+    ASSERT_FALSE(has_int3(in_file)) << "an int3 in the file itself";
+    const auto in_target = mapped_code(target.pid(), lib, sym->file_offset, in_file.size());
+    const auto in_bystander = mapped_code(bystander.pid(), lib, sym->file_offset, in_file.size());
+    EXPECT_TRUE(has_int3(in_target)) << "no breakpoint in the traced process: is it probed?";
 
     touch(go);
     ASSERT_EQ(bystander.wait(30).status, 0);
