@@ -152,23 +152,16 @@ FUNC_INLINE const __u8 *frame_at(struct walk *w, __u64 frame, __u32 span)
 
 /* One frame; C-stack trampolines are skipped.  Per frame: the code object,
  * the instruction, localsplus[0] and the code's kind; `self`'s type waits
- * for the whole stack (read_type).  1: the walk is over.
- * Global, so verified once: since Linux 6.7 the verifier checks a bpf_loop
- * callback again and again until its states converge, and walk_frames with
- * this body inlined made ~75k of call_enter's ~100k verified instructions
- * (tests/e2e/test_bpf_load.cpp). */
-FUNC_GLOBAL long walk_frame(struct record_buf *b, const struct cd_py_cfg *c, const struct cd_py_codes *codes)
+ * for the whole stack (read_type).  1: the walk is over. */
+FUNC_INLINE long walk_one(struct walk *w)
 {
-	struct walk wk = {.b = b, .state = 0, .cfg = c, .codes = codes};
-	struct walk *w = &wk;
+	struct record_buf *b = w->b;
+	const struct cd_py_cfg *c = w->cfg;
 	__u64 frame, code, self;
 	const __u8 *fp;
 	struct cd_py_frame *f;
 	__u32 n, owner, instr, ls, kind;
 
-	if (!b || !c)
-		return 1;
-	wk.state = &b->walk;
 	frame = w->state->frame;
 	n = w->state->nframes;
 	owner = c->frame_owner;
@@ -213,6 +206,34 @@ FUNC_GLOBAL long walk_frame(struct record_buf *b, const struct cd_py_cfg *c, con
 	return 0;
 }
 
+/* WALK_BATCH frames per call, or `max` when fewer; 1: the walk is over.
+ * The frames are unrolled here and their calls made from a bpf_loop
+ * callback: on this kind of CPU every return of a BPF function is a
+ * deliberately mispredicted one (the SRSO "safe RET" mitigation), ~15 ns,
+ * as much as the rest of a frame's walk, so fewer calls per frame is most
+ * of what a walk can save.  Global, so verified once: since Linux 6.7 the
+ * verifier checks a bpf_loop callback again and again until its states
+ * converge, and these bodies inlined into the callback made most of
+ * call_enter's verified instructions (tests/e2e/test_bpf_load.cpp).
+ * bench/bench_probe.cpp prints the load time and each program's verified
+ * instructions, to measure before changing WALK_BATCH. */
+#define WALK_BATCH 8
+
+FUNC_GLOBAL long walk_batch(struct record_buf *b, const struct cd_py_cfg *c, const struct cd_py_codes *codes,
+			    __u32 max)
+{
+	struct walk wk = {.b = b, .state = 0, .cfg = c, .codes = codes};
+
+	if (!b || !c)
+		return 1;
+	wk.state = &b->walk;
+#pragma unroll
+	for (int k = 0; k < WALK_BATCH; k++)
+		if (k >= max || walk_one(&wk))
+			return 1;
+	return 0;
+}
+
 /* Whether a module-entry event (torch::jit::tracer::getTracingState) can
  * be an nn.Module call's: its innermost frame is _call_impl, a code object
  * userspace classed CD_CODE_SELF.  torch's Python bindings call
@@ -225,28 +246,18 @@ FUNC_INLINE bool module_call_on_top(struct walk *w)
 {
 	__u32 kind;
 
-	walk_frame(w->b, w->cfg, w->codes);
+	walk_batch(w->b, w->cfg, w->codes, 1);
 	if (w->state->nframes == 0)
 		return true;
 	kind = w->b->kinds[0];
 	return kind == CD_CODE_UNKNOWN || kind == CD_CODE_SELF;
 }
 
-/* WALK_BATCH frames per bpf_loop iteration: its call of the callback costs
- * as much as the rest of a frame's walk here (a return under the CPU's
- * return-stack mitigation).  The verifier's work grows fast with it, and
- * every attach waits for it: bench/bench_probe.cpp prints the load time and
- * each program's verified instructions, to measure before changing it. */
-#define WALK_BATCH 2
-
 FUNC_CALLBACK long walk_frames(__u64 i, void *data)
 {
 	struct walk *w = data;
 
-	for (int k = 0; k < WALK_BATCH; k++)
-		if (walk_frame(w->b, w->cfg, w->codes))
-			return 1;
-	return 0;
+	return walk_batch(w->b, w->cfg, w->codes, WALK_BATCH) ? 1 : 0;
 }
 
 /* `self`'s type, read now (the instance may die before userspace looks;
