@@ -201,6 +201,7 @@ void ProcessTree::reset_window() {
     unmatched_exits_ = unknown_symbols_ = calls_seen_ = nested_collectives_ = 0;
     for (auto& [tid, th] : threads_) {
         th.seen = false;
+        th.last_stack = {};  // its id is the old window's
         for (Frame& f : th.stack) f.rec = f.last_child = kNoRecord;
         for (PendingLeaf& p : th.pending) p.rec = kNoRecord;
         for (CtxLink& l : th.ctx) l.rec = l.last_child = kNoRecord;
@@ -250,6 +251,15 @@ uint32_t ProcessTree::intern_frame(const python::PyFrameInfo& f) {
     auto [it, added] = frame_index_.emplace(k, static_cast<uint32_t>(frame_rows_.size()));
     if (added) frame_rows_.push_back({k.qualname, k.file, k.line, k.known, k.library});
     return it->second;
+}
+
+uint32_t ProcessTree::intern_stack(ThreadState& th, uint64_t serial,
+                                   std::span<const python::PyFrameInfo* const> frames, uint16_t status, uint16_t flags) {
+    auto& last = th.last_stack;
+    if (serial != 0 && last.serial == serial && last.status == status && last.flags == flags) return last.id;
+    const uint32_t id = intern_stack(frames, status, flags);
+    last.serial = serial, last.id = id, last.status = status, last.flags = flags;
+    return id;
 }
 
 uint32_t ProcessTree::intern_stack(std::span<const python::PyFrameInfo* const> frames, uint16_t status,

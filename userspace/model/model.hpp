@@ -305,6 +305,11 @@ private:
         std::optional<capture::CallEnter> pending_node;  // a node whose modules open with its first record
         bool label_opened = false;  // the thread's last event was a SCOPE_LABEL that opened a scope
         bool seen = false;  // emitted an event in this window
+        struct {
+            uint64_t serial = 0;  // 0: none
+            uint32_t id = 0;
+            uint16_t status = 0, flags = 0;
+        } last_stack;  // the stack of its last record with one, interned
     };
     struct FrameKey {
         uint32_t qualname, file, line;
@@ -325,6 +330,11 @@ private:
     uint32_t intern_text(std::string_view s);
     uint32_t intern_frame(const python::PyFrameInfo& f);
     uint32_t intern_stack(std::span<const python::PyFrameInfo* const> frames, uint16_t status, uint16_t flags);
+    // The same for a thread's record whose frames have the resolver's
+    // `serial` (PyContextResolver::stack): the thread's last stack again is
+    // not interned again.
+    uint32_t intern_stack(ThreadState& th, uint64_t serial, std::span<const python::PyFrameInfo* const> frames,
+                          uint16_t status, uint16_t flags);
     uint32_t intern_module(std::string_view fqn, std::string_view cls, std::string_view node = {});
     uint32_t intern_chain(Chain c);
     // The chain of modules a module ran in, ending with it (from the chains
@@ -509,6 +519,7 @@ private:
     std::function<std::optional<std::string>(std::string_view)> unit_namer_;
     // Scratch of on_enter, kept for its capacity.
     std::vector<const python::PyFrameInfo*> frames_;  // the record's frames, resolved, innermost first
+    uint64_t frames_serial_ = 0;                       // PyContextResolver::stack's, for frames_
     std::vector<WantModule> want_;
     std::vector<Desired> desired_;
     // Of the current event: the unit the scope it begins names (empty: none),

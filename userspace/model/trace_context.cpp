@@ -40,8 +40,9 @@ std::string module_fqn(python::PyContextResolver* res, uint32_t pid, uint64_t ro
 void TraceModel::resolve_frames(const capture::CallEnter& e) {
     frames_.clear();
     if (e.py_status == CD_PY_NONE) return;
-    for (const cd_py_frame& f : e.py_frames)
-        frames_.push_back(resolver_ ? &resolver_->frame(e.tgid, f) : &kUnresolved);
+    frames_serial_ = 0;
+    if (resolver_) frames_serial_ = resolver_->stack(e.tgid, e.tid, e.py_frames, frames_);
+    else frames_.assign(e.py_frames.size(), &kUnresolved);
 }
 
 // The modules the record's stack shows, outermost first: nn.Module calls
@@ -458,7 +459,7 @@ void TraceModel::begin_scope(ProcessTree& p, ProcessTree::ThreadState& th, const
         r.tid = e.tid;
         r.kind = RecordKind::Scope;
         r.ctx = p.intern_text(label);
-        if (e.py_status != CD_PY_NONE) r.stack = p.intern_stack(frames_, e.py_status, e.ctx_flags);
+        if (e.py_status != CD_PY_NONE) r.stack = p.intern_stack(th, frames_serial_, frames_, e.py_status, e.ctx_flags);
         rec = p.append(r, th);
     }
     const uint32_t unit = in_backward_ && !begin_unit_.empty() ? p.intern_text(begin_unit_) : kNoCtx;

@@ -248,7 +248,7 @@ uint32_t TraceModel::add_call(ProcessTree& p, ProcessTree::ThreadState& th, cons
     if (slot_value(e, s.sendbuf, v)) r.sendbuf = v, r.flags |= kHasSendBuf;
     if (slot_value(e, s.recvbuf, v)) r.recvbuf = v, r.flags |= kHasRecvBuf;
     if (info.return_probe) r.flags |= kReturnProbed;
-    if (e.py_status != CD_PY_NONE) r.stack = p.intern_stack(frames_, e.py_status, e.ctx_flags);
+    if (e.py_status != CD_PY_NONE) r.stack = p.intern_stack(th, frames_serial_, frames_, e.py_status, e.ctx_flags);
     if (e.tensors && r.kind == RecordKind::Collective) {
         r.ctx = p.intern_tensors(*e.tensors, layouts_ ? layouts_(e.tgid) : nullptr);
         r.flags |= kHasTensors;

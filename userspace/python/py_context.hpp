@@ -9,7 +9,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "events.h"
 
@@ -50,6 +52,17 @@ public:
     // Never throws; a frame that cannot be read resolves to "<unknown>".
     // The reference stays valid until forget(pid).
     virtual const PyFrameInfo& frame(uint32_t pid, const cd_py_frame& f) = 0;
+    // A record's stack (thread `tid`'s), frame by frame as frame() names
+    // them, into `out`.  The result: 0, or a serial that another call
+    // returns only with the very same frames in `out` (a resolver that knows
+    // a thread's stack did not change says so, and its users skip work).
+    virtual uint64_t stack(uint32_t pid, uint32_t tid, std::span<const cd_py_frame> raw,
+                           std::vector<const PyFrameInfo*>& out) {
+        (void)tid;
+        out.clear();
+        for (const cd_py_frame& f : raw) out.push_back(&frame(pid, f));
+        return 0;
+    }
     // The dotted attribute path from `root` to `module` through the
     // modules' `_modules` dicts ("encoder.blocks.1.mixer"); "" when module
     // is root; nullopt when it cannot be found or read.

@@ -275,6 +275,45 @@ const PyFrameInfo& LivePyResolver::Process::frame(const cd_py_frame& f) {
     return keep_frame(std::move(key), std::move(info));
 }
 
+// The stack of a thread's record, innermost first.  Most records of a thread
+// repeat its last stack (a loop calls a collective from the same line), and
+// within a batch code objects and types are trusted as validated once
+// (begin_batch), so the same raw frames name the same frames: the thread's
+// last stack is kept and given again, not named frame by frame.  Not kept:
+// a stack with a frame named from a live object (a record_function's label,
+// an autograd Function's class and its label's accounting) or left unnamed
+// (its code may be read next time).  Bounded: kStackMemos threads' stacks
+// of at most CD_MAX_PY_FRAMES frames, accounted once.  Returns the kept
+// stack's serial, 0 for a stack not kept.
+uint64_t LivePyResolver::Process::stack(uint32_t tid, std::span<const cd_py_frame> raw,
+                                        std::vector<const PyFrameInfo*>& out) {
+    static uint64_t serials = 0;  // program-wide: a serial never names two stacks
+    StackMemo& m = memos_[tid % kStackMemos];
+    if (m.epoch == epoch_ && m.tid == tid && m.raw.size() == raw.size() &&
+        std::equal(raw.begin(), raw.end(), m.raw.begin(), [](const cd_py_frame& a, const cd_py_frame& b) {
+            return a.code == b.code && a.instr == b.instr && a.self == b.self && a.self_type == b.self_type;
+        })) {
+        out = m.named;
+        return m.serial;
+    }
+    out.clear();
+    bool keep = raw.size() <= CD_MAX_PY_FRAMES;
+    for (const cd_py_frame& f : raw) {
+        const PyFrameInfo& info = frame(f);
+        keep = keep && info.known && info.kind != PyFrameKind::RecordFunctionEnter &&
+               info.kind != PyFrameKind::FunctionApply;
+        out.push_back(&info);
+    }
+    m.epoch = 0;
+    constexpr size_t kMemoBytes = kStackMemos * CD_MAX_PY_FRAMES * (sizeof(cd_py_frame) + sizeof(PyFrameInfo*));
+    if (!keep || (!memos_charged_ && !(memos_charged_ = charge(kMemoBytes)))) return 0;
+    m.tid = tid, m.epoch = epoch_, m.serial = ++serials;
+    m.raw.reserve(CD_MAX_PY_FRAMES), m.named.reserve(CD_MAX_PY_FRAMES);
+    m.raw.assign(raw.begin(), raw.end());
+    m.named = out;
+    return m.serial;
+}
+
 // A new entry; past the bytes bound the same frame without its label, where
 // it fits or is there; else the frame goes unnamed.
 const PyFrameInfo& LivePyResolver::Process::keep_frame(FrameKey key, PyFrameInfo info) {

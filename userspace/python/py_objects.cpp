@@ -173,6 +173,13 @@ const PyFrameInfo& LivePyResolver::frame(uint32_t pid, const cd_py_frame& f) {
     return p.frame(f);
 }
 
+uint64_t LivePyResolver::stack(uint32_t pid, uint32_t tid, std::span<const cd_py_frame> raw,
+                               std::vector<const PyFrameInfo*>& out) {
+    Process& p = process(pid);
+    p.set_epoch(epoch_);
+    return p.stack(tid, raw, out);
+}
+
 std::optional<std::string> LivePyResolver::module_path(uint32_t pid, uint64_t root, uint64_t module) {
     return process(pid).module_path(root, module);
 }

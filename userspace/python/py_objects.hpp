@@ -85,6 +85,8 @@ public:
     LivePyResolver& operator=(const LivePyResolver&) = delete;
 
     const PyFrameInfo& frame(uint32_t pid, const cd_py_frame& f) override;
+    uint64_t stack(uint32_t pid, uint32_t tid, std::span<const cd_py_frame> raw,
+                   std::vector<const PyFrameInfo*>& out) override;
     std::optional<std::string> module_path(uint32_t pid, uint64_t root, uint64_t module) override;
     void forget(uint32_t pid) override;
     // A new batch of records (one ring-buffer poll): code objects and classes

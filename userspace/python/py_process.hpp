@@ -6,6 +6,7 @@
 // py_module_tree.cpp (module paths).  For those files only.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -13,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -130,6 +132,7 @@ public:
     const PyDiscovery& discovery() const { return d_; }
     const std::string& layout_error() const { return layout_error_; }
     const PyFrameInfo& frame(const cd_py_frame& f);
+    uint64_t stack(uint32_t tid, std::span<const cd_py_frame> raw, std::vector<const PyFrameInfo*>& out);
     std::optional<std::string> module_path(uint64_t root, uint64_t module);
     std::optional<PyTypeFacts> type_facts(uint64_t t);
     uint64_t attr(uint64_t obj, std::string_view name);
@@ -264,6 +267,17 @@ private:
     PyCodeTable table_;  // what the kernel is told of codes_
     std::unordered_map<uint64_t, Type> types_;
     std::map<FrameKey, PyFrameInfo> frames_;  // node-stable: frame() hands out references
+    // A thread's last stack as stack() named it, in the batch it was named in.
+    struct StackMemo {
+        uint32_t tid = 0;
+        uint64_t epoch = 0;   // 0: none
+        uint64_t serial = 0;  // what stack() returns for it: unique in the program
+        std::vector<cd_py_frame> raw;
+        std::vector<const PyFrameInfo*> named;
+    };
+    static constexpr size_t kStackMemos = 8;  // by tid, direct-mapped
+    std::array<StackMemo, kStackMemos> memos_;
+    bool memos_charged_ = false;
     std::unordered_map<uint64_t, Tree> trees_;   // entries stay (their build counts); contents may be evicted
     size_t tree_bytes_ = 0;                      // the trees' contents: at most half the process's share
     uint64_t tree_clock_ = 0;

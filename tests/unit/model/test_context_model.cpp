@@ -89,8 +89,16 @@ public:
         return it->second;
     }
     void forget(uint32_t pid) override { forgotten.push_back(pid); }
+    // Frame by frame, with the serial the test says (LivePyResolver's is
+    // that of a thread's kept last stack).
+    uint64_t stack(uint32_t pid, uint32_t tid, std::span<const cd_py_frame> raw,
+                   std::vector<const python::PyFrameInfo*>& out) override {
+        python::PyContextResolver::stack(pid, tid, raw, out);
+        return serial;
+    }
 
     size_t frame_calls = 0;
+    uint64_t serial = 0;
     std::vector<uint32_t> forgotten;
 
 private:
@@ -622,6 +630,36 @@ TEST(ContextModel, ProcessExitEndsOpenContextAndForgetsTheProcess) {
         EXPECT_TRUE(r.has(kEndAtExit)) << c.name(r);
     }
     EXPECT_EQ(c.res.forgotten, std::vector<uint32_t>{kPid});
+}
+
+// A serial from the resolver says the thread's frames are those of its last
+// stack: the record takes that stack's id, not interned again.  Serial 0, a
+// new serial, another status or a new window intern it as ever.  (The fake
+// resolver's serial is the test's word, so a record can show which way it went.)
+TEST(ContextModel, AStackTheResolverKnowsUnchangedIsNotInternedAgain) {
+    Ctx c;
+    auto last_stack = [&] { return c.recs().back().stack; };
+    c.res.serial = 5;
+    c.enter(c.c10d, 0x7000, kInBlock);
+    const uint32_t block = last_stack();
+    c.enter(c.c10d, 0x7000, kInBlock + Stack{F(kAllReduce)});
+    EXPECT_EQ(last_stack(), block) << "the same serial: the thread's last stack, taken as it is";
+    EXPECT_EQ(c.tree().py_stack_count(), 1u);
+    c.res.serial = 6;
+    c.enter(c.c10d, 0x7000, kInBlock + Stack{F(kAllReduce)});
+    const uint32_t deeper = last_stack();
+    EXPECT_NE(deeper, block);
+    EXPECT_EQ(c.tree().py_stack_count(), 2u);
+    c.res.serial = 0;
+    c.enter(c.c10d, 0x7000, kInBlock);
+    EXPECT_EQ(last_stack(), block) << "no serial: interned, and found by content";
+    c.res.serial = 6;
+    c.enter(c.c10d, 0x7000, kInBlock);
+    EXPECT_EQ(last_stack(), block) << "serial 6 was not this thread's last";
+    c.model.reset();
+    c.enter(c.c10d, 0x7000, kInBlock + Stack{F(kAllReduce)});
+    EXPECT_EQ(c.tree().py_stack_count(), 1u) << "a new window interns its first stack";
+    EXPECT_EQ(c.tree().py_frame_count(), 8u);
 }
 
 TEST(ContextModel, AWindowResetDropsTheInternedStacksWithTheRecords) {

@@ -585,6 +585,66 @@ TEST_P(PyObjectsOn, ABatchRevalidatesTheCodeObjectsTheLastOneNamedInOneRead) {
     for (size_t i = 0; i < frames.size(); ++i) EXPECT_EQ(res.frame(pid_, frames[i]).qualname, first[i]);
 }
 
+// A thread's stack named again within a batch is its last stack, not named
+// frame by frame: the same frames and the same serial (the model then skips
+// interning it), until anything differs: another frame, another thread, the
+// next batch.  Frames are named as frame() names them, whichever way.
+TEST_P(PyObjectsOn, AThreadsRepeatedStackIsNamedOnceABatch) {
+    std::vector<cd_py_frame> frames;
+    for (int i = 0; i < 200 && frames.size() != self_["frames"].size(); ++i, usleep(20 * 1000))
+        frames = walk(static_cast<int>(pid_), layout(), u(self_["tstate"]));
+    ASSERT_EQ(frames.size(), self_["frames"].size());
+    ASSERT_GE(frames.size(), 2u);
+    LivePyResolver res;
+    res.adopt(pid_, res_.discovery(pid_), std::make_unique<host::ProcessMemory>(static_cast<int>(pid_)));
+    auto by_frame = [&](const std::vector<cd_py_frame>& fs) {
+        std::vector<const PyFrameInfo*> out;
+        for (const auto& f : fs) out.push_back(&res.frame(pid_, f));
+        return out;
+    };
+    std::vector<const PyFrameInfo*> named, again;
+    const uint64_t first = res.stack(pid_, 7, frames, named);
+    EXPECT_EQ(named, by_frame(frames));
+    for (const PyFrameInfo* f : named) ASSERT_TRUE(f->known) << f->qualname;
+    ASSERT_NE(first, 0u) << "a stack of named frames is kept";
+    EXPECT_EQ(res.stack(pid_, 7, frames, again), first);
+    EXPECT_EQ(again, named);
+
+    // Another line in the innermost frame: another stack, named anew.
+    std::vector<cd_py_frame> moved = frames;
+    const auto& top = self_["frames"][0];
+    moved[0].instr = at_start(layout(), frames[0].code).instr;
+    const uint64_t other = res.stack(pid_, 7, moved, again);
+    EXPECT_NE(other, first);
+    EXPECT_EQ(again, by_frame(moved));
+    EXPECT_EQ(again[0]->line, res.frame(pid_, moved[0]).line);
+    EXPECT_NE(again[0]->line, top["line"].get<uint32_t>()) << "the line of the instruction given, not the kept one";
+    const uint64_t back = res.stack(pid_, 7, frames, again);
+    EXPECT_NE(back, first) << "only the thread's last stack is kept: the first one is named anew";
+    EXPECT_NE(back, other);
+    EXPECT_EQ(again, named);
+
+    // Another thread with this very stack has its own.
+    const uint64_t mine = res.stack(pid_, 7, frames, again);
+    const uint64_t theirs = res.stack(pid_, 8, frames, again);
+    EXPECT_NE(theirs, mine);
+    EXPECT_EQ(again, named);
+    EXPECT_EQ(res.stack(pid_, 7, frames, again), mine) << "each thread keeps its own";
+
+    // The next batch re-validates the code objects: not the kept stack.
+    res.begin_batch();
+    const uint64_t next = res.stack(pid_, 7, frames, again);
+    EXPECT_NE(next, mine);
+    EXPECT_EQ(again, named);
+
+    // A frame left unnamed is asked again every time: no serial.
+    std::vector<cd_py_frame> unknown = frames;
+    unknown[1].code = 0x10;
+    EXPECT_EQ(res.stack(pid_, 7, unknown, again), 0u);
+    EXPECT_FALSE(again[1]->known);
+    EXPECT_EQ(res.stack(pid_, 7, unknown, again), 0u);
+}
+
 TEST_P(PyObjectsOn, ModulePathsFollowTheModulesDicts) {
     const uint64_t root = u(self_["model"]);
     EXPECT_EQ(res_.module_path(pid_, root, root), "");
