@@ -10,6 +10,7 @@
 #include <cstring>
 #include <ctime>
 #include <set>
+#include <thread>
 #include <type_traits>
 #include <variant>
 
@@ -407,6 +408,8 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
             kill(static_cast<pid_t>(dl->tgid), SIGCONT);
         return;
     }
+    if (std::holds_alternative<capture::DlChange>(ev) || std::holds_alternative<capture::ProcFork>(ev))
+        set_up_last_ = true;
     if (auto* dl = std::get_if<capture::DlChange>(&ev)) {
         // After an exec the scan finds the new image's loader (another
         // file in another root) and probes it before the image runs.  What
@@ -477,7 +480,26 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
 // collectives are followed at once by its interpreter's finalization, which
 // frees __main__'s code objects (a wait of the caller's full timeout left
 // them "<unknown>").
+//
+// A busy ring has records at every poll: polled back to back, each poll
+// found a few, and its own work (this thread's CPU clock read twice, the
+// liveness and loss checks: four system calls) cost more than they did.
+// A poll after one that read records starts kBusyPollGap after it at the
+// earliest: a thousand polls a second at most while records flow, each
+// reading what a millisecond brought (the ring holds seconds of it), well
+// within the 5 ms the records' naming waits at most.  Not after a poll that
+// read a loader or fork event: under `run` the next one may come from a
+// process stopped until it is read (a torch import is hundreds of them).
 int TraceSession::poll(int timeout_ms) {
+    if (read_last_ && !set_up_last_ && timeout_ms > 0) {
+        const auto next = last_poll_ + kBusyPollGap;
+        if (auto now = std::chrono::steady_clock::now(); now < next) {
+            std::this_thread::sleep_for(next - now);
+            timeout_ms = std::max(0, timeout_ms - 1);
+        }
+    }
+    last_poll_ = std::chrono::steady_clock::now();
+    set_up_last_ = false;
     RecordSpan span(cost_);
     recheck_access();
     if (read_last_ && timeout_ms > kAfterReadMs) timeout_ms = kAfterReadMs;

@@ -203,6 +203,12 @@ private:
     // records no wake-up announced are read (and named) soon after.
     bool read_last_ = false;
     static constexpr int kAfterReadMs = static_cast<int>((CD_CONTEXT_WAKE_NS + 999999) / 1000000);
+    // A poll after one that read records starts kBusyPollGap after that one
+    // at the earliest (poll()), unless that one read a loader or fork event:
+    // a process may be stopped until the next is read.
+    std::chrono::steady_clock::time_point last_poll_{};
+    bool set_up_last_ = false;
+    static constexpr std::chrono::microseconds kBusyPollGap{1000};
 };
 
 // "pid 4242 (python3 train.py)" for messages.
