@@ -349,29 +349,38 @@ Result<size_t> ProbeAttacher::attach_multi(bpf_program* prog, const host::Mapped
 std::optional<uint64_t> ProbeAttacher::loader_state(const std::vector<host::MapEntry>& maps,
                                                     const host::MappedFile& f,
                                                     const std::pair<uint64_t, uint64_t>& key) {
-    auto it = loader_elf_.find(key);
-    if (it == loader_elf_.end()) {
-        auto elf = host::read_elf_data(f.open_path, std::set<std::string, std::less<>>{"_r_debug"});
-        std::optional<host::ElfData> kept;
-        if (elf && elf->symbols.count("_r_debug")) kept = std::move(*elf);
-        it = loader_elf_.emplace(key, std::move(kept)).first;
-    }
-    if (!it->second) return std::nullopt;
-    auto bias = host::load_bias(maps, f.path, *it->second);
+    const LoaderElf& le = loader_elf(f.open_path, key);
+    if (!le.elf) return std::nullopt;
+    auto sym = le.elf->symbols.find("_r_debug");
+    if (sym == le.elf->symbols.end()) return std::nullopt;  // musl: every stop is scanned
+    auto bias = host::load_bias(maps, f.path, *le.elf);
     if (!bias) return std::nullopt;
-    return *bias + it->second->symbols.at("_r_debug") + offsetof(struct r_debug, r_state);
+    return *bias + sym->second + offsetof(struct r_debug, r_state);
+}
+
+const ProbeAttacher::LoaderElf& ProbeAttacher::loader_elf(const std::string& path,
+                                                          const std::pair<uint64_t, uint64_t>& key) {
+    auto it = loader_elf_.find(key);
+    if (it != loader_elf_.end()) return it->second;
+    LoaderElf le;
+    auto elf = host::read_elf_data(path, std::set<std::string, std::less<>>{"_dl_debug_state", "_r_debug"});
+    if (elf) le.elf = std::move(*elf);
+    else le.error = elf.error();
+    return loader_elf_.emplace(key, std::move(le)).first->second;
 }
 
 Result<bool> ProbeAttacher::attach_loader(const std::string& path, uint64_t dev, uint64_t inode) {
     loaders_.insert({dev, inode});
-    auto elf = host::ElfSymbols::open(path);
-    if (!elf) return Result<bool>::fail("loader " + path + ": " + elf.error() + " — libraries loaded later may be missed");
-    const host::ElfSymbol* s = elf->find("_dl_debug_state");
-    if (!s)
+    const LoaderElf& le = loader_elf(path, {dev, inode});
+    if (!le.elf) return Result<bool>::fail("loader " + path + ": " + le.error + " — libraries loaded later may be missed");
+    auto sym = le.elf->symbols.find("_dl_debug_state");
+    std::optional<uint64_t> offset;
+    if (sym != le.elf->symbols.end()) offset = host::file_offset_of(*le.elf, sym->second);
+    if (!offset)
         return Result<bool>::fail("loader " + path +
                                   ": no _dl_debug_state symbol — libraries loaded later may be missed");
     LIBBPF_OPTS(bpf_uprobe_opts, o);
-    bpf_link* l = bpf_program__attach_uprobe_opts(bpf_.dl_program(), pid_filter_, path.c_str(), s->file_offset, &o);
+    bpf_link* l = bpf_program__attach_uprobe_opts(bpf_.dl_program(), pid_filter_, path.c_str(), *offset, &o);
     if (!l) return Result<bool>::fail(bpf_error_message("loader probe on " + path, errno));
     links_.emplace_back(l);
     return true;

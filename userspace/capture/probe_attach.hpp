@@ -103,6 +103,12 @@ private:
     Result<bool> attach_loader(const std::string& path, uint64_t dev, uint64_t inode);
     std::optional<uint64_t> loader_state(const std::vector<host::MapEntry>& maps, const host::MappedFile& f,
                                          const std::pair<uint64_t, uint64_t>& key);
+    // A loader file's headers and its two symbols, read once per file.
+    struct LoaderElf {
+        std::optional<host::ElfData> elf;
+        std::string error;  // why elf is not there
+    };
+    const LoaderElf& loader_elf(const std::string& path, const std::pair<uint64_t, uint64_t>& key);
     static void destroy_last_first(std::vector<LinkPtr>& links);
 
     BpfSession& bpf_;
@@ -111,9 +117,9 @@ private:
     int pid_filter_ = -1;  // only_in_process
     std::set<std::pair<uint64_t, uint64_t>> seen_;         // files looked at (dev, inode)
     std::set<std::pair<uint64_t, uint64_t>> loaders_;      // loader files probed
-    // Per loader file: its `_r_debug`'s link-time address and its PT_LOADs,
-    // read once (nullopt: it exports none).
-    std::map<std::pair<uint64_t, uint64_t>, std::optional<host::ElfData>> loader_elf_;
+    // Per loader file: its PT_LOADs and the link-time addresses of
+    // `_dl_debug_state` (the probe) and `_r_debug` (a stop's r_state).
+    std::map<std::pair<uint64_t, uint64_t>, LoaderElf> loader_elf_;
     std::vector<AttachedFile> files_;
     std::vector<LinkPtr> links_;  // loader probes
     std::map<std::pair<uint64_t, uint64_t>, std::vector<LinkPtr>> file_links_;  // per library file
