@@ -3,6 +3,7 @@
 // once a batch), their line tables, and the frame a record shows.
 #include <algorithm>
 #include <array>
+#include <atomic>
 
 #include "py_process.hpp"
 
@@ -287,7 +288,9 @@ const PyFrameInfo& LivePyResolver::Process::frame(const cd_py_frame& f) {
 // stack's serial, 0 for a stack not kept.
 uint64_t LivePyResolver::Process::stack(uint32_t tid, std::span<const cd_py_frame> raw,
                                         std::vector<const PyFrameInfo*>& out) {
-    static uint64_t serials = 0;  // program-wide: a serial never names two stacks
+    // Program-wide, and commdbgd runs sessions on several threads: a serial
+    // never names two stacks.
+    static std::atomic<uint64_t> serials{0};
     StackMemo& m = memos_[tid % kStackMemos];
     if (m.epoch == epoch_ && m.tid == tid && m.raw.size() == raw.size() &&
         std::equal(raw.begin(), raw.end(), m.raw.begin(), [](const cd_py_frame& a, const cd_py_frame& b) {
