@@ -221,7 +221,7 @@ Result<ScanResult> ProbeAttacher::scan_process(int pid, const ScanLimits& limits
         if (f.path.empty() || f.path[0] != '/') continue;
         auto key = std::make_pair(f.dev, f.inode);
         if (is_loader_path(f.path)) {
-            if (!loaders_.count(key)) {
+            if (!loader_elf_.count(key)) {
                 auto r = attach_loader(f.open_path, f.dev, f.inode);
                 if (!r) out.notes.push_back(r.error());
             }
@@ -370,7 +370,6 @@ const ProbeAttacher::LoaderElf& ProbeAttacher::loader_elf(const std::string& pat
 }
 
 Result<bool> ProbeAttacher::attach_loader(const std::string& path, uint64_t dev, uint64_t inode) {
-    loaders_.insert({dev, inode});
     const LoaderElf& le = loader_elf(path, {dev, inode});
     if (!le.elf) return Result<bool>::fail("loader " + path + ": " + le.error + " — libraries loaded later may be missed");
     auto sym = le.elf->symbols.find("_dl_debug_state");
@@ -392,7 +391,7 @@ Result<bool> ProbeAttacher::attach_loader_for(const std::string& exe) {
     struct stat st {};
     if (::stat(interp.c_str(), &st) != 0)
         return Result<bool>::fail("loader " + interp + ": " + std::strerror(errno));
-    if (loaders_.count({st.st_dev, st.st_ino})) return true;
+    if (loader_elf_.count({st.st_dev, st.st_ino})) return true;
     return attach_loader(interp, st.st_dev, st.st_ino);
 }
 

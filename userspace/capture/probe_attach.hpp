@@ -103,7 +103,8 @@ private:
     Result<bool> attach_loader(const std::string& path, uint64_t dev, uint64_t inode);
     std::optional<uint64_t> loader_state(const std::vector<host::MapEntry>& maps, const host::MappedFile& f,
                                          const std::pair<uint64_t, uint64_t>& key);
-    // A loader file's headers and its two symbols, read once per file.
+    // A loader file's headers and its two symbols, read once per file; the
+    // entry also says the file's probe was tried (attach_loader reads first).
     struct LoaderElf {
         std::optional<host::ElfData> elf;
         std::string error;  // why elf is not there
@@ -116,9 +117,9 @@ private:
     std::vector<ProbeSpec> specs_;
     int pid_filter_ = -1;  // only_in_process
     std::set<std::pair<uint64_t, uint64_t>> seen_;         // files looked at (dev, inode)
-    std::set<std::pair<uint64_t, uint64_t>> loaders_;      // loader files probed
-    // Per loader file: its PT_LOADs and the link-time addresses of
-    // `_dl_debug_state` (the probe) and `_r_debug` (a stop's r_state).
+    // Per loader file probed (or tried: attach_loader), read once: its
+    // PT_LOADs and the link-time addresses of `_dl_debug_state` (the probe)
+    // and `_r_debug` (a stop's r_state).
     std::map<std::pair<uint64_t, uint64_t>, LoaderElf> loader_elf_;
     std::vector<AttachedFile> files_;
     std::vector<LinkPtr> links_;  // loader probes

@@ -39,8 +39,8 @@ std::string module_fqn(python::PyContextResolver* res, uint32_t pid, uint64_t ro
 
 void TraceModel::resolve_frames(const capture::CallEnter& e) {
     frames_.clear();
-    if (e.py_status == CD_PY_NONE) return;
     frames_serial_ = 0;
+    if (e.py_status == CD_PY_NONE) return;
     if (resolver_) frames_serial_ = resolver_->stack(e.tgid, e.tid, e.py_frames, frames_);
     else frames_.assign(e.py_frames.size(), &kUnresolved);
 }

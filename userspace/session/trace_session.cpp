@@ -495,7 +495,8 @@ int TraceSession::poll(int timeout_ms) {
         const auto next = last_poll_ + kBusyPollGap;
         if (auto now = std::chrono::steady_clock::now(); now < next) {
             std::this_thread::sleep_for(next - now);
-            timeout_ms = std::max(0, timeout_ms - 1);
+            const auto slept = std::chrono::ceil<std::chrono::milliseconds>(next - now).count();
+            timeout_ms = std::max(0, timeout_ms - static_cast<int>(slept));
         }
     }
     last_poll_ = std::chrono::steady_clock::now();
