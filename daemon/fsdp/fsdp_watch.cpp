@@ -33,20 +33,32 @@ constexpr uint64_t kMaxMessages = 32;
 // this long after, so that a rank still finishing its last step is not cut.
 constexpr auto kExitGrace = std::chrono::seconds(5);
 
-// Whether the process maps libtorch_cpu, and whether it runs CPython.  A
-// plain search of the maps text: this runs for every process once a scan.
-bool maps_show(uint32_t pid, bool& torch, bool& python) {
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%u/maps", pid);
+// Whether the maps file at `path` shows libtorch_cpu and CPython; false when
+// it cannot be read; `any`: whether it held a line.  A plain search of the
+// maps text: this runs for every process once a scan.
+bool maps_file_shows(const char* path, bool& torch, bool& python, bool& any) {
     FILE* f = fopen(path, "re");
     if (!f) return false;
     char line[4096];
     while (fgets(line, sizeof(line), f)) {
+        any = true;
         if (strstr(line, "/libtorch_cpu.so")) torch = true;
         if (strstr(line, "/libpython3")) python = true;
     }
     fclose(f);
     return true;
+}
+
+// Whether the process maps libtorch_cpu, and whether it runs CPython.  Empty
+// maps are a main thread that has exited while others run on: then a live
+// thread's (procfs.hpp, memory_dir).
+bool maps_show(uint32_t pid, bool& torch, bool& python) {
+    const std::string dir = "/proc/" + std::to_string(pid);
+    bool any = false;
+    if (!maps_file_shows((dir + "/maps").c_str(), torch, python, any)) return false;
+    if (any) return true;
+    const std::string live = host::memory_dir(static_cast<int>(pid));
+    return live == dir || maps_file_shows((live + "/maps").c_str(), torch, python, any);
 }
 
 // Whether the next window begins between two steps: the window's last

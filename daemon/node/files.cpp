@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "files.hpp"
 
-#include <dirent.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -22,18 +21,12 @@ namespace {
 // attached too long is the safe mistake.
 std::set<uint64_t> mapped_inodes() {
     std::set<uint64_t> mapped;
-    DIR* d = opendir("/proc");
-    if (!d) return mapped;
-    while (dirent* e = readdir(d)) {
-        char* end = nullptr;
-        long pid = strtol(e->d_name, &end, 10);
-        if (!end || *end || pid <= 0) continue;
-        auto maps = host::read_maps(static_cast<int>(pid));
+    for (int pid : host::numeric_entries("/proc")) {
+        auto maps = host::read_maps(pid);
         if (!maps) continue;
         for (const auto& m : *maps)
             if (m.inode) mapped.insert(m.inode);
     }
-    closedir(d);
     return mapped;
 }
 

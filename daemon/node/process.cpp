@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "process.hpp"
 
-#include <dirent.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -43,14 +42,8 @@ CountedProcess read_counted_process(uint32_t pid, uint64_t start_time) {
 
 std::vector<uint32_t> other_pids() {
     std::vector<uint32_t> pids;
-    DIR* d = opendir("/proc");
-    if (!d) return pids;
-    while (dirent* e = readdir(d)) {
-        char* end = nullptr;
-        unsigned long pid = strtoul(e->d_name, &end, 10);
-        if (end && *end == '\0' && pid > 0 && pid != static_cast<unsigned long>(getpid())) pids.push_back(pid);
-    }
-    closedir(d);
+    for (int pid : host::numeric_entries("/proc"))
+        if (pid != getpid()) pids.push_back(static_cast<uint32_t>(pid));
     return pids;
 }
 

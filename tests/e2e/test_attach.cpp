@@ -341,5 +341,73 @@ TEST(AttachHotLoop, EveryCallIsPairedWithItsReturn) {
     }
 }
 
+// --- (d) a process whose main thread has exited while others run on --------
+
+// The kernel keeps such a main thread a zombie without memory: /proc/PID/stat
+// says Z, /proc/PID/maps reads empty, process_vm_readv(PID) fails; the
+// process still runs and calls NCCL from its other threads.  Refused as "a
+// zombie" and unseen through its maps before; traced through a live thread
+// now.  With --no-follow the kernel's per-process filter, which keys on the
+// main thread's memory, would match nothing: the session says so and probes
+// as without it.
+class MainThreadExited : public ::testing::TestWithParam<bool> {};
+
+TEST_P(MainThreadExited, AttachCountsItsOtherThreadsCallsExactly) {
+    REQUIRE_BPF();
+    const bool no_follow = GetParam();
+    TempDir tmp;
+    Background work({testprog("nccl_workload"), "--main-exits", "--threads", "2", "--calls", pattern_arg(kPattern),
+                     "--wait-file", tmp.path("go"), "--fake-comm"},
+                    nccl_env(false));
+    std::string ready = work.wait_for_line("ready pid=");
+    ASSERT_FALSE(ready.empty()) << "workload never got ready";
+    ASSERT_EQ(pid_of_ready(ready), work.pid());
+    ASSERT_EQ(proc_state(work.pid()), 'Z') << "the main thread has not exited: the test would test nothing";
+
+    std::vector<std::string> argv = {commdbg_bin(), "attach", std::to_string(work.pid()), "--no-daemon", "--json",
+                                     tmp.path("out.json")};
+    if (no_follow) argv.push_back("--no-follow");
+    Background dbg(argv);
+    std::string tracing = dbg.wait_for_err_line("commdbg: tracing", 60);
+    if (tracing.empty()) {
+        auto r = dbg.wait(5);
+        FAIL() << "commdbg never said it was tracing; status " << r.status << " stderr: " << r.err;
+    }
+    EXPECT_NE(tracing.find("1 library file(s) probed"), std::string::npos) << tracing;
+    touch(tmp.path("go"));
+
+    auto w = work.wait(60);
+    ASSERT_EQ(w.status, 0) << w.err;
+    auto d = dbg.wait(60);
+    ASSERT_EQ(d.status, 0) << d.err;
+    EXPECT_NE(d.err.find("exited"), std::string::npos) << d.err;
+    if (no_follow) {
+        EXPECT_NE(d.err.find("its main thread has exited"), std::string::npos) << d.err;
+    }
+    auto j = read_json(tmp.path("out.json"));
+    expect_counts_exactly(j, kPattern);
+    auto rep = workload_report(w.out);
+    ASSERT_TRUE(rep.is_object()) << w.out;
+    for (const auto& [kind, n] : kPattern) EXPECT_EQ(rep["calls"][kind].get<int>(), n) << kind;
+}
+
+INSTANTIATE_TEST_SUITE_P(FollowAndNoFollow, MainThreadExited, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "NoFollow" : "Follow"; });
+
+// The library comes after the main thread exited: `run` stops the process at
+// the dlopen and must find the new mapping through a live thread's maps (the
+// main thread's read empty: "never mapped a library", nothing counted).
+TEST(MainThreadExitedRun, ALibraryDlopenedAfterwardsIsProbedBeforeItsFirstCall) {
+    REQUIRE_BPF();
+    TempDir tmp;
+    auto r = run({commdbg_bin(), "run", "--json", tmp.path("out.json"), "--", testprog("nccl_workload_dl"),
+                  "--main-exits", "--dlopen", lib_path(false), "--calls", pattern_arg(kPattern), "--fake-comm"});
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.err.find("never mapped"), std::string::npos) << r.err;
+    auto j = read_json(tmp.path("out.json"));
+    expect_counts_exactly(j, kPattern);
+    ASSERT_EQ(j["process"]["libraries"].size(), 1u) << j["process"].dump();
+}
+
 }  // namespace
 }  // namespace commdbg::e2e

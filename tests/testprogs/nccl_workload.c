@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -78,6 +79,8 @@ static struct {
   int root;         // of broadcast, bcast, reduce, gather, scatter
   int forks;
   int no_nccl;
+  int main_exits;
+  long linger_ms; // each worker, after its last call: say "lingering", sleep
 } opt = {.threads = 1, .count = 1024, .dtype = ncclFloat32, .nranks = 1,
          .duration_ms = -1, .last_count = -1};
 
@@ -120,6 +123,11 @@ static void usage(FILE *f) {
           "  --duration-ms D      repeat the pattern until D ms have passed\n"
           "  --last-count C       each thread's last call of a round passes count C\n"
           "  --root R             the root of broadcast, bcast, reduce, gather, scatter (0)\n"
+          "  --linger-ms M        each worker thread, after its last call, prints\n"
+          "                       'lingering tid=T' and sleeps M ms before it ends\n"
+          "  --main-exits         the main thread hands the run to another thread and\n"
+          "                       exits (pthread_exit); that thread starts once the main\n"
+          "                       thread is a zombie, and ends the process\n"
           "  --fork N             run the pattern in N forked children (with --wait-file\n"
           "                       the parent waits for PATH before it forks)\n"
           "  --no-nccl            never load or call NCCL (with the linked build libnccl\n"
@@ -159,7 +167,7 @@ static void parse_calls(char *spec) {
 static void parse_args(int argc, char **argv) {
   enum { O_CALLS = 256, O_THREADS, O_COUNT, O_DTYPE, O_GROUP, O_SEED, O_NRANKS,
          O_RANK, O_CONFIG, O_SPLIT, O_HASH, O_FAKE, O_DLOPEN, O_WAIT, O_DELAY,
-         O_DURATION, O_FORK, O_NONCCL, O_LAST, O_ROOT, O_HELP };
+         O_DURATION, O_FORK, O_NONCCL, O_LAST, O_ROOT, O_MAIN_EXITS, O_LINGER, O_HELP };
   static const struct option longopts[] = {
       {"calls", required_argument, 0, O_CALLS}, {"threads", required_argument, 0, O_THREADS},
       {"count", required_argument, 0, O_COUNT}, {"dtype", required_argument, 0, O_DTYPE},
@@ -172,6 +180,7 @@ static void parse_args(int argc, char **argv) {
       {"duration-ms", required_argument, 0, O_DURATION}, {"last-count", required_argument, 0, O_LAST},
       {"root", required_argument, 0, O_ROOT},
       {"fork", required_argument, 0, O_FORK}, {"no-nccl", no_argument, 0, O_NONCCL},
+      {"main-exits", no_argument, 0, O_MAIN_EXITS}, {"linger-ms", required_argument, 0, O_LINGER},
       {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -202,6 +211,8 @@ static void parse_args(int argc, char **argv) {
     case O_ROOT: opt.root = (int)parse_long(optarg, 0, "--root"); break;
     case O_FORK: opt.forks = (int)parse_long(optarg, 1, "--fork"); break;
     case O_NONCCL: opt.no_nccl = 1; break;
+    case O_MAIN_EXITS: opt.main_exits = 1; break;
+    case O_LINGER: opt.linger_ms = parse_long(optarg, 0, "--linger-ms"); break;
     case O_HELP: usage(stdout); exit(0);
     default: usage(stderr); exit(2);
     }
@@ -210,6 +221,7 @@ static void parse_args(int argc, char **argv) {
   if (!opt.have_seed && (opt.init_config || opt.have_split || opt.print_id_hash))
     bad_args("option without --init-seed", "--init-config/--split/--print-id-hash");
   if (opt.have_seed && opt.fake_comm) bad_args("combination", "--init-seed with --fake-comm");
+  if (opt.main_exits && opt.forks) bad_args("combination", "--main-exits with --fork");
 #ifdef NCCL_WORKLOAD_DLOPEN_ONLY
   if (!opt.dlopen_path && !opt.no_nccl) bad_args("build", "dlopen-only build needs --dlopen");
 #endif
@@ -315,8 +327,14 @@ static void *worker_main(void *arg) {
       stop = opt.duration_ms < 0 || now_ms() >= deadline;
     }
     pthread_barrier_wait(&round_barrier);
-    if (stop) return NULL;
+    if (stop) break;
   }
+  if (opt.linger_ms) {
+    printf("lingering tid=%ld\n", (long)syscall(SYS_gettid));
+    fflush(stdout);
+    sleep_ms(opt.linger_ms);
+  }
+  return NULL;
 }
 
 // One process's whole run: load, wait, init, calls, report.
@@ -393,8 +411,34 @@ report:
   return 0;
 }
 
+// --main-exits: the process's main thread is a zombie once its task's stat
+// says Z; then the rest runs here, as a process whose main thread exited.
+static void *run_after_main(void *arg) {
+  (void)arg;
+  char path[64], text[512];
+  snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)getpid());
+  for (;;) {
+    FILE *f = fopen(path, "re");
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f) fclose(f);
+    text[n] = '\0';
+    char *paren = strrchr(text, ')');
+    if (paren && paren[1] == ' ' && paren[2] == 'Z') break;
+    sleep_ms(1);
+  }
+  exit(run_process());
+}
+
 int main(int argc, char **argv) {
   parse_args(argc, argv);
+  if (opt.main_exits) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, run_after_main, NULL)) {
+      fprintf(stderr, "nccl_workload: pthread_create failed\n");
+      return 1;
+    }
+    pthread_exit(NULL);
+  }
   if (opt.print_id_hash) { // needs no NCCL: the tracer's expected comm id
     ncclUniqueId id;
     make_id(&id);

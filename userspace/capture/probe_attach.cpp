@@ -207,6 +207,16 @@ Result<ScanResult> ProbeAttacher::scan_process(int pid, const ScanLimits& limits
     auto maps = host::read_maps(pid);
     if (!maps) return Result<ScanResult>::fail(maps.error());
     ScanResult out;
+    // The kernel's filter matches the memory of the pid's main thread, which
+    // a main thread that has exited (others running on) no longer has: its
+    // links would never fire.
+    if (pid_filter_ == pid && host::live_thread(pid) != pid) {
+        pid_filter_ = -1;
+        out.notes.push_back("pid " + std::to_string(pid) +
+                            ": its main thread has exited while other threads run on; the kernel's per-process "
+                            "probe filter would miss them, so probes from now on are in every process that maps a "
+                            "probed file, as without --no-follow");
+    }
     size_t examined = 0;  // new named files read, attached or not
     // Only the files a spec names, and loaders, are looked at (each a stat or
     // more): a torch process maps hundreds, and its import alone is a few

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "hang.hpp"
 
-#include <dirent.h>
 
 #include <algorithm>
 #include <array>
@@ -26,19 +25,6 @@ bool ends_with(std::string_view s, std::string_view tail) {
     return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
 }
 
-std::vector<int> numeric_entries(const std::string& dir) {
-    std::vector<int> out;
-    DIR* d = opendir(dir.c_str());
-    if (!d) return out;
-    while (dirent* e = readdir(d)) {
-        char* end = nullptr;
-        long v = std::strtol(e->d_name, &end, 10);
-        if (end && *end == '\0' && v > 0) out.push_back(static_cast<int>(v));
-    }
-    closedir(d);
-    std::sort(out.begin(), out.end());
-    return out;
-}
 
 // A process that can run collectives: it maps torch's CPU library or NCCL.
 bool loads_collectives(int pid, const std::string& proc_root) {
@@ -251,7 +237,7 @@ std::optional<std::string> collective_of_api(std::string_view f) {
 Result<std::vector<int>> find_ranks(const std::vector<int>& pids, const std::string& proc_root) {
     using R = Result<std::vector<int>>;
     std::map<int, std::vector<int>> children;
-    for (int p : numeric_entries(proc_root)) {
+    for (int p : host::numeric_entries(proc_root)) {
         auto st = host::read_stat(p, proc_root);
         if (st && !st->kernel_thread()) children[st->ppid].push_back(p);
     }
@@ -296,7 +282,7 @@ RankSample sample_rank(int pid, const std::string& proc_root) {
     if (auto it = env.find("LOCAL_RANK"); it != env.end()) r.local_rank = it->second;
 
     std::map<uint32_t, ThreadSample> threads;
-    for (int tid : numeric_entries(proc_root + "/" + std::to_string(pid) + "/task")) {
+    for (int tid : host::numeric_entries(proc_root + "/" + std::to_string(pid) + "/task")) {
         ThreadSample t;
         t.tid = static_cast<uint32_t>(tid);
         t.name = host::read_thread_name(pid, tid, proc_root);

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "procfs.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -103,12 +105,58 @@ std::string_view basename_of(std::string_view path) {
     return slash == std::string_view::npos ? path : path.substr(slash + 1);
 }
 
+std::vector<int> numeric_entries(const std::string& dir) {
+    std::vector<int> out;
+    DIR* d = opendir(dir.c_str());
+    if (!d) return out;
+    while (dirent* e = readdir(d)) {
+        int v = 0;
+        if (parse_num(e->d_name, v, 10) && v > 0) out.push_back(v);
+    }
+    closedir(d);
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+std::optional<int> live_thread(int pid, const std::string& proc_root) {
+    auto runs = [](const Result<ProcStat>& st) {
+        return st && st->state != 'Z' && st->state != 'X' && !st->exiting();
+    };
+    if (pid <= 0) return std::nullopt;
+    if (runs(read_stat(pid, proc_root))) return pid;
+    const std::string tasks = pid_dir(proc_root, pid) + "/task";
+    for (int tid : numeric_entries(tasks))
+        if (tid != pid && runs(read_stat(tid, tasks))) return tid;
+    return std::nullopt;
+}
+
+namespace {
+
+std::string memory_dir_of(int pid, std::optional<int> live, const std::string& proc_root) {
+    if (!live || *live == pid) return pid_dir(proc_root, pid);
+    return pid_dir(proc_root, pid) + "/task/" + std::to_string(*live);
+}
+
+}  // namespace
+
+std::string memory_dir(int pid, const std::string& proc_root) {
+    return memory_dir_of(pid, live_thread(pid, proc_root), proc_root);
+}
+
 Result<std::vector<MapEntry>> read_maps(int pid, const std::string& proc_root) {
     using R = Result<std::vector<MapEntry>>;
     std::string file = pid_dir(proc_root, pid) + "/maps";
     std::string text;
     if (pid <= 0) return R::fail(read_error(pid, file, ENOENT));
     if (int err = read_file(file, text)) return R::fail(read_error(pid, file, err));
+    // A live process always maps something: empty maps are a main thread
+    // that has exited, or a process gone.  The maps of a live thread, then.
+    if (text.empty()) {
+        if (std::string dir = memory_dir(pid, proc_root); dir != pid_dir(proc_root, pid)) {
+            file = dir + "/maps";
+            if (int err = read_file(file, text)) return R::fail(read_error(pid, file, err));
+        }
+    }
     std::vector<MapEntry> out;
     size_t line_no = 0;
     for (size_t pos = 0; pos < text.size();) {
@@ -133,7 +181,7 @@ std::vector<MappedFile> mapped_files(const std::vector<MapEntry>& maps, int pid,
     std::vector<MappedFile> out;
     std::set<std::pair<uint64_t, uint64_t>> seen;
     std::unordered_set<std::string> tried;  // a library has several mappings; stat it once
-    std::string root = pid_dir(proc_root, pid) + "/root";
+    std::string root = memory_dir(pid, proc_root) + "/root";
     for (const MapEntry& e : maps) {
         if (e.path.empty() || e.path[0] != '/') continue;  // [heap], [vdso], anonymous
         if (!tried.insert(e.path).second) continue;
@@ -269,6 +317,14 @@ Result<ProcessInfo> read_process(int pid, const std::string& proc_root) {
     info.start_time = st->start_time;
     info.state = st->state;
     info.kernel_thread = st->kernel_thread();
+    // A main thread that has exited while others run on is a zombie; the
+    // process is what its live threads are.
+    auto live = live_thread(pid, proc_root);
+    info.live_tid = live.value_or(0);
+    if (live && *live != pid) {
+        auto lst = read_stat(*live, pid_dir(proc_root, pid) + "/task");
+        if (lst) info.state = lst->state;
+    }
 
     auto status = read_status(pid, proc_root);
     if (!status) return R::fail(status.error());
@@ -278,7 +334,7 @@ Result<ProcessInfo> read_process(int pid, const std::string& proc_root) {
     info.tgid = parse_tgid(*status).value_or(pid);
 
     std::string cmd;
-    std::string cmd_file = dir + "/cmdline";
+    std::string cmd_file = memory_dir_of(pid, live, proc_root) + "/cmdline";
     if (int err = read_file(cmd_file, cmd)) return R::fail(read_error(pid, cmd_file, err));
     while (!cmd.empty() && cmd.back() == '\0') cmd.pop_back();
     for (char& c : cmd) {
@@ -317,7 +373,7 @@ std::map<std::string, std::string> read_environ(int pid, const std::vector<std::
                                                 const std::string& proc_root) {
     std::map<std::string, std::string> out;
     std::string text;
-    if (pid <= 0 || read_file(pid_dir(proc_root, pid) + "/environ", text) != 0) return out;
+    if (pid <= 0 || read_file(memory_dir(pid, proc_root) + "/environ", text) != 0) return out;
     std::unordered_set<std::string_view> wanted(keys.begin(), keys.end());
     for (size_t pos = 0; pos < text.size();) {
         size_t nul = text.find('\0', pos);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,12 +29,31 @@ struct MapEntry {
     bool deleted = false;
 };
 
+// The numbered entries of a directory (/proc's pids, /proc/PID/task's
+// tids), ascending; empty when it cannot be read.
+std::vector<int> numeric_entries(const std::string& dir);
+
+// A thread of process `pid` through which the kernel still reaches its
+// memory: `pid` itself, unless its main thread has exited while others run
+// on (pthread_exit in main).  The kernel then keeps the main thread a zombie
+// without memory: /proc/PID/maps reads empty, /proc/PID/{mem,root,exe,
+// environ,cmdline} and process_vm_readv(PID) fail, and /proc/PID/stat says
+// Z.  Then the first other thread not exiting; nullopt when there is none
+// (the process has exited, or is exiting).
+std::optional<int> live_thread(int pid, const std::string& proc_root = "/proc");
+
+// The /proc directory through which process `pid`'s memory and files are
+// seen: <proc_root>/PID, or <proc_root>/PID/task/TID of live_thread where
+// that is another thread.
+std::string memory_dir(int pid, const std::string& proc_root = "/proc");
+
+// Its mappings; through a live thread where the main thread has exited.
 Result<std::vector<MapEntry>> read_maps(int pid, const std::string& proc_root = "/proc");
 
 // A file mapped into a process, and where this process can open it.
 struct MappedFile {
     std::string path;       // as the target process sees it
-    // <proc_root>/<pid>/root<path> when that exists, else path; for a deleted
+    // <memory_dir>/root<path> when that exists, else path; for a deleted
     // file <proc_root>/<pid>/map_files/<start>-<end> (opening it needs root).
     std::string open_path;
     uint64_t dev = 0;       // st_dev of open_path (maps' device when stat fails)
@@ -94,7 +114,10 @@ struct ProcessInfo {
     std::string comm;
     std::string cmdline;      // arguments joined by spaces; empty for kernel threads
     bool kernel_thread = false;
-    char state = '?';         // R, S, D, Z, ...
+    // R, S, D, Z, ...: of live_tid where the main thread has exited and
+    // others run on, so Z means the process is gone.
+    char state = '?';
+    int live_tid = 0;         // live_thread: pid, another thread, or 0 for none
     int tgid = 0;             // == pid for a process; its process's pid for a thread id
     uint64_t start_time = 0;  // clock ticks after boot (stat field 22): (pid, start_time) names one process
 };

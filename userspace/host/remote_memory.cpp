@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "arch.hpp"
+#include "procfs.hpp"
 
 namespace commdbg::host {
 
@@ -84,10 +85,19 @@ int vm_readv(int pid, const iovec* local, const iovec* remote, unsigned long n, 
 
 }  // namespace
 
+bool ProcessMemory::switch_thread() {
+    auto live = live_thread(pid_);
+    if (!live || *live == via_) return false;
+    via_ = *live;
+    return true;
+}
+
 int ProcessMemory::fetch(uint64_t addr, void* out, size_t n) {
     iovec local{out, n};
     iovec remote{reinterpret_cast<void*>(addr), n};
-    return vm_readv(pid_, &local, &remote, 1, n);
+    int err = vm_readv(via_, &local, &remote, 1, n);
+    if (err == ESRCH && switch_thread()) err = vm_readv(via_, &local, &remote, 1, n);
+    return err;
 }
 
 size_t ProcessMemory::fetch_prefix(std::span<const Range> ranges, int& err) {
@@ -97,9 +107,14 @@ size_t ProcessMemory::fetch_prefix(std::span<const Range> ranges, int& err) {
         local.push_back({r.out, r.n});
         remote.push_back({reinterpret_cast<void*>(r.addr), r.n});
     }
-    ssize_t got = process_vm_readv(pid_, local.data(), ranges.size(), remote.data(), ranges.size(), 0);
+    ssize_t got = process_vm_readv(via_, local.data(), ranges.size(), remote.data(), ranges.size(), 0);
+    int why = got < 0 ? errno : 0;
+    if (why == ESRCH && switch_thread()) {
+        got = process_vm_readv(via_, local.data(), ranges.size(), remote.data(), ranges.size(), 0);
+        why = got < 0 ? errno : 0;
+    }
     if (got < 0) {
-        err = errno;
+        err = why;
         return 0;
     }
     // The kernel stops at the first range it cannot read (a short count);

@@ -73,10 +73,12 @@ private:
 };
 
 // A live process's memory, with process_vm_readv: root, or the same uid with
-// ptrace access (procfs.hpp's may_read_process).
+// ptrace access (procfs.hpp's may_read_process).  Where its main thread has
+// exited while others run on, the kernel finds no memory through the pid:
+// reads then go through a live thread's id (procfs.hpp, live_thread).
 class ProcessMemory final : public RemoteMemory {
 public:
-    explicit ProcessMemory(int pid) : pid_(pid) {}
+    explicit ProcessMemory(int pid) : pid_(pid), via_(pid) {}
     int pid() const { return pid_; }
 
 protected:
@@ -84,7 +86,10 @@ protected:
     size_t fetch_prefix(std::span<const Range> ranges, int& err) override;
 
 private:
+    // After ESRCH through via_: whether another live thread was found.
+    bool switch_thread();
     int pid_;
+    int via_;  // the task id reads name
 };
 
 }  // namespace commdbg::host

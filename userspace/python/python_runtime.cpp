@@ -62,11 +62,11 @@ PyDiscovery fail(Status s, std::string why) {
     return d;
 }
 
-// Gone, a zombie, or past the start of do_exit (PF_EXITING in stat's flags):
-// its memory map may already be torn down, so nothing read is evidence.
+// Gone, a zombie, or past the start of do_exit (PF_EXITING in stat's flags),
+// every thread of it: its memory map may already be torn down, so nothing
+// read is evidence.  A main thread that exited while others run on is not.
 bool process_gone(int pid, const std::string& proc_root) {
-    auto st = host::read_stat(pid, proc_root);
-    return !st || st->state == 'Z' || st->state == 'X' || st->exiting();
+    return !host::live_thread(pid, proc_root);
 }
 
 // An error that happened because the process went away says so.
@@ -81,7 +81,7 @@ PyDiscovery read_failure(int pid, const std::string& proc_root, std::string why)
 std::vector<host::MappedFile> candidate_files(int pid, const std::vector<host::MapEntry>& maps,
                                               const std::string& proc_root) {
     char exe[4096];
-    std::string exe_link = proc_root + "/" + std::to_string(pid) + "/exe";
+    std::string exe_link = host::memory_dir(pid, proc_root) + "/exe";
     ssize_t n = readlink(exe_link.c_str(), exe, sizeof exe - 1);
     std::string exe_path = n > 0 ? std::string(exe, static_cast<size_t>(n)) : "";
     auto files = mapped_files(maps, pid, [&](std::string_view p) {

@@ -189,6 +189,67 @@ TEST_F(FakeProc, ProcessWithSpacesAndParensInComm) {
     EXPECT_FALSE(p->kernel_thread);
 }
 
+// pthread_exit in main while others run on: the main thread is a zombie
+// without memory (its maps empty, its cmdline and environ unreadable); the
+// process is seen through its first thread that is not exiting.
+TEST_F(FakeProc, AProcessWhoseMainThreadExitedIsSeenThroughALiveThread) {
+    const unsigned long exiting = 0x400104;  // PF_EXITING (0x4)
+    write_file(proc_ + "/400/stat", stat_line(400, "job", 'Z', 1, exiting));
+    write_file(proc_ + "/400/status", "Name:\tjob\nTgid:\t400\nUid:\t0\t0\t0\t0\n");
+    write_file(proc_ + "/400/cmdline", "");
+    write_file(proc_ + "/400/maps", "");
+    write_file(proc_ + "/400/task/400/stat", stat_line(400, "job", 'Z', 1, exiting));
+    write_file(proc_ + "/400/task/401/stat", stat_line(401, "job", 'R', 1, exiting));  // exiting too
+    write_file(proc_ + "/400/task/402/stat", stat_line(402, "worker", 'S', 1, 0x400040));
+    write_file(proc_ + "/400/task/402/cmdline", "./job\0--go\0"s);
+    write_file(proc_ + "/400/task/402/environ", "RANK=3\0"s);
+    write_file(proc_ + "/400/task/402/maps",
+               "7f1000000000-7f1000200000 r-xp 00010000 fd:02 4242 /opt/libnccl.so.2\n");
+    EXPECT_EQ(live_thread(400, proc_), 402);
+    EXPECT_EQ(memory_dir(400, proc_), proc_ + "/400/task/402");
+    auto maps = read_maps(400, proc_);
+    ASSERT_TRUE(maps.ok()) << maps.error();
+    ASSERT_EQ(maps->size(), 1u);
+    EXPECT_EQ((*maps)[0].path, "/opt/libnccl.so.2");
+    auto p = read_process(400, proc_);
+    ASSERT_TRUE(p.ok()) << p.error();
+    EXPECT_EQ(p->state, 'S') << "its live thread's state, not the main thread's Z";
+    EXPECT_EQ(p->live_tid, 402);
+    EXPECT_EQ(p->cmdline, "./job --go");
+    EXPECT_EQ(read_environ(400, {"RANK"}, proc_).at("RANK"), "3");
+
+    // Every thread exited or exiting: the process is gone, and says Z.
+    write_file(proc_ + "/400/task/402/stat", stat_line(402, "worker", 'X', 1, exiting));
+    EXPECT_FALSE(live_thread(400, proc_).has_value());
+    EXPECT_EQ(memory_dir(400, proc_), proc_ + "/400");
+    auto gone = read_process(400, proc_);
+    ASSERT_TRUE(gone.ok()) << gone.error();
+    EXPECT_EQ(gone->state, 'Z');
+    EXPECT_EQ(gone->live_tid, 0);
+    auto empty = read_maps(400, proc_);
+    ASSERT_TRUE(empty.ok()) << empty.error();
+    EXPECT_TRUE(empty->empty());
+}
+
+// A process whose main thread runs is its own: its tasks are not looked at.
+TEST_F(FakeProc, AProcessWhoseMainThreadRunsIsItsOwnLiveThread) {
+    write_file(proc_ + "/410/stat", stat_line(410, "job", 'S', 1, 0x400100));
+    write_file(proc_ + "/410/task/411/stat", "garbage");
+    EXPECT_EQ(live_thread(410, proc_), 410);
+    EXPECT_EQ(memory_dir(410, proc_), proc_ + "/410");
+    EXPECT_FALSE(live_thread(0, proc_).has_value());
+    EXPECT_FALSE(live_thread(419, proc_).has_value()) << "no such process";
+}
+
+TEST(ProcfsNumericEntries, OnlyPositiveNumbersAscending) {
+    char tmpl[] = "/tmp/commdbg_num_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    for (const char* n : {"12", "3", "self", "0", "-4", "7x", "100"}) fs::create_directories(fs::path(tmpl) / n);
+    EXPECT_EQ(numeric_entries(tmpl), (std::vector<int>{3, 12, 100}));
+    EXPECT_TRUE(numeric_entries(std::string(tmpl) + "/absent").empty());
+    fs::remove_all(tmpl);
+}
+
 TEST_F(FakeProc, KernelThreadIsRecognisedByPfKthreadFlag) {
     write_file(proc_ + "/2/stat", stat_line(2, "kthreadd", 'S', 0, 2129984));
     write_file(proc_ + "/2/status", "Name:\tkthreadd\nUid:\t0\t0\t0\t0\n");
