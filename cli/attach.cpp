@@ -192,7 +192,7 @@ int attach_in_process(std::string_view verb, int pid, double duration, bool foll
         return 1;
     }
     auto opts = session_options(trace);
-    if (!follow) opts.only_pid = pid;  // no process but this one: its probes in it alone
+    opts.attach_to(pid, follow);
     auto session = session::TraceSession::create(opts);
     if (!session) {
         std::cerr << who << ": " << session.error() << "\n";

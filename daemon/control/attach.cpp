@@ -114,7 +114,7 @@ Result<bool> AttachSessions::attach(const protocol::Request& req, const protocol
         ~SlotRelease() { s->release_slot(id); }
     } release{this, *slot};
     auto opts = session_options(req, peer);
-    if (!req.follow) opts.only_pid = *req.pid;  // no process but this one: its probes in it alone
+    opts.attach_to(*req.pid, req.follow);
     auto created = session::TraceSession::create(opts);
     if (!created) return R::fail(who + ": " + created.error());
     // Children forked during the window are traced as with --no-daemon;

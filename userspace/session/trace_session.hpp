@@ -54,6 +54,11 @@ struct SessionOptions {
     // mapping the same library (the job's other ranks) pays no trap, where
     // without it every call there traps for nothing (docs/safety.md).
     int only_pid = -1;
+    // For `attach PID`: without following its children, PID is that one
+    // process (only_pid).
+    void attach_to(int pid, bool follow) {
+        if (!follow) only_pid = pid;
+    }
 };
 
 // Ops the outputs at `noise_level` never show get no probe (issue 27: a
