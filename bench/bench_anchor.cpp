@@ -4,16 +4,22 @@
 // attached to it from outside in turn:
 //   ncclAllReduce (real libnccl.so.2 where installed, else the stub):
 //     unprobed | bpftrace count() on entry | bpftrace count() on entry and
-//     return | commdbg attach --counts-only | commdbg attach (records) |
-//     commdbgd's always-on node counter, with and without --no-count-errors
+//     return | commdbg attach --counts-only | commdbg attach (records), and
+//     with each record sent by itself (COMMDBG_RECORD_BATCH=0, no per-thread
+//     batches) | commdbgd's always-on node counter, with and without
+//     --no-count-errors
 //   on a communicator (the stub's fake one: calls that succeed, as a job's
 //     do): bpftrace's entry+return count, bpftrace counting what
 //     --counts-only counts (calls, elements and errors per process,
 //     communicator and datatype), commdbg attach --counts-only and
-//     with records (a session keeps no flight recorder), commdbgd's node
+//     with records (a session keeps no flight recorder; batched and not),
+//     commdbgd's node
 //     counter with and without --no-flight-recorder
 //   a system call (getppid) on the host: unprobed | under commdbgd's node
 //     counter, which hooks every syscall's exit | under a session
+//   context switches (two threads handing a byte back and forth): unprobed
+//     | under a session --counts-only | with records, whose on_switch
+//     program runs at every switch of the host
 //   a bystander: the same calls in this process, never traced, while each
 //     tracer traces another process that maps the same file (attach
 //     --no-follow too, whose probes are in that process alone)
@@ -216,6 +222,14 @@ Tracer attach_nccl(const std::string& what, const std::string& commdbg, const st
     return {what, argv, "commdbg: tracing", true, SIGINT, 0, ""};
 }
 
+// The same session with each record sent by itself, as before per-thread
+// batches (bpf/lib/batch.h): their A/B in one run.
+Tracer unbatched(Tracer t) {
+    t.what += ", unbatched";
+    t.argv.insert(t.argv.begin(), {"env", "COMMDBG_RECORD_BATCH=0"});
+    return t;
+}
+
 // commdbgd (beside `commdbg`)'s node counter on the socket `sock`, with
 // `more` options.
 Tracer node_counter(const std::string& what, const std::string& commdbg, const std::string& sock,
@@ -311,10 +325,13 @@ void bench_nccl(const std::string& commdbg, const std::optional<std::string>& bp
                         {"-p", pid, "-e", bpftrace_count(nccl.lib, true)}, 2),
         attach_nccl("commdbg attach --counts-only", commdbg, pid, false, dir.path + "/counts.txt"),
         attach_nccl("commdbg attach (records)", commdbg, pid, true, dir.path + "/records.txt"),
+        unbatched(attach_nccl("commdbg attach (records)", commdbg, pid, true, dir.path + "/records-u.txt")),
         node_counter("commdbgd node counter (always on)", commdbg, dir.path + "/d.sock"),
         node_counter("commdbgd node counter --no-count-errors", commdbg, dir.path + "/d2.sock", {"--no-count-errors"}),
     };
-    measure_and_print(tracers, t, rounds, 2, "bpftrace entry+return");
+    const std::vector<Row> rows = measure_rounds(tracers, t, rounds);
+    print_rows(rows, 2, "bpftrace entry+return");
+    print_ratio(rows, 4, 5, "records in per-thread batches over each record by itself");
 }
 
 // What a tracer of another process costs a process it does not trace that
@@ -384,6 +401,7 @@ void bench_comm(const std::string& commdbg, const std::optional<std::string>& bp
                         {"-p", pid, "-e", bpftrace_keyed_count(STUB_NCCL)}, 2),
         attach_nccl("commdbg attach --counts-only", commdbg, pid, false, dir.path + "/counts.txt"),
         attach_nccl("commdbg attach (records)", commdbg, pid, true, dir.path + "/records.txt"),
+        unbatched(attach_nccl("commdbg attach (records)", commdbg, pid, true, dir.path + "/records-u.txt")),
         node_counter("commdbgd node counter --no-flight-recorder", commdbg, dir.path + "/d.sock",
                      {"--no-flight-recorder"}),
         node_counter("commdbgd node counter (recorder on)", commdbg, dir.path + "/d2.sock"),
@@ -391,7 +409,8 @@ void bench_comm(const std::string& commdbg, const std::optional<std::string>& bp
     const std::vector<Row> rows = measure_rounds(tracers, t, rounds);
     print_rows(rows, 1, "bpftrace entry+return");
     print_ratio(rows, 3, 2, "--counts-only over bpftrace counting the same keys and errors");
-    print_ratio(rows, 6, 5, "the flight recorder: the node counter with it over without it");
+    print_ratio(rows, 4, 5, "records in per-thread batches over each record by itself");
+    print_ratio(rows, 7, 6, "the flight recorder: the node counter with it over without it");
     dlclose(h);
 }
 
@@ -414,6 +433,54 @@ void bench_syscall(const std::string& commdbg, long n, int rounds) {
                     dir.path + "/counts.txt"),
     };
     measure_and_print(tracers, t, rounds, 0, "unprobed");
+    if (h) dlclose(h);
+}
+
+// A session with records runs a program at every context switch of the host
+// (bpf/lib/batch.h, on_switch).  Two threads of this process, both on CPU 0,
+// hand a byte to each other through pipes: each hand-over a switch from one
+// to the other.  Under --counts-only the program is not there: their ratio
+// is its cost.
+void bench_switch(const std::string& commdbg, long n, int rounds) {
+    void* h = dlopen(STUB_NCCL, RTLD_NOW);  // for the session to probe
+    int there[2], back[2];
+    if (pipe(there) || pipe(back)) return;
+    cpu_set_t all, cpu0;
+    CPU_ZERO(&cpu0);
+    CPU_SET(0, &cpu0);
+    pthread_getaffinity_np(pthread_self(), sizeof all, &all);
+    pthread_setaffinity_np(pthread_self(), sizeof cpu0, &cpu0);
+    std::thread echo([&] {
+        pthread_setaffinity_np(pthread_self(), sizeof cpu0, &cpu0);
+        char c = 0;
+        while (read(there[0], &c, 1) == 1 && c) (void)!write(back[1], &c, 1);
+    });
+    const Target t = {[&](long trips) {
+                          return ns_per_call(trips, [&] {
+                              char c = 1;
+                              (void)!write(there[1], &c, 1);
+                              (void)!read(back[0], &c, 1);
+                          });
+                      },
+                      n};
+    std::printf("context switches: a byte there and back between two threads of this process on one CPU (two "
+                "switches), %ld round trips per measurement (best of 3), %d rounds\n",
+                n, rounds);
+    ScratchDir dir;
+    const std::string pid = std::to_string(getpid());
+    std::vector<Tracer> tracers = {
+        {"unprobed", {}, "", true, 0, 0, ""},
+        attach_nccl("commdbg attach --counts-only (this process)", commdbg, pid, false, dir.path + "/counts.txt"),
+        attach_nccl("commdbg attach (records; on_switch)", commdbg, pid, true, dir.path + "/records.txt"),
+    };
+    const std::vector<Row> rows = measure_rounds(tracers, t, rounds);
+    print_rows(rows, 0, "unprobed");
+    print_ratio(rows, 2, 1, "the switch-out flush: records over --counts-only");
+    char stop = 0;
+    (void)!write(there[1], &stop, 1);
+    echo.join();
+    pthread_setaffinity_np(pthread_self(), sizeof all, &all);
+    for (int fd : {there[0], there[1], back[0], back[1]}) close(fd);
     if (h) dlclose(h);
 }
 
@@ -482,6 +549,7 @@ int main(int argc, char** argv) {
     bench_nccl(COMMDBG_BIN, bpftrace, n, rounds);
     bench_comm(COMMDBG_BIN, bpftrace, n, rounds);
     bench_syscall(COMMDBG_BIN, n * 5, rounds);
+    bench_switch(COMMDBG_BIN, n / 10, rounds);
     bench_bystander(COMMDBG_BIN, bpftrace, n / 10, rounds);
     bench_torch(COMMDBG_BIN, bpftrace, n / 10, rounds);
     return 0;

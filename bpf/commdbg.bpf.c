@@ -19,6 +19,7 @@
 #include "events.h"
 #include "lib/compiler.h"
 #include "lib/config.h"
+#include "lib/batch.h"
 #include "lib/comms.h"
 #include "lib/counters.h"
 #include "lib/emit.h"
@@ -135,9 +136,10 @@ int call_exit(struct pt_regs *ctx)
 	track_comm(call, st, &r);
 	if (!(call->flags & CD_TRACE_RECORDS))
 		return 0;
-	if (call->entry_sent)
+	if (call->entry_sent) {
+		batch_before(st);
 		emit_exit(call, tid, &r);
-	else
+	} else
 		emit_call(call, st, tid, &r);
 	return 0;
 }
@@ -164,7 +166,7 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 }
 
 /* A thread's state goes with it; a thread that exits inside return-probed
- * calls sends them first. */
+ * calls sends them first, after what it batched. */
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(on_exit, struct task_struct *p)
 {
@@ -172,6 +174,7 @@ int BPF_PROG(on_exit, struct task_struct *p)
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
 	struct cd_thread *st = bpf_map_lookup_elem(&threads, &tid);
 
+	batch_before(st);
 	if (st && st->depth)
 		emit_open_calls(st, tid);
 	if (st)
@@ -180,6 +183,30 @@ int BPF_PROG(on_exit, struct task_struct *p)
 	bpf_map_delete_elem(&record_bufs, &tid);
 	forget_stop_retry(tid);
 	note_exit(&tgid, p);
+	return 0;
+}
+
+/* A thread leaving its CPU sends its batch (lib/batch.h): a thread that
+ * sleeps after its last call does not hold its records.  Attached for
+ * sessions with records only: it runs at every context switch of the host,
+ * and returns after one per-CPU load where no batch waits. */
+SEC("tp_btf/sched_switch")
+int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	__u32 zero = 0, tid, *waiting = bpf_map_lookup_elem(&batch_cpu, &zero);
+	struct cd_thread *st;
+
+	if (!waiting || !*waiting)
+		return 0;
+	tid = *waiting;
+	if (tid != (__u32)bpf_get_current_pid_tgid())
+		return 0;
+	st = bpf_map_lookup_elem(&threads, &tid);
+	if (st && st->batch.busy)
+		return 0; /* preempted while adding to it: its next switch-out sends it */
+	if (st)
+		batch_flush(st, BPF_RB_NO_WAKEUP);
+	*waiting = 0;
 	return 0;
 }
 

@@ -441,6 +441,7 @@ enum cd_event_kind {
 	CD_EV_CALL = 7,	      /* a return-probed call, sent at its return: entry and return */
 	CD_EV_EXEC = 8,	      /* a traced process exec'd (maybe into another loader): cd_dl_change */
 	CD_EV_THREAD_EXIT = 9, /* a thread that made probed calls exited: cd_thread_exit (its last name) */
+	CD_EV_BATCH = 10,      /* a thread's cd_call records, sent together: cd_header, then those (lib/batch.h) */
 };
 
 struct cd_header {
@@ -500,7 +501,7 @@ struct cd_call {
 	__s64 ret;	 /* raw return register */
 	__u64 out_value; /* *out pointer after return (new comm), or 0 */
 	__u32 depth;	 /* inflight depth at entry */
-	__u32 pad;
+	__u32 batch_seq; /* sent in a batch: its number in its thread's, from 1; else 0 */
 };
 
 /* commdbgd (count_all): the beginnings of the library file names whose
@@ -757,6 +758,21 @@ struct cd_frame {
 	__u64 ret; /* return address stored at sp on entry */
 };
 
+/* A thread's call records waiting to go out together (lib/batch.h): `h`
+ * (kind CD_EV_BATCH) and the `n` first of `calls` are one ring-buffer record.
+ * `busy` while the thread writes one (a flush elsewhere then waits); `seq`:
+ * the last batch_seq given. */
+#define CD_BATCH 8
+
+struct cd_batch {
+	__u32 n;
+	__u32 busy;
+	__u32 seq;
+	__u32 pad;
+	struct cd_header h;
+	struct cd_call calls[CD_BATCH];
+};
+
 /* Per thread (`threads` map, key: tid). */
 struct cd_thread {
 	__u32 depth;	   /* open return-probed calls */
@@ -770,6 +786,7 @@ struct cd_thread {
 	struct cd_inflight inflight[CD_MAX_INFLIGHT]; /* [0, depth): innermost last */
 	struct cd_frame frames[CD_MAX_FRAMES];
 	__u8 unique_id[CD_UNIQUE_ID_BYTES]; /* of the open CommInitRank */
+	struct cd_batch batch;
 };
 
 /* "no datatype" in a counter key */
@@ -785,6 +802,10 @@ CD_STATIC_ASSERT(sizeof(struct cd_header) == 24, "cd_header");
 CD_STATIC_ASSERT(sizeof(struct cd_call_enter) == 24 + 8 * 3 + 8 * CD_NUM_ARGS + 8, "cd_call_enter");
 CD_STATIC_ASSERT(sizeof(struct cd_call_exit) == 24 + 8 * 4 + 8, "cd_call_exit");
 CD_STATIC_ASSERT(sizeof(struct cd_call) == sizeof(struct cd_call_enter) + 8 * 4, "cd_call");
+/* A batch's header and records are one span: sent from &h in one output. */
+CD_STATIC_ASSERT(__builtin_offsetof(struct cd_batch, calls) == __builtin_offsetof(struct cd_batch, h) + 24,
+		 "cd_batch: its records right behind its header");
+CD_STATIC_ASSERT((CD_BATCH & (CD_BATCH - 1)) == 0, "CD_BATCH: a power of two");
 CD_STATIC_ASSERT(sizeof(struct cd_dl_change) == 32, "cd_dl_change");
 CD_STATIC_ASSERT(sizeof(struct cd_proc) == 32, "cd_proc");
 CD_STATIC_ASSERT(sizeof(struct cd_thread_exit) == 24 + CD_THREAD_NAME_LEN, "cd_thread_exit");

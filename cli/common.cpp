@@ -150,15 +150,17 @@ std::string describe_cost(const session::SessionCost& c) {
     auto secs = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
     const double total = secs(self.ru_utime) + secs(self.ru_stime);
     const double setup = 1e-9 * static_cast<double>(c.setup_ns), records = 1e-9 * static_cast<double>(c.records_ns);
-    char line[640];
+    char line[768];
     std::snprintf(line, sizeof line,
                   "commdbg: own CPU %.2f s: %.2f s in %llu process set-ups (at attach, fork, exec and dlopen: symbols, "
                   "probes, Python and torch discovery; %llu loader stops before a mapping needed none), %.2f s handling "
-                  "%llu records (%.1f us each), %.2f s the rest (loading the BPF programs, the report)\n",
+                  "%llu records (%.1f us each; %llu came in their thread's batch, %llu of them read from the thread at "
+                  "the window's end), %.2f s the rest (loading the BPF programs, the report)\n",
                   total, setup, static_cast<unsigned long long>(c.setups),
                   static_cast<unsigned long long>(c.loader_stops_unscanned), records,
                   static_cast<unsigned long long>(c.records),
                   c.records ? 1e6 * records / static_cast<double>(c.records) : 0.0,
+                  static_cast<unsigned long long>(c.batched), static_cast<unsigned long long>(c.batched_at_end),
                   std::max(0.0, total - setup - records));
     return line;
 }

@@ -7,6 +7,7 @@
 #ifndef COMMDBG_LIB_EMIT_H
 #define COMMDBG_LIB_EMIT_H
 
+#include "lib/batch.h"
 #include "lib/drops.h"
 #include "lib/records.h"
 #include "lib/ringbuf.h"
@@ -30,21 +31,27 @@ FUNC_INLINE void emit_entry_record(const struct entry *en, struct cd_thread *st)
 {
 	__u64 wakeup = call_wakeup(st);
 
+	batch_before(st);
+
 	if (!emit_enter_with_context(en, wakeup))
 		emit_enter(en, wakeup);
 }
 
 /* The one record of a return-probed call, at its return.  Without context
- * it is built on the stack and copied out: one helper call, not a
- * reservation and a submission. */
+ * it goes into its thread's batch (lib/batch.h), or else is built on the
+ * stack and copied out: one helper call, not a reservation and a
+ * submission. */
 FUNC_INLINE void emit_call(const struct cd_inflight *call, struct cd_thread *st, __u32 tid,
 			   const struct ret_info *r)
 {
-	__u64 wakeup = call_wakeup(st);
+	__u64 wakeup;
 	struct cd_call e;
 
-	if (emit_call_with_context(call, tid, r, wakeup))
+	if (emit_call_with_context(call, st, tid, r))
 		return;
+	if (st && batch_call(st, call, tid, r))
+		return;
+	wakeup = call_wakeup(st);
 	fill_call(&e, call, tid, r, 0);
 	if (bpf_ringbuf_output(&events, &e, sizeof(e), wakeup))
 		count_ringbuf_drop(call->ckey.tgid);

@@ -72,7 +72,7 @@ FUNC_INLINE void fill_call(struct cd_call *e, const struct cd_inflight *call, __
 	e->ret = r->ret;
 	e->out_value = r->out;
 	e->depth = r->depth;
-	e->pad = 0;
+	e->batch_seq = 0;
 }
 
 #endif /* COMMDBG_LIB_RECORDS_H */

@@ -7,6 +7,7 @@
 #ifndef COMMDBG_PYTHON_CONTEXT_H
 #define COMMDBG_PYTHON_CONTEXT_H
 
+#include "lib/batch.h"
 #include "lib/drops.h"
 #include "lib/lookup_or_init.h"
 #include "lib/records.h"
@@ -155,16 +156,19 @@ FUNC_INLINE bool emit_enter_with_context(const struct entry *en, __u64 wakeup)
 
 /* A call record with its context, built at the return: the Python stack
  * of a thread inside a native call is the one it had at the entry. */
-FUNC_INLINE bool emit_call_with_context(const struct cd_inflight *call, __u32 tid, const struct ret_info *r,
-					__u64 wakeup)
+FUNC_INLINE bool emit_call_with_context(const struct cd_inflight *call, struct cd_thread *st, __u32 tid,
+					const struct ret_info *r)
 {
 	const struct cd_py_cfg *cfg;
 	struct record_buf *b = context_buf(call->cookie, call->ckey.tgid, tid, call->flags, &cfg, false);
+	__u64 wakeup;
 	__u8 *body;
 	__u32 tail;
 
 	if (!b)
 		return false;
+	wakeup = call_wakeup(st);
+	batch_before(st);
 	tail = context_tail(b, call->ckey.tgid, call->cookie, call->args, cfg);
 	if (tail > CONTEXT_TAIL_MAX)
 		return false;

@@ -86,6 +86,9 @@ Result<std::unique_ptr<FsdpWatch>> FsdpWatch::create(const FsdpWatchOptions& opt
     // stacks: the scopes carry the labels.
     so.probes = {"nccl", "torch-c10d", "torch-scopes"};
     so.py_stack = python::PyStackMode::Off;
+    // Always on: no program at every context switch of the host for batches
+    // that its scopes' records would flush at once anyway.
+    so.batch_records = false;
     so.limits.max_records = opts.max_records;
     auto session = session::TraceSession::create(so);
     if (!session) return R::fail("commdbgd: --fsdp-checks: " + session.error());

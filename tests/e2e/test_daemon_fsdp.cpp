@@ -105,6 +105,12 @@ TEST(DaemonFsdp, MetricsCountWhatCommdbgCheckFindsForEachMode) {
     REQUIRE_TRIXIE_ROOT(trixie_root());
     SharedDir tmp;
     START_DAEMON(d, tmp, {"--fsdp-checks"});
+    // Always on: its session's records go out one by one, with no program at
+    // every context switch of the host (bpf/lib/batch.h, on_switch).  The
+    // session is up once its exec hook is linked (the node counter has none).
+    for (int i = 0; i < 100 && count_links_of_programs({"on_exec"}) < 1; ++i) sleep_ms(100);
+    ASSERT_GE(count_links_of_programs({"on_exec"}), 1) << "the --fsdp-checks session never started";
+    EXPECT_EQ(count_links_of_programs({"on_switch"}), 0);
     for (const std::string mode : {"clean", "bad_prefetch", "pending_all_gather", "rank_divergence"}) {
         SCOPED_TRACE(mode);
         const std::string out = tmp.path(mode + ".json");

@@ -24,16 +24,18 @@ namespace {
 struct CostLine {
     double total = 0, setup = 0, records_s = 0, rest = 0;
     long setups = 0, records = 0;
+    long batched = 0, batched_at_end = 0;  // records that came in a thread's batch; read at the window's end
 };
 
 std::optional<CostLine> cost_line(const std::string& err) {
     static const std::regex re(
         R"(commdbg: own CPU ([0-9.]+) s: ([0-9.]+) s in ([0-9]+) process set-ups \([^)]*\), ([0-9.]+) s handling )"
-        R"(([0-9]+) records \([0-9.]+ us each\), ([0-9.]+) s the rest)");
+        R"(([0-9]+) records \([0-9.]+ us each; ([0-9]+) came in their thread's batch, ([0-9]+) of them read from )"
+        R"(the thread at the window's end\), ([0-9.]+) s the rest)");
     std::smatch m;
     if (!std::regex_search(err, m, re)) return std::nullopt;
-    return CostLine{std::stod(m[1]), std::stod(m[2]), std::stod(m[4]), std::stod(m[6]), std::stol(m[3]),
-                    std::stol(m[5])};
+    return CostLine{std::stod(m[1]), std::stod(m[2]), std::stod(m[4]), std::stod(m[8]), std::stol(m[3]),
+                    std::stol(m[5]), std::stol(m[6]), std::stol(m[7])};
 }
 
 TEST(OwnCost, CountsTheRecordsTheDumpHoldsAndItsPartsAddUp) {

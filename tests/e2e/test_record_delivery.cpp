@@ -2,9 +2,15 @@
 // Call records do not wake commdbg one by one (the kernel side wakes it only
 // once the ring buffer is 1/8 full): the last records of a process that has
 // gone quiet must still arrive within a poll interval, not at the end of the
-// window or never.
+// window or never.  Records without context go out in per-thread batches
+// (bpf/lib/batch.h): a thread that sleeps or exits sends its batch, and what
+// a thread still holds when the window closes is read from it, each record
+// once.
 #include <gtest/gtest.h>
 #include <signal.h>
+
+#include <regex>
+#include <thread>
 
 #include "e2e_util.hpp"
 
@@ -64,6 +70,88 @@ TEST(RecordDelivery, LastRecordOfAQuietProcessArrivesWithinThePollInterval) {
     EXPECT_EQ(j["thread_names"].value(std::to_string(tid), ""), "one-call")
         << "the record arrived only after the thread renamed itself, 1 s after the call: "
         << j["thread_names"].dump();
+}
+
+// The `--cost` line's batch counts: records that came in a thread's batch,
+// and of them those read from the thread at the window's end.
+std::pair<long, long> batch_counts(const std::string& err) {
+    static const std::regex re(R"(([0-9]+) came in their thread's batch, ([0-9]+) of them read from the thread)");
+    std::smatch m;
+    if (!std::regex_search(err, m, re)) return {-1, -1};
+    return {std::stol(m[1]), std::stol(m[2])};
+}
+
+// One worker makes kCalls ncclAllReduce calls (the stub, a process without
+// Python: no context, so batched after its first, which goes out at once),
+// then sleeps in the window.  With the switch-out flush, its batch arrives
+// while it sleeps: nothing is left to read at the end.  Without it (the
+// window-end read alone), the batch is read from the thread then.  Either
+// way every call has exactly one record.
+class BatchDelivery : public ::testing::TestWithParam<bool> {};
+
+TEST_P(BatchDelivery, ASleepingThreadsBatchArrivesOnceAndWhole) {
+    REQUIRE_BPF();
+    const bool flush_at_switch = GetParam();
+    constexpr int kCalls = 5;
+    TempDir tmp;
+    Background work({testprog("nccl_workload"), "--calls", "all_reduce=" + std::to_string(kCalls), "--wait-file",
+                     tmp.path("go"), "--linger-ms", "60000", "--fake-comm"},
+                    nccl_env(false));
+    ASSERT_FALSE(work.wait_for_line("ready pid=").empty()) << "workload never got ready";
+    std::map<std::string, std::string> env;
+    if (!flush_at_switch) env["COMMDBG_TEST_NO_SWITCH_FLUSH"] = "1";
+    Background dbg({commdbg_bin(), "attach", std::to_string(work.pid()), "--no-daemon", "--cost", "--json",
+                    tmp.path("out.json")},
+                   env);
+    if (dbg.wait_for_err_line("commdbg: tracing", 60).empty()) {
+        auto r = dbg.wait(5);
+        FAIL() << "commdbg never said it was tracing; status " << r.status << " stderr: " << r.err;
+    }
+    // The switch-out program is linked for this session alone, where asked.
+    EXPECT_EQ(count_links_of_programs({"on_switch"}), flush_at_switch ? 1 : 0);
+    touch(tmp.path("go"));
+    ASSERT_FALSE(work.wait_for_line("lingering tid=").empty());
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // it sleeps by now: switched out
+    kill(dbg.pid(), SIGINT);
+    auto d = dbg.wait(60);
+    ASSERT_EQ(d.status, 0) << d.err;
+    kill(work.pid(), SIGKILL);
+
+    auto j = read_json(tmp.path("out.json"));
+    EXPECT_EQ(j["comm_counts"].value("nccl.all_reduce", 0), kCalls) << j["comm_counts"].dump();
+    int records = 0;
+    for (const auto& rec : j["records"]) records += rec.value("name", "") == "ncclAllReduce";
+    EXPECT_EQ(records, kCalls) << "each call one record, none twice: " << j["records"].dump().substr(0, 2000);
+    auto [batched, at_end] = batch_counts(d.err);
+    ASSERT_GE(batched, 0) << "no batch counts in: " << d.err;
+    EXPECT_EQ(batched, kCalls - 1) << "the thread's first record goes out at once, the others in its batch";
+    EXPECT_EQ(at_end, flush_at_switch ? 0 : kCalls - 1) << d.err;
+}
+
+INSTANTIATE_TEST_SUITE_P(SwitchFlushOnAndOff, BatchDelivery, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "FlushAtSwitch" : "WindowEndReadOnly"; });
+
+// Threads that exit send what they batched: with the switch-out flush off,
+// still nothing is left for the window's end, and every call has its record.
+TEST(BatchDelivery, ExitingThreadsSendTheirBatches) {
+    REQUIRE_BPF();
+    constexpr int kCalls = 300;
+    TempDir tmp;
+    auto r = run({commdbg_bin(), "run", "--cost", "--json", tmp.path("out.json"), "--", testprog("nccl_workload"),
+                  "--threads", "3", "--calls", "all_reduce=" + std::to_string(kCalls), "--fake-comm"},
+                 [] {
+                     auto env = nccl_env(false);
+                     env["COMMDBG_TEST_NO_SWITCH_FLUSH"] = "1";
+                     return env;
+                 }());
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto j = read_json(tmp.path("out.json"));
+    int records = 0;
+    for (const auto& rec : j["records"]) records += rec.value("name", "") == "ncclAllReduce";
+    EXPECT_EQ(records, kCalls);
+    auto [batched, at_end] = batch_counts(r.err);
+    EXPECT_EQ(batched, kCalls - 3) << "each thread's first record goes out at once: " << r.err;
+    EXPECT_EQ(at_end, 0) << r.err;
 }
 
 }  // namespace

@@ -95,6 +95,8 @@ Result<std::unique_ptr<BpfSession>> BpfSession::open(const BpfOptions& opts) {
     s->skel_->rodata->wakeup_bytes = s->ringbuf_bytes_ / kWakeupFraction;
     if (opts.run_stats) s->stats_fd_ = bpf_enable_stats(BPF_STATS_RUN_TIME);
     s->skel_->rodata->test_failed_stops = opts.test_failed_stops;
+    s->skel_->rodata->batch_records = opts.batch_records ? 1 : 0;
+    bpf_program__set_autoload(s->skel_->progs.on_switch, opts.batch_records && opts.flush_at_switch);
     if (!opts.file_prefixes.empty()) {
         if (opts.file_prefixes.size() > CD_FILE_PREFIXES)
             return R::fail("commdbg: " + std::to_string(opts.file_prefixes.size()) +
@@ -127,6 +129,7 @@ Result<std::unique_ptr<BpfSession>> BpfSession::open(const BpfOptions& opts) {
     }
     std::vector<bpf_program*> tracepoints = {s->skel_->progs.on_fork, s->skel_->progs.on_exit};
     tracepoints.push_back(opts.count_all ? s->skel_->progs.on_mmap_file : s->skel_->progs.on_exec);
+    if (opts.batch_records && opts.flush_at_switch) tracepoints.push_back(s->skel_->progs.on_switch);
     for (bpf_program* p : tracepoints) {
         bpf_link* l = bpf_program__attach(p);
         if (!l)
@@ -152,8 +155,19 @@ int BpfSession::on_ring_record(void* ctx, void* data, size_t size) noexcept {
     // session's and the daemon's handlers are noexcept and count what they
     // cannot handle; any other handler (a benchmark's) loses the record.
     auto* self = static_cast<BpfSession*>(ctx);
+    std::span<const uint8_t> bytes(static_cast<const uint8_t*>(data), size);
     try {
-        if (self->handler_) self->handler_(std::span<const uint8_t>(static_cast<const uint8_t*>(data), size));
+        if (!self->handler_) return 0;
+        // A thread's batch (bpf/lib/batch.h): its call records one by one.
+        cd_header h;
+        if (size >= sizeof(h)) std::memcpy(&h, data, sizeof(h));
+        if (size < sizeof(h) || h.kind != CD_EV_BATCH) {
+            self->handler_(bytes);
+            return 0;
+        }
+        for (size_t at = sizeof(h); at + sizeof(cd_call) <= size && at + sizeof(cd_call) <= h.size;
+             at += sizeof(cd_call))
+            self->handler_(bytes.subspan(at, sizeof(cd_call)));
     } catch (...) {
     }
     return 0;
@@ -297,6 +311,21 @@ std::vector<CallEnter> BpfSession::open_calls() const {
         }
     }
     std::sort(out.begin(), out.end(), [](const CallEnter& a, const CallEnter& b) { return a.ts_ns < b.ts_ns; });
+    return out;
+}
+
+std::vector<cd_call> BpfSession::pending_batches() const {
+    std::vector<cd_call> out;
+    uint32_t key = 0, next = 0;
+    const uint32_t* prev = nullptr;
+    auto st = std::make_unique<cd_thread>();
+    while (bpf_map__get_next_key(skel_->maps.threads, prev, &next, sizeof(next)) == 0) {
+        key = next;
+        prev = &key;
+        if (bpf_map__lookup_elem(skel_->maps.threads, &key, sizeof(key), st.get(), sizeof(*st), 0) != 0) continue;
+        // [0, n) are whole: n grows after a record is written.
+        for (uint32_t i = 0; i < st->batch.n && i < CD_BATCH; ++i) out.push_back(st->batch.calls[i]);
+    }
     return out;
 }
 

@@ -47,6 +47,12 @@ struct BpfOptions {
     // two clock reads a run), so probe_hits() can say how often the probes
     // fired.  `--cost` asks for it.
     bool run_stats = false;
+    // Records without context go out in per-thread batches (bpf/lib/batch.h):
+    // a session with records.  flush_at_switch: a thread leaving its CPU
+    // sends its batch (the on_switch program, at every context switch of the
+    // host); off only in tests of the window-end read (pending_batches).
+    bool batch_records = false;
+    bool flush_at_switch = true;
 };
 
 // One exact kernel counter.  coarse: the process's own per-symbol counter,
@@ -154,6 +160,9 @@ public:
     // Recorded return-probed calls still in flight (their one record is sent
     // at the return), as entries, oldest first: read once a window closes.
     std::vector<CallEnter> open_calls() const;
+    // The call records threads hold in their batches (bpf/lib/batch.h), each
+    // thread's in order: at a window's end, those that never left their CPU.
+    std::vector<cd_call> pending_batches() const;
     std::array<uint64_t, CD_DROP_MAX> drops() const;
     uint64_t drops_of(uint32_t cause) const;  // one cause (cd_drop): one map read, for a poll loop
     uint64_t ringbuf_drops_of(uint32_t tgid) const;  // records `tgid` lost to a full ring buffer

@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <set>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <variant>
@@ -139,6 +141,12 @@ Result<std::unique_ptr<TraceSession>> TraceSession::create(const SessionOptions&
     capture::BpfOptions bpf_opts;
     bpf_opts.ringbuf_bytes = opts.ringbuf_bytes;
     bpf_opts.run_stats = opts.probe_hits;
+    // COMMDBG_RECORD_BATCH=0: each record by itself (benchmarks' A/B);
+    // COMMDBG_TEST_NO_SWITCH_FLUSH=1: batches wait for the window's end
+    // (tests of that read).
+    const char* batch_env = getenv("COMMDBG_RECORD_BATCH");
+    bpf_opts.batch_records = opts.records && opts.batch_records && !(batch_env && std::string_view(batch_env) == "0");
+    bpf_opts.flush_at_switch = getenv("COMMDBG_TEST_NO_SWITCH_FLUSH") == nullptr;
     auto bpf = capture::BpfSession::open(bpf_opts);
     if (!bpf) return R::fail(bpf.error());
     std::unique_ptr<TraceSession> s(
@@ -394,7 +402,20 @@ void TraceSession::name_exited_thread(const capture::ThreadExit& t) {
     else if (known == names.end() && names.size() < TracedProcess::kMaxThreadNames) names[t.tid] = t.name;
 }
 
+std::optional<TraceSession::BatchKey> TraceSession::batch_key(std::span<const uint8_t> bytes) {
+    cd_call c;
+    if (bytes.size() != sizeof(c)) return std::nullopt;
+    std::memcpy(&c, bytes.data(), sizeof(c));
+    if (c.h.kind != CD_EV_CALL || c.batch_seq == 0) return std::nullopt;
+    return BatchKey{c.h.tid, c.batch_seq, c.h.ts_ns};
+}
+
 void TraceSession::handle_record(std::span<const uint8_t> bytes) {
+    if (auto key = batch_key(bytes)) {
+        if (taken_.erase(*key)) return;  // read from its thread at the window's end already
+        ++cost_.batched;
+        if (draining_) drained_.insert(*key);
+    }
     capture::DecodeResult d = capture::decode(bytes);
     if (!d.event) {
         ++decode_errors_;
@@ -542,6 +563,12 @@ void TraceSession::rescan_after_lost_loader_events() {
 void TraceSession::drain() {
     bpf_->set_armed(false);  // the window closes here, for every symbol at once
     RecordSpan span(cost_);
+    draining_ = true;
+    drained_.clear();
+    while (bpf_->poll(0) > 0) {
+    }
+    draining_ = false;
+    take_pending_batches();
     while (bpf_->poll(0) > 0) {
     }
     // A return-probed call sends its record when it returns: those still in
@@ -550,6 +577,22 @@ void TraceSession::drain() {
     for (const capture::CallEnter& e : bpf_->open_calls())
         if (auto it = procs_.find(e.tgid); it != procs_.end() && !it->second.withheld)
             model_.on_event(capture::Event{e});
+}
+
+// Threads that have not left their CPU since their last batched record
+// still hold it (bpf/lib/batch.h).  A batch sent while this reads came
+// through the ring, before (drained_) or after (taken_): handled once.
+void TraceSession::take_pending_batches() {
+    taken_.clear();
+    for (const cd_call& c : bpf_->pending_batches()) {
+        auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&c), sizeof(c));
+        auto key = batch_key(bytes);
+        if (!key || drained_.count(*key)) continue;
+        on_record(bytes);
+        taken_.insert(*key);
+        ++cost_.batched_at_end;
+    }
+    drained_.clear();
 }
 
 void TraceSession::reset_window() {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,10 @@ struct SessionOptions {
     model::ModelLimits limits;
     std::vector<std::string> probes;  // spec names or files; empty: every built-in
     bool records = true;              // ring-buffer records (off: counters only)
+    // Records without context in per-thread batches (bpf/lib/batch.h), with
+    // a program at every context switch of the host while the session runs:
+    // off for an always-on session (commdbgd --fsdp-checks).
+    bool batch_records = true;
     bool stack_args = false;          // records also read stack-passed arguments only they show (NCCL's stream)
     bool tensors = true;              // c10d records read their tensors and group (with records only)
     python::PyStackMode py_stack = python::PyStackMode::Default;  // where records carry the Python stack
@@ -83,6 +88,8 @@ struct SessionCost {
     uint64_t records = 0;     // call records handled
     uint64_t setups = 0;      // processes added or scanned
     uint64_t loader_stops_unscanned = 0;  // stops before a mapping (TraceSession::mapping_starts)
+    uint64_t batched = 0;         // records that came in their thread's batch (bpf/lib/batch.h)
+    uint64_t batched_at_end = 0;  // of them, read from the thread at the window's end
 };
 
 struct TracedProcess {
@@ -125,7 +132,7 @@ public:
     // Handles ready events; returns the number handled (or -errno).
     int poll(int timeout_ms);
     // Ends the window (no call is counted or recorded after it), then reads
-    // what is left in the ring buffer.
+    // what is left in the ring buffer and in the threads' batches.
     void drain();
 
     void mark_exited(int pid, int wait_status);
@@ -214,6 +221,20 @@ private:
     std::chrono::steady_clock::time_point last_poll_{};
     bool set_up_last_ = false;
     static constexpr std::chrono::microseconds kBusyPollGap{1000};
+    // A batched record, as one thread numbered it (bpf/lib/batch.h): its
+    // time tells a thread from an earlier one with the same id.
+    struct BatchKey {
+        uint32_t tid, seq;
+        uint64_t ts;
+        auto operator<=>(const BatchKey&) const = default;
+    };
+    static std::optional<BatchKey> batch_key(std::span<const uint8_t> bytes);
+    void take_pending_batches();
+    // While drain() reads the ring, the batched records it brought (one the
+    // threads still hold is not taken twice); after, those it took from the
+    // threads (a switch-out may send one again): each is handled once.
+    bool draining_ = false;
+    std::set<BatchKey> drained_, taken_;
 };
 
 // "pid 4242 (python3 train.py)" for messages.
