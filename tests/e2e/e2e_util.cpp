@@ -196,6 +196,15 @@ const nlohmann::json* process_by_pid(const std::vector<nlohmann::json>& ps, int 
     return nullptr;
 }
 
+::testing::AssertionResult wait_tracing(Background& dbg, std::string* line, int timeout_s) {
+    std::string tracing = dbg.wait_for_err_line("commdbg: tracing", timeout_s);
+    if (line) *line = tracing;
+    if (!tracing.empty()) return ::testing::AssertionSuccess();
+    auto r = dbg.wait(5);
+    return ::testing::AssertionFailure() << "commdbg never said it was tracing; status " << r.status
+                                         << " stderr: " << r.err;
+}
+
 int pid_of_ready(const std::string& line) {
     size_t at = line.find("ready pid=");
     return at == std::string::npos ? -1 : std::stoi(line.substr(at + 10));

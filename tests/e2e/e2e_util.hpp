@@ -142,6 +142,9 @@ void for_each_rank_process(const std::vector<nlohmann::json>& ps, const std::vec
 }
 // The pid in nccl_workload's "ready pid=N" line, or -1.
 int pid_of_ready(const std::string& line);
+// Waits up to timeout_s for a session's "commdbg: tracing" line (into
+// `line`); a failure with commdbg's exit status and stderr when it never came.
+::testing::AssertionResult wait_tracing(Background& dbg, std::string* line = nullptr, int timeout_s = 60);
 // Creates `path` (the workload's --wait-file).
 void touch(const std::string& path);
 // The stub's or the real libnccl.so.2.

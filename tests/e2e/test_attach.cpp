@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -51,42 +52,59 @@ void expect_counts_exactly(const nlohmann::json& j, const std::vector<std::pair<
 
 class AttachCounts : public ::testing::TestWithParam<bool> {};
 
-// The workload maps libnccl, says ready, and waits: every call it makes comes
-// after the attach, so the counts are exactly its pattern.
-TEST_P(AttachCounts, CallsAfterAttachCountedExactly) {
-    REQUIRE_BPF();
-    bool real = GetParam();
-    if (real) REQUIRE_REAL_NCCL();
+// The workload (nccl_workload with `wmore`) maps libnccl, says ready, and
+// waits; `commdbg attach` (with `more`) then lets it run: every call it makes
+// comes after the attach, so the counts are exactly its pattern.  `ready`
+// looks at the waiting workload first; `dbg_err` gets commdbg's stderr.
+// Returns the workload's own report.
+nlohmann::json attach_then_go(const std::vector<std::string>& wmore, bool real, const std::vector<std::string>& more,
+                              const std::function<void(int pid)>& ready = {}, std::string* dbg_err = nullptr) {
     TempDir tmp;
     std::vector<std::string> wargv = {testprog("nccl_workload"), "--calls", pattern_arg(kPattern), "--wait-file",
                                       tmp.path("go")};
-    if (!real) wargv.push_back("--fake-comm");  // real: NULL comm, every call errs at once (still counted)
+    wargv.insert(wargv.end(), wmore.begin(), wmore.end());
     Background work(wargv, nccl_env(real));
-    std::string ready = work.wait_for_line("ready pid=");
-    ASSERT_FALSE(ready.empty()) << "workload never got ready";
-    ASSERT_EQ(pid_of_ready(ready), work.pid());
+    std::string line = work.wait_for_line("ready pid=");
+    EXPECT_FALSE(line.empty()) << "workload never got ready";
+    EXPECT_EQ(pid_of_ready(line), work.pid());
+    if (line.empty()) return {};
+    if (ready) ready(work.pid());
+    if (::testing::Test::HasFatalFailure()) return {};
 
-    Background dbg({commdbg_bin(), "attach", std::to_string(work.pid()), "--json", tmp.path("out.json")});
-    std::string tracing = dbg.wait_for_err_line("commdbg: tracing", 60);
-    if (tracing.empty()) {
-        auto r = dbg.wait(5);
-        FAIL() << "commdbg never said it was tracing; status " << r.status << " stderr: " << r.err;
+    std::vector<std::string> argv = {commdbg_bin(), "attach", std::to_string(work.pid()), "--json",
+                                     tmp.path("out.json")};
+    argv.insert(argv.end(), more.begin(), more.end());
+    Background dbg(argv);
+    std::string tracing;
+    if (auto traced = wait_tracing(dbg, &tracing); !traced) {
+        ADD_FAILURE() << traced.message();
+        return {};
     }
     EXPECT_NE(tracing.find("1 library file(s) probed"), std::string::npos) << tracing;
     touch(tmp.path("go"));
 
     auto w = work.wait(60);
-    ASSERT_EQ(w.status, 0) << w.err;
+    EXPECT_EQ(w.status, 0) << w.err;
     auto d = dbg.wait(60);  // ends by itself once the target exits
-    ASSERT_EQ(d.status, 0) << d.err;
+    EXPECT_EQ(d.status, 0) << d.err;
     EXPECT_NE(d.err.find("exited"), std::string::npos) << d.err;
+    if (dbg_err) *dbg_err = d.err;
 
-    auto j = read_json(tmp.path("out.json"));
-    expect_counts_exactly(j, kPattern);
+    expect_counts_exactly(read_json(tmp.path("out.json")), kPattern);
     auto rep = workload_report(w.out);
-    ASSERT_TRUE(rep.is_object()) << w.out;
-    for (const auto& [kind, n] : kPattern) EXPECT_EQ(rep["calls"][kind].get<int>(), n) << kind;
-    if (real) {
+    EXPECT_TRUE(rep.is_object()) << w.out;
+    if (rep.is_object())
+        for (const auto& [kind, n] : kPattern) EXPECT_EQ(rep["calls"][kind].get<int>(), n) << kind;
+    return rep;
+}
+
+TEST_P(AttachCounts, CallsAfterAttachCountedExactly) {
+    REQUIRE_BPF();
+    bool real = GetParam();
+    if (real) REQUIRE_REAL_NCCL();
+    // real: NULL comm, every call errs at once (still counted)
+    auto rep = attach_then_go(real ? std::vector<std::string>{} : std::vector<std::string>{"--fake-comm"}, real, {});
+    if (real && rep.is_object()) {
         EXPECT_GT(rep["errors"].get<int>(), 0) << "real NCCL with a NULL comm should reject the calls";
     }
 }
@@ -355,40 +373,15 @@ class MainThreadExited : public ::testing::TestWithParam<bool> {};
 TEST_P(MainThreadExited, AttachCountsItsOtherThreadsCallsExactly) {
     REQUIRE_BPF();
     const bool no_follow = GetParam();
-    TempDir tmp;
-    Background work({testprog("nccl_workload"), "--main-exits", "--threads", "2", "--calls", pattern_arg(kPattern),
-                     "--wait-file", tmp.path("go"), "--fake-comm"},
-                    nccl_env(false));
-    std::string ready = work.wait_for_line("ready pid=");
-    ASSERT_FALSE(ready.empty()) << "workload never got ready";
-    ASSERT_EQ(pid_of_ready(ready), work.pid());
-    ASSERT_EQ(proc_state(work.pid()), 'Z') << "the main thread has not exited: the test would test nothing";
-
-    std::vector<std::string> argv = {commdbg_bin(), "attach", std::to_string(work.pid()), "--no-daemon", "--json",
-                                     tmp.path("out.json")};
-    if (no_follow) argv.push_back("--no-follow");
-    Background dbg(argv);
-    std::string tracing = dbg.wait_for_err_line("commdbg: tracing", 60);
-    if (tracing.empty()) {
-        auto r = dbg.wait(5);
-        FAIL() << "commdbg never said it was tracing; status " << r.status << " stderr: " << r.err;
-    }
-    EXPECT_NE(tracing.find("1 library file(s) probed"), std::string::npos) << tracing;
-    touch(tmp.path("go"));
-
-    auto w = work.wait(60);
-    ASSERT_EQ(w.status, 0) << w.err;
-    auto d = dbg.wait(60);
-    ASSERT_EQ(d.status, 0) << d.err;
-    EXPECT_NE(d.err.find("exited"), std::string::npos) << d.err;
+    std::vector<std::string> more = {"--no-daemon"};
+    if (no_follow) more.push_back("--no-follow");
+    std::string err;
+    attach_then_go({"--main-exits", "--threads", "2", "--fake-comm"}, false, more, [](int pid) {
+        ASSERT_EQ(proc_state(pid), 'Z') << "the main thread has not exited: the test would test nothing";
+    }, &err);
     if (no_follow) {
-        EXPECT_NE(d.err.find("its main thread has exited"), std::string::npos) << d.err;
+        EXPECT_NE(err.find("its main thread has exited"), std::string::npos) << err;
     }
-    auto j = read_json(tmp.path("out.json"));
-    expect_counts_exactly(j, kPattern);
-    auto rep = workload_report(w.out);
-    ASSERT_TRUE(rep.is_object()) << w.out;
-    for (const auto& [kind, n] : kPattern) EXPECT_EQ(rep["calls"][kind].get<int>(), n) << kind;
 }
 
 INSTANTIATE_TEST_SUITE_P(FollowAndNoFollow, MainThreadExited, ::testing::Values(false, true),

@@ -198,11 +198,8 @@ void attach_counts_pattern(const std::vector<std::string>& cli, Background& work
     Background dbg(concat(cli, concat({"attach", std::to_string(work.pid()), "-d", "1", "--json", out, "--socket",
                                        socket},
                                       more)));
-    std::string tracing = dbg.wait_for_err_line("commdbg: tracing", 60);
-    if (tracing.empty()) {
-        auto r = dbg.wait(5);
-        FAIL() << "commdbg never said it was tracing; status " << r.status << " stderr: " << r.err;
-    }
+    std::string tracing;
+    ASSERT_TRUE(wait_tracing(dbg, &tracing));
     EXPECT_TRUE(std::regex_search(tracing, std::regex("session [0-9]+ in commdbgd"))) << tracing;
     touch(go);
     auto w = work.wait(60);

@@ -48,10 +48,7 @@ TEST(RecordDelivery, LastRecordOfAQuietProcessArrivesWithinThePollInterval) {
 
     Background dbg({commdbg_bin(), "attach", std::to_string(work.pid()), "--no-daemon", "--json",
                     tmp.path("out.json")});
-    if (dbg.wait_for_err_line("commdbg: tracing", 60).empty()) {
-        auto r = dbg.wait(5);
-        FAIL() << "commdbg never said it was tracing; status " << r.status << " stderr: " << r.err;
-    }
+    ASSERT_TRUE(wait_tracing(dbg));
     touch(tmp.path("go"));
     ASSERT_NE(work.wait_for_line("called rc=").find("rc=0"), std::string::npos) << "the stub call failed";
     ASSERT_FALSE(work.wait_for_line("renamed").empty());
@@ -103,10 +100,7 @@ TEST_P(BatchDelivery, ASleepingThreadsBatchArrivesOnceAndWhole) {
     Background dbg({commdbg_bin(), "attach", std::to_string(work.pid()), "--no-daemon", "--cost", "--json",
                     tmp.path("out.json")},
                    env);
-    if (dbg.wait_for_err_line("commdbg: tracing", 60).empty()) {
-        auto r = dbg.wait(5);
-        FAIL() << "commdbg never said it was tracing; status " << r.status << " stderr: " << r.err;
-    }
+    ASSERT_TRUE(wait_tracing(dbg));
     // The switch-out program is linked for this session alone, where asked.
     EXPECT_EQ(count_links_of_programs({"on_switch"}), flush_at_switch ? 1 : 0);
     touch(tmp.path("go"));
