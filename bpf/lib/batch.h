@@ -12,8 +12,8 @@
  * and at a window's end userspace reads what its threads still hold
  * (BpfSession::pending_batches).  Records are numbered per thread
  * (cd_call.batch_seq), so that one flushed while userspace reads it is taken
- * once.  Only where userspace asked for it (batch_records): a session with
- * records.
+ * once.  Only where userspace asked for it (batch_records: a session with
+ * records), from the first record a batch would have taken (batching).
  */
 #ifndef COMMDBG_LIB_BATCH_H
 #define COMMDBG_LIB_BATCH_H
@@ -23,6 +23,11 @@
 #include "lib/ringbuf.h"
 
 const volatile __u32 batch_records = 0;
+/* Set by userspace once on_switch is attached, at the first record it sees
+ * that a batch would have taken (TraceSession::start_batching): until then
+ * records go out one by one, so a session whose records all have context
+ * (a Python job) never runs a program at every context switch. */
+volatile __u32 batching = 0;
 
 /* Per CPU: the thread whose batch waits there, 0 for none.  A thread that
  * adds to its batch runs on this CPU until it is switched out, and its
@@ -62,7 +67,7 @@ FUNC_INLINE bool batch_call(struct cd_thread *st, const struct cd_inflight *call
 	struct cd_batch *b = &st->batch;
 	__u32 n = b->n, zero = 0, *here;
 
-	if (!batch_records || n >= CD_BATCH)
+	if (!batch_records || !batching || n >= CD_BATCH)
 		return false;
 	/* on_switch may run in the middle of this (a preempted uprobe program):
 	 * it leaves a batch being written alone. */

@@ -78,21 +78,22 @@ std::pair<long, long> batch_counts(const std::string& err) {
     return {std::stol(m[1]), std::stol(m[2])};
 }
 
-// One worker makes kCalls ncclAllReduce calls (the stub, a process without
-// Python: no context, so batched after its first, which goes out at once),
-// then sleeps in the window.  With the switch-out flush, its batch arrives
-// while it sleeps: nothing is left to read at the end.  Without it (the
-// window-end read alone), the batch is read from the thread then.  Either
-// way every call has exactly one record.
+// A worker makes kCalls ncclAllReduce calls (the stub, a process without
+// Python: records without context), commdbg sees such a record go out by
+// itself and starts the batches; then kCalls more, fewer than a batch holds,
+// and the worker sleeps in the window.  With the switch-out flush its batch
+// arrives while it sleeps: nothing is left at the end.  Without it (the
+// window-end read alone) the batch is read from the thread then.  Either way
+// every call has exactly one record.
 class BatchDelivery : public ::testing::TestWithParam<bool> {};
 
 TEST_P(BatchDelivery, ASleepingThreadsBatchArrivesOnceAndWhole) {
     REQUIRE_BPF();
     const bool flush_at_switch = GetParam();
-    constexpr int kCalls = 5;
+    constexpr int kCalls = 5;  // a round; fewer than a batch (CD_BATCH, 8) holds
     TempDir tmp;
     Background work({testprog("nccl_workload"), "--calls", "all_reduce=" + std::to_string(kCalls), "--wait-file",
-                     tmp.path("go"), "--linger-ms", "60000", "--fake-comm"},
+                     tmp.path("go"), "--again-file", tmp.path("again"), "--linger-ms", "60000", "--fake-comm"},
                     nccl_env(false));
     ASSERT_FALSE(work.wait_for_line("ready pid=").empty()) << "workload never got ready";
     std::map<std::string, std::string> env;
@@ -101,9 +102,16 @@ TEST_P(BatchDelivery, ASleepingThreadsBatchArrivesOnceAndWhole) {
                     tmp.path("out.json")},
                    env);
     ASSERT_TRUE(wait_tracing(dbg));
-    // The switch-out program is linked for this session alone, where asked.
-    EXPECT_EQ(count_links_of_programs({"on_switch"}), flush_at_switch ? 1 : 0);
+    EXPECT_EQ(count_links_of_programs({"on_switch"}), 0) << "no batches yet: no program at every context switch";
     touch(tmp.path("go"));
+    ASSERT_FALSE(work.wait_for_line("round done").empty());
+    // The round's records went out one by one; the first of them without
+    // context starts the batches (and links on_switch where asked).
+    for (int i = 0; i < 100 && flush_at_switch && count_links_of_programs({"on_switch"}) < 1; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!flush_at_switch) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    EXPECT_EQ(count_links_of_programs({"on_switch"}), flush_at_switch ? 1 : 0);
+    touch(tmp.path("again"));
     ASSERT_FALSE(work.wait_for_line("lingering tid=").empty());
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // it sleeps by now: switched out
     kill(dbg.pid(), SIGINT);
@@ -112,14 +120,14 @@ TEST_P(BatchDelivery, ASleepingThreadsBatchArrivesOnceAndWhole) {
     kill(work.pid(), SIGKILL);
 
     auto j = read_json(tmp.path("out.json"));
-    EXPECT_EQ(j["comm_counts"].value("nccl.all_reduce", 0), kCalls) << j["comm_counts"].dump();
+    EXPECT_EQ(j["comm_counts"].value("nccl.all_reduce", 0), 2 * kCalls) << j["comm_counts"].dump();
     int records = 0;
     for (const auto& rec : j["records"]) records += rec.value("name", "") == "ncclAllReduce";
-    EXPECT_EQ(records, kCalls) << "each call one record, none twice: " << j["records"].dump().substr(0, 2000);
+    EXPECT_EQ(records, 2 * kCalls) << "each call one record, none twice: " << j["records"].dump().substr(0, 2000);
     auto [batched, at_end] = batch_counts(d.err);
     ASSERT_GE(batched, 0) << "no batch counts in: " << d.err;
-    EXPECT_EQ(batched, kCalls - 1) << "the thread's first record goes out at once, the others in its batch";
-    EXPECT_EQ(at_end, flush_at_switch ? 0 : kCalls - 1) << d.err;
+    EXPECT_EQ(batched, kCalls) << "the second round's records, in the thread's batch";
+    EXPECT_EQ(at_end, flush_at_switch ? 0 : kCalls) << d.err;
 }
 
 INSTANTIATE_TEST_SUITE_P(SwitchFlushOnAndOff, BatchDelivery, ::testing::Values(true, false),
@@ -129,23 +137,56 @@ INSTANTIATE_TEST_SUITE_P(SwitchFlushOnAndOff, BatchDelivery, ::testing::Values(t
 // still nothing is left for the window's end, and every call has its record.
 TEST(BatchDelivery, ExitingThreadsSendTheirBatches) {
     REQUIRE_BPF();
-    constexpr int kCalls = 300;
+    constexpr int kCalls = 150;  // a round, over 3 threads
     TempDir tmp;
-    auto r = run({commdbg_bin(), "run", "--cost", "--json", tmp.path("out.json"), "--", testprog("nccl_workload"),
-                  "--threads", "3", "--calls", "all_reduce=" + std::to_string(kCalls), "--fake-comm"},
-                 [] {
-                     auto env = nccl_env(false);
-                     env["COMMDBG_TEST_NO_SWITCH_FLUSH"] = "1";
-                     return env;
-                 }());
+    auto env = nccl_env(false);
+    env["COMMDBG_TEST_NO_SWITCH_FLUSH"] = "1";
+    Background dbg({commdbg_bin(), "run", "--cost", "--json", tmp.path("out.json"), "--", testprog("nccl_workload"),
+                    "--threads", "3", "--calls", "all_reduce=" + std::to_string(kCalls), "--again-file",
+                    tmp.path("again"), "--fake-comm"},
+                   env);
+    ASSERT_FALSE(dbg.wait_for_line("round done").empty());
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the batches start
+    touch(tmp.path("again"));
+    auto r = dbg.wait(60);
     ASSERT_EQ(r.status, 0) << r.err;
     auto j = read_json(tmp.path("out.json"));
     int records = 0;
     for (const auto& rec : j["records"]) records += rec.value("name", "") == "ncclAllReduce";
-    EXPECT_EQ(records, kCalls);
+    EXPECT_EQ(records, 2 * kCalls);
     auto [batched, at_end] = batch_counts(r.err);
-    EXPECT_EQ(batched, kCalls - 3) << "each thread's first record goes out at once: " << r.err;
+    // The whole second round at least (the batches may start during the
+    // first, whose threads still run when commdbg sees its first record).
+    EXPECT_GE(batched, kCalls) << "the second round's records, in their threads' batches: " << r.err;
     EXPECT_EQ(at_end, 0) << r.err;
+}
+
+// A session whose records all carry context (a Python process's, with its
+// stack) never starts the batches: no program at every context switch.
+TEST(BatchDelivery, RecordsWithContextStartNoBatches) {
+    REQUIRE_BPF();
+    TempDir tmp;
+    Background dbg({commdbg_bin(), "run", "--cost", "--json", tmp.path("out.json"), "--", "/usr/bin/python3", "-c",
+                    "import ctypes, os, sys, time\n"
+                    "lib = ctypes.CDLL(sys.argv[1])\n"
+                    "for i in range(50):\n"
+                    "    lib.ncclAllReduce(None, None, ctypes.c_size_t(1), 7, 0, ctypes.c_void_p(0x1000), None)\n"
+                    "print('called', flush=True)\n"
+                    "while not os.path.exists(sys.argv[2]):\n"
+                    "    time.sleep(0.01)\n",
+                    lib_path(false), tmp.path("end")});
+    ASSERT_FALSE(dbg.wait_for_line("called").empty()) << "python3 with ctypes never made its calls";
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // what a batch start would take
+    EXPECT_EQ(count_links_of_programs({"on_switch"}), 0);
+    touch(tmp.path("end"));
+    auto r = dbg.wait(60);
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto j = read_json(tmp.path("out.json"));
+    int records = 0;
+    for (const auto& rec : j["records"]) records += rec.value("name", "") == "ncclAllReduce";
+    EXPECT_EQ(records, 50);
+    auto [batched, at_end] = batch_counts(r.err);
+    EXPECT_EQ(batched, 0) << r.err;
 }
 
 }  // namespace

@@ -81,6 +81,7 @@ static struct {
   int no_nccl;
   int main_exits;
   long linger_ms; // each worker, after its last call: say "lingering", sleep
+  const char *again_file; // after the rounds: say "round done", wait for it, one round more
 } opt = {.threads = 1, .count = 1024, .dtype = ncclFloat32, .nranks = 1,
          .duration_ms = -1, .last_count = -1};
 
@@ -89,6 +90,7 @@ static char sendbuf[64], recvbuf[64];
 static volatile int stop; // --duration-ms: set by the serial thread
 static pthread_barrier_t round_barrier;
 static uint64_t rounds;
+static int again; // --again-file: its round began
 
 struct worker {
   pthread_t tid;
@@ -123,6 +125,8 @@ static void usage(FILE *f) {
           "  --duration-ms D      repeat the pattern until D ms have passed\n"
           "  --last-count C       each thread's last call of a round passes count C\n"
           "  --root R             the root of broadcast, bcast, reduce, gather, scatter (0)\n"
+          "  --again-file PATH    after the rounds print 'round done pid=P', wait for\n"
+          "                       PATH, then make one round more (twice --calls in all)\n"
           "  --linger-ms M        each worker thread, after its last call, prints\n"
           "                       'lingering tid=T' and sleeps M ms before it ends\n"
           "  --main-exits         the main thread hands the run to another thread and\n"
@@ -167,7 +171,7 @@ static void parse_calls(char *spec) {
 static void parse_args(int argc, char **argv) {
   enum { O_CALLS = 256, O_THREADS, O_COUNT, O_DTYPE, O_GROUP, O_SEED, O_NRANKS,
          O_RANK, O_CONFIG, O_SPLIT, O_HASH, O_FAKE, O_DLOPEN, O_WAIT, O_DELAY,
-         O_DURATION, O_FORK, O_NONCCL, O_LAST, O_ROOT, O_MAIN_EXITS, O_LINGER, O_HELP };
+         O_DURATION, O_FORK, O_NONCCL, O_LAST, O_ROOT, O_MAIN_EXITS, O_LINGER, O_AGAIN, O_HELP };
   static const struct option longopts[] = {
       {"calls", required_argument, 0, O_CALLS}, {"threads", required_argument, 0, O_THREADS},
       {"count", required_argument, 0, O_COUNT}, {"dtype", required_argument, 0, O_DTYPE},
@@ -181,6 +185,7 @@ static void parse_args(int argc, char **argv) {
       {"root", required_argument, 0, O_ROOT},
       {"fork", required_argument, 0, O_FORK}, {"no-nccl", no_argument, 0, O_NONCCL},
       {"main-exits", no_argument, 0, O_MAIN_EXITS}, {"linger-ms", required_argument, 0, O_LINGER},
+      {"again-file", required_argument, 0, O_AGAIN},
       {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -213,6 +218,7 @@ static void parse_args(int argc, char **argv) {
     case O_NONCCL: opt.no_nccl = 1; break;
     case O_MAIN_EXITS: opt.main_exits = 1; break;
     case O_LINGER: opt.linger_ms = parse_long(optarg, 0, "--linger-ms"); break;
+    case O_AGAIN: opt.again_file = optarg; break;
     case O_HELP: usage(stdout); exit(0);
     default: usage(stderr); exit(2);
     }
@@ -325,6 +331,13 @@ static void *worker_main(void *arg) {
     if (pthread_barrier_wait(&round_barrier) == PTHREAD_BARRIER_SERIAL_THREAD) {
       rounds++;
       stop = opt.duration_ms < 0 || now_ms() >= deadline;
+      if (stop && opt.again_file && !again) { // one round more, once the file exists
+        again = 1;
+        stop = 0;
+        printf("round done pid=%d\n", (int)getpid());
+        fflush(stdout);
+        while (access(opt.again_file, F_OK)) sleep_ms(1);
+      }
     }
     pthread_barrier_wait(&round_barrier);
     if (stop) break;

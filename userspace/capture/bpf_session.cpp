@@ -96,6 +96,8 @@ Result<std::unique_ptr<BpfSession>> BpfSession::open(const BpfOptions& opts) {
     if (opts.run_stats) s->stats_fd_ = bpf_enable_stats(BPF_STATS_RUN_TIME);
     s->skel_->rodata->test_failed_stops = opts.test_failed_stops;
     s->skel_->rodata->batch_records = opts.batch_records ? 1 : 0;
+    s->batch_records_ = opts.batch_records;
+    s->flush_at_switch_ = opts.flush_at_switch;
     bpf_program__set_autoload(s->skel_->progs.on_switch, opts.batch_records && opts.flush_at_switch);
     if (!opts.file_prefixes.empty()) {
         if (opts.file_prefixes.size() > CD_FILE_PREFIXES)
@@ -129,7 +131,6 @@ Result<std::unique_ptr<BpfSession>> BpfSession::open(const BpfOptions& opts) {
     }
     std::vector<bpf_program*> tracepoints = {s->skel_->progs.on_fork, s->skel_->progs.on_exit};
     tracepoints.push_back(opts.count_all ? s->skel_->progs.on_mmap_file : s->skel_->progs.on_exec);
-    if (opts.batch_records && opts.flush_at_switch) tracepoints.push_back(s->skel_->progs.on_switch);
     for (bpf_program* p : tracepoints) {
         bpf_link* l = bpf_program__attach(p);
         if (!l)
@@ -180,6 +181,22 @@ int BpfSession::poll(int timeout_ms, const std::function<void()>& woken) {
     if (epoll_wait(ring_buffer__epoll_fd(rb_), ev, 4, timeout_ms) < 0) return -errno;
     if (woken) woken();
     return ring_buffer__consume(rb_);
+}
+
+Result<bool> BpfSession::start_batching() {
+    if (!batch_records_ || batching_) return batching_;
+    if (flush_at_switch_) {
+        bpf_link* l = bpf_program__attach(skel_->progs.on_switch);
+        if (!l) {
+            batch_records_ = false;  // not again
+            return Result<bool>::fail(bpf_error_message("commdbg: attaching on_switch (records are sent one by one)",
+                                                        errno));
+        }
+        tracepoints_.emplace_back(l);
+    }
+    __atomic_store_n(&skel_->bss->batching, 1u, __ATOMIC_SEQ_CST);
+    batching_ = true;
+    return true;
 }
 
 void BpfSession::set_armed(bool on) {

@@ -47,10 +47,11 @@ struct BpfOptions {
     // two clock reads a run), so probe_hits() can say how often the probes
     // fired.  `--cost` asks for it.
     bool run_stats = false;
-    // Records without context go out in per-thread batches (bpf/lib/batch.h):
-    // a session with records.  flush_at_switch: a thread leaving its CPU
-    // sends its batch (the on_switch program, at every context switch of the
-    // host); off only in tests of the window-end read (pending_batches).
+    // Records without context may go out in per-thread batches
+    // (bpf/lib/batch.h), once start_batching() is called: a session with
+    // records.  flush_at_switch: a thread leaving its CPU sends its batch
+    // (the on_switch program, at every context switch of the host); off only
+    // in tests of the window-end read (pending_batches).
     bool batch_records = false;
     bool flush_at_switch = true;
 };
@@ -160,6 +161,11 @@ public:
     // Recorded return-probed calls still in flight (their one record is sent
     // at the return), as entries, oldest first: read once a window closes.
     std::vector<CallEnter> open_calls() const;
+    // Batches from now on, with the switch-out program attached first
+    // (BpfOptions::batch_records, flush_at_switch); an error when it could
+    // not be attached (records then go out one by one, as before).
+    Result<bool> start_batching();
+    bool batching() const { return batching_; }
     // The call records threads hold in their batches (bpf/lib/batch.h), each
     // thread's in order: at a window's end, those that never left their CPU.
     std::vector<cd_call> pending_batches() const;
@@ -213,6 +219,7 @@ private:
     EventHandler handler_;
     size_t ringbuf_bytes_ = 0;
     LinkPtr mmap_hook_;  // count_all: on_mmap_file's link
+    bool batch_records_ = false, flush_at_switch_ = true, batching_ = false;
     std::set<std::pair<uint64_t, uint64_t>> known_files_;  // what known_files holds (kernel dev, inode)
     bool known_files_full_ = false;
 };

@@ -402,6 +402,18 @@ void TraceSession::name_exited_thread(const capture::ThreadExit& t) {
     else if (known == names.end() && names.size() < TracedProcess::kMaxThreadNames) names[t.tid] = t.name;
 }
 
+// The first record a batch would have taken (a call's one record without
+// context, sent by itself) starts the batches, and the program at every
+// context switch of the host that they need: a session whose records all
+// have context (a Python job) never pays it.
+void TraceSession::start_batching(std::span<const uint8_t> bytes) {
+    cd_call c;
+    if (bpf_->batching() || bytes.size() != sizeof(c)) return;
+    std::memcpy(&c, bytes.data(), sizeof(c));
+    if (c.h.kind != CD_EV_CALL || c.h.tail_len != 0 || c.batch_seq != 0) return;
+    if (auto r = bpf_->start_batching(); !r) messages_.push_back(r.error());
+}
+
 std::optional<TraceSession::BatchKey> TraceSession::batch_key(std::span<const uint8_t> bytes) {
     cd_call c;
     if (bytes.size() != sizeof(c)) return std::nullopt;
@@ -415,6 +427,8 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
         if (taken_.erase(*key)) return;  // read from its thread at the window's end already
         ++cost_.batched;
         if (draining_) drained_.insert(*key);
+    } else if (!draining_) {
+        start_batching(bytes);
     }
     capture::DecodeResult d = capture::decode(bytes);
     if (!d.event) {
