@@ -408,7 +408,7 @@ void TraceSession::name_exited_thread(const capture::ThreadExit& t) {
 // have context (a Python job) never pays it.
 void TraceSession::start_batching(std::span<const uint8_t> bytes) {
     cd_call c;
-    if (bpf_->batching() || bytes.size() != sizeof(c)) return;
+    if (bpf_->batching() || bytes.size() != sizeof(c) || !bpf_->armed()) return;  // not once the window closed
     std::memcpy(&c, bytes.data(), sizeof(c));
     if (c.h.kind != CD_EV_CALL || c.h.tail_len != 0 || c.batch_seq != 0) return;
     if (auto r = bpf_->start_batching(); !r) messages_.push_back(r.error());
@@ -427,7 +427,7 @@ void TraceSession::handle_record(std::span<const uint8_t> bytes) {
         if (taken_.erase(*key)) return;  // read from its thread at the window's end already
         ++cost_.batched;
         if (draining_) drained_.insert(*key);
-    } else if (!draining_) {
+    } else {
         start_batching(bytes);
     }
     capture::DecodeResult d = capture::decode(bytes);
