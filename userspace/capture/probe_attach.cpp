@@ -203,30 +203,35 @@ ProbeAttacher::Plan ProbeAttacher::plan(const ProbeSpec& spec, const host::ElfSy
     return p;
 }
 
+// Only the files a spec names, and loaders, are looked at (each a stat or
+// more): a torch process maps hundreds, and its import alone is a few
+// hundred loader changes, each a scan.
+bool ProbeAttacher::looks_at(std::string_view path) const {
+    if (is_loader_path(path)) return true;
+    for (const auto& spec : specs_)
+        if (spec.matches_library(path)) return true;
+    return false;
+}
+
+// The kernel's filter matches the memory of the pid's main thread, which a
+// main thread that has exited (others running on) no longer has: links made
+// with it would never fire.
+void ProbeAttacher::drop_filter_without_main_thread(int pid, std::vector<std::string>& notes) {
+    if (pid_filter_ != pid || host::live_thread(pid) == pid) return;
+    pid_filter_ = -1;
+    notes.push_back("pid " + std::to_string(pid) +
+                    ": its main thread has exited while other threads run on; the kernel's per-process probe "
+                    "filter would miss them, so probes from now on are in every process that maps a probed file, "
+                    "as without --no-follow");
+}
+
 Result<ScanResult> ProbeAttacher::scan_process(int pid, const ScanLimits& limits) {
     auto maps = host::read_maps(pid);
     if (!maps) return Result<ScanResult>::fail(maps.error());
     ScanResult out;
-    // The kernel's filter matches the memory of the pid's main thread, which
-    // a main thread that has exited (others running on) no longer has: its
-    // links would never fire.
-    if (pid_filter_ == pid && host::live_thread(pid) != pid) {
-        pid_filter_ = -1;
-        out.notes.push_back("pid " + std::to_string(pid) +
-                            ": its main thread has exited while other threads run on; the kernel's per-process "
-                            "probe filter would miss them, so probes from now on are in every process that maps a "
-                            "probed file, as without --no-follow");
-    }
+    drop_filter_without_main_thread(pid, out.notes);
     size_t examined = 0;  // new named files read, attached or not
-    // Only the files a spec names, and loaders, are looked at (each a stat or
-    // more): a torch process maps hundreds, and its import alone is a few
-    // hundred loader changes, each a scan.
-    auto files = mapped_files(*maps, pid, [this](std::string_view path) {
-        if (is_loader_path(path)) return true;
-        for (const auto& spec : specs_)
-            if (spec.matches_library(path)) return true;
-        return false;
-    });
+    auto files = mapped_files(*maps, pid, [this](std::string_view path) { return looks_at(path); });
     for (const auto& f : files) {
         if (f.path.empty() || f.path[0] != '/') continue;
         auto key = std::make_pair(f.dev, f.inode);

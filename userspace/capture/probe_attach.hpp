@@ -101,6 +101,8 @@ private:
     Result<size_t> attach_multi(bpf_program* prog, const host::MappedFile& f, std::vector<unsigned long> offsets,
                                 std::vector<__u64> cookies, bool retprobe, std::vector<std::string>& notes);
     Result<bool> attach_loader(const std::string& path, uint64_t dev, uint64_t inode);
+    void drop_filter_without_main_thread(int pid, std::vector<std::string>& notes);
+    bool looks_at(std::string_view path) const;
     std::optional<uint64_t> loader_state(const std::vector<host::MapEntry>& maps, const host::MappedFile& f,
                                          const std::pair<uint64_t, uint64_t>& key);
     // A loader file's headers and its two symbols, read once per file; the

@@ -422,14 +422,22 @@ std::optional<TraceSession::BatchKey> TraceSession::batch_key(std::span<const ui
     return BatchKey{c.h.tid, c.batch_seq, c.h.ts_ns};
 }
 
-void TraceSession::handle_record(std::span<const uint8_t> bytes) {
-    if (auto key = batch_key(bytes)) {
-        if (taken_.erase(*key)) return;  // read from its thread at the window's end already
-        ++cost_.batched;
-        if (draining_) drained_.insert(*key);
-    } else {
+// A batched record: false when it was read from its thread at the window's
+// end already.  Any other may start the batches.
+bool TraceSession::take_batched(std::span<const uint8_t> bytes) {
+    auto key = batch_key(bytes);
+    if (!key) {
         start_batching(bytes);
+        return true;
     }
+    if (taken_.erase(*key)) return false;
+    ++cost_.batched;
+    if (draining_) drained_.insert(*key);
+    return true;
+}
+
+void TraceSession::handle_record(std::span<const uint8_t> bytes) {
+    if (!take_batched(bytes)) return;
     capture::DecodeResult d = capture::decode(bytes);
     if (!d.event) {
         ++decode_errors_;

@@ -230,6 +230,7 @@ private:
     };
     static std::optional<BatchKey> batch_key(std::span<const uint8_t> bytes);
     void start_batching(std::span<const uint8_t> bytes);
+    bool take_batched(std::span<const uint8_t> bytes);
     void take_pending_batches();
     // While drain() reads the ring, the batched records it brought (one the
     // threads still hold is not taken twice); after, those it took from the
