@@ -69,6 +69,13 @@ TEST(RecordDelivery, LastRecordOfAQuietProcessArrivesWithinThePollInterval) {
         << j["thread_names"].dump();
 }
 
+// The dump's ncclAllReduce records.
+int all_reduce_records(const nlohmann::json& j) {
+    int n = 0;
+    for (const auto& rec : j["records"]) n += rec.value("name", "") == "ncclAllReduce";
+    return n;
+}
+
 // The `--cost` line's batch counts: records that came in a thread's batch,
 // and of them those read from the thread at the window's end.
 std::pair<long, long> batch_counts(const std::string& err) {
@@ -121,8 +128,7 @@ TEST_P(BatchDelivery, ASleepingThreadsBatchArrivesOnceAndWhole) {
 
     auto j = read_json(tmp.path("out.json"));
     EXPECT_EQ(j["comm_counts"].value("nccl.all_reduce", 0), 2 * kCalls) << j["comm_counts"].dump();
-    int records = 0;
-    for (const auto& rec : j["records"]) records += rec.value("name", "") == "ncclAllReduce";
+    const int records = all_reduce_records(j);
     EXPECT_EQ(records, 2 * kCalls) << "each call one record, none twice: " << j["records"].dump().substr(0, 2000);
     auto [batched, at_end] = batch_counts(d.err);
     ASSERT_GE(batched, 0) << "no batch counts in: " << d.err;
@@ -151,8 +157,7 @@ TEST(BatchDelivery, ExitingThreadsSendTheirBatches) {
     auto r = dbg.wait(60);
     ASSERT_EQ(r.status, 0) << r.err;
     auto j = read_json(tmp.path("out.json"));
-    int records = 0;
-    for (const auto& rec : j["records"]) records += rec.value("name", "") == "ncclAllReduce";
+    const int records = all_reduce_records(j);
     EXPECT_EQ(records, 2 * kCalls);
     auto [batched, at_end] = batch_counts(r.err);
     // The whole second round at least (the batches may start during the
@@ -182,8 +187,7 @@ TEST(BatchDelivery, RecordsWithContextStartNoBatches) {
     auto r = dbg.wait(60);
     ASSERT_EQ(r.status, 0) << r.err;
     auto j = read_json(tmp.path("out.json"));
-    int records = 0;
-    for (const auto& rec : j["records"]) records += rec.value("name", "") == "ncclAllReduce";
+    const int records = all_reduce_records(j);
     EXPECT_EQ(records, 50);
     auto [batched, at_end] = batch_counts(r.err);
     EXPECT_EQ(batched, 0) << r.err;
