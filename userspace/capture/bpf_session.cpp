@@ -312,37 +312,36 @@ CounterSnapshot BpfSession::counter_snapshot() const {
     return out;
 }
 
-std::vector<CallEnter> BpfSession::open_calls() const {
-    std::vector<CallEnter> out;
+void BpfSession::each_thread(const std::function<void(uint32_t tid, const cd_thread&)>& fn) const {
     uint32_t key = 0, next = 0;
     const uint32_t* prev = nullptr;
-    auto st = std::make_unique<cd_thread>();  // ~2 KiB: not on the stack
+    auto st = std::make_unique<cd_thread>();  // ~3 KiB: not on the stack
     while (bpf_map__get_next_key(skel_->maps.threads, prev, &next, sizeof(next)) == 0) {
         key = next;
         prev = &key;
-        if (bpf_map__lookup_elem(skel_->maps.threads, &key, sizeof(key), st.get(), sizeof(*st), 0) != 0) continue;
-        for (uint32_t i = 0; i < st->depth && i < CD_MAX_INFLIGHT; ++i) {
-            const cd_inflight& s = st->inflight[i];
-            if (!(s.flags & CD_TRACE_RECORDS) || s.entry_sent) continue;  // sent: the model has it
-            call_entry_fields(s, s.ckey.tgid, key, s.ts, out.emplace_back());
-        }
+        if (bpf_map__lookup_elem(skel_->maps.threads, &key, sizeof(key), st.get(), sizeof(*st), 0) == 0) fn(key, *st);
     }
+}
+
+std::vector<CallEnter> BpfSession::open_calls() const {
+    std::vector<CallEnter> out;
+    each_thread([&](uint32_t tid, const cd_thread& st) {
+        for (uint32_t i = 0; i < st.depth && i < CD_MAX_INFLIGHT; ++i) {
+            const cd_inflight& s = st.inflight[i];
+            if (!(s.flags & CD_TRACE_RECORDS) || s.entry_sent) continue;  // sent: the model has it
+            call_entry_fields(s, s.ckey.tgid, tid, s.ts, out.emplace_back());
+        }
+    });
     std::sort(out.begin(), out.end(), [](const CallEnter& a, const CallEnter& b) { return a.ts_ns < b.ts_ns; });
     return out;
 }
 
 std::vector<cd_call> BpfSession::pending_batches() const {
     std::vector<cd_call> out;
-    uint32_t key = 0, next = 0;
-    const uint32_t* prev = nullptr;
-    auto st = std::make_unique<cd_thread>();
-    while (bpf_map__get_next_key(skel_->maps.threads, prev, &next, sizeof(next)) == 0) {
-        key = next;
-        prev = &key;
-        if (bpf_map__lookup_elem(skel_->maps.threads, &key, sizeof(key), st.get(), sizeof(*st), 0) != 0) continue;
+    each_thread([&](uint32_t, const cd_thread& st) {
         // [0, n) are whole: n grows after a record is written.
-        for (uint32_t i = 0; i < st->batch.n && i < CD_BATCH; ++i) out.push_back(st->batch.calls[i]);
-    }
+        for (uint32_t i = 0; i < st.batch.n && i < CD_BATCH; ++i) out.push_back(st.batch.calls[i]);
+    });
     return out;
 }
 

@@ -216,6 +216,8 @@ private:
     commdbg_bpf* skel_ = nullptr;
     ring_buffer* rb_ = nullptr;
     std::vector<LinkPtr> tracepoints_;
+    // Each thread's state in the kernel's `threads` map, one copy at a time.
+    void each_thread(const std::function<void(uint32_t tid, const cd_thread&)>& fn) const;
     EventHandler handler_;
     size_t ringbuf_bytes_ = 0;
     LinkPtr mmap_hook_;  // count_all: on_mmap_file's link

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "hang.hpp"
 
-
 #include <algorithm>
 #include <array>
 #include <chrono>

@@ -118,16 +118,22 @@ std::vector<int> numeric_entries(const std::string& dir) {
     return out;
 }
 
-std::optional<int> live_thread(int pid, const std::string& proc_root) {
-    auto runs = [](const Result<ProcStat>& st) {
-        return st && st->state != 'Z' && st->state != 'X' && !st->exiting();
-    };
-    if (pid <= 0) return std::nullopt;
-    if (runs(read_stat(pid, proc_root))) return pid;
+namespace {
+
+// live_thread where the main thread's stat is read already.
+std::optional<int> live_thread_of(int pid, const Result<ProcStat>& main, const std::string& proc_root) {
+    if (main && main->runs()) return pid;
     const std::string tasks = pid_dir(proc_root, pid) + "/task";
     for (int tid : numeric_entries(tasks))
-        if (tid != pid && runs(read_stat(tid, tasks))) return tid;
+        if (auto st = read_stat(tid, tasks); tid != pid && st && st->runs()) return tid;
     return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<int> live_thread(int pid, const std::string& proc_root) {
+    if (pid <= 0) return std::nullopt;
+    return live_thread_of(pid, read_stat(pid, proc_root), proc_root);
 }
 
 namespace {
@@ -319,7 +325,7 @@ Result<ProcessInfo> read_process(int pid, const std::string& proc_root) {
     info.kernel_thread = st->kernel_thread();
     // A main thread that has exited while others run on is a zombie; the
     // process is what its live threads are.
-    auto live = live_thread(pid, proc_root);
+    auto live = live_thread_of(pid, st, proc_root);
     info.live_tid = live.value_or(0);
     if (live && *live != pid) {
         auto lst = read_stat(*live, pid_dir(proc_root, pid) + "/task");

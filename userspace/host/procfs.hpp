@@ -96,6 +96,7 @@ struct ProcStat {
     uint64_t cpu_ticks = 0;   // user + system time in clock ticks (fields 14, 15): of the thread for /proc/TID
     bool kernel_thread() const { return (flags & 0x00200000) != 0; }  // PF_KTHREAD
     bool exiting() const { return (flags & 0x4) != 0; }               // PF_EXITING: past the start of do_exit
+    bool runs() const { return state != 'Z' && state != 'X' && !exiting(); }  // neither exited nor exiting
 };
 
 // Fails with "no such process" or "permission denied" messages a user can

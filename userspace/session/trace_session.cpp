@@ -405,34 +405,35 @@ void TraceSession::name_exited_thread(const capture::ThreadExit& t) {
 // The first record a batch would have taken (a call's one record without
 // context, sent by itself) starts the batches, and the program at every
 // context switch of the host that they need: a session whose records all
-// have context (a Python job) never pays it.
-void TraceSession::start_batching(std::span<const uint8_t> bytes) {
-    cd_call c;
-    if (bpf_->batching() || bytes.size() != sizeof(c) || !bpf_->armed()) return;  // not once the window closed
-    std::memcpy(&c, bytes.data(), sizeof(c));
-    if (c.h.kind != CD_EV_CALL || c.h.tail_len != 0 || c.batch_seq != 0) return;
+// have context (a Python job) never pays it.  Not once the window closed.
+void TraceSession::start_batching() {
+    if (bpf_->batching() || !bpf_->armed()) return;
     if (auto r = bpf_->start_batching(); !r) messages_.push_back(r.error());
 }
 
-std::optional<TraceSession::BatchKey> TraceSession::batch_key(std::span<const uint8_t> bytes) {
+// A call's one record, batched or not: the record read once.
+std::optional<cd_call> TraceSession::call_record(std::span<const uint8_t> bytes) {
     cd_call c;
     if (bytes.size() != sizeof(c)) return std::nullopt;
     std::memcpy(&c, bytes.data(), sizeof(c));
-    if (c.h.kind != CD_EV_CALL || c.batch_seq == 0) return std::nullopt;
-    return BatchKey{c.h.tid, c.batch_seq, c.h.ts_ns};
+    if (c.h.kind != CD_EV_CALL) return std::nullopt;
+    return c;
 }
 
 // A batched record: false when it was read from its thread at the window's
-// end already.  Any other may start the batches.
+// end already.  A call's record without context sent by itself may start
+// the batches.
 bool TraceSession::take_batched(std::span<const uint8_t> bytes) {
-    auto key = batch_key(bytes);
-    if (!key) {
-        start_batching(bytes);
+    auto c = call_record(bytes);
+    if (!c) return true;
+    if (c->batch_seq == 0) {
+        if (c->h.tail_len == 0) start_batching();
         return true;
     }
-    if (taken_.erase(*key)) return false;
+    const BatchKey key = batch_key(*c);
+    if (taken_.erase(key)) return false;
     ++cost_.batched;
-    if (draining_) drained_.insert(*key);
+    if (draining_) drained_.insert(key);
     return true;
 }
 
@@ -607,11 +608,10 @@ void TraceSession::drain() {
 void TraceSession::take_pending_batches() {
     taken_.clear();
     for (const cd_call& c : bpf_->pending_batches()) {
-        auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&c), sizeof(c));
-        auto key = batch_key(bytes);
-        if (!key || drained_.count(*key)) continue;
-        on_record(bytes);
-        taken_.insert(*key);
+        const BatchKey key = batch_key(c);
+        if (drained_.count(key)) continue;
+        on_record(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&c), sizeof(c)));
+        taken_.insert(key);
         ++cost_.batched_at_end;
     }
     drained_.clear();

@@ -228,8 +228,9 @@ private:
         uint64_t ts;
         auto operator<=>(const BatchKey&) const = default;
     };
-    static std::optional<BatchKey> batch_key(std::span<const uint8_t> bytes);
-    void start_batching(std::span<const uint8_t> bytes);
+    static BatchKey batch_key(const cd_call& c) { return {c.h.tid, c.batch_seq, c.h.ts_ns}; }
+    static std::optional<cd_call> call_record(std::span<const uint8_t> bytes);
+    void start_batching();
     bool take_batched(std::span<const uint8_t> bytes);
     void take_pending_batches();
     // While drain() reads the ring, the batched records it brought (one the
