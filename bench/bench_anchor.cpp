@@ -7,14 +7,16 @@
 //     return | commdbg attach --counts-only | commdbg attach (records), and
 //     with each record sent by itself (COMMDBG_RECORD_BATCH=0, no per-thread
 //     batches) | commdbgd's always-on node counter, with and without
-//     --no-count-errors
+//     --no-count-errors | bpftrace's entry+return count with a clock read at
+//     each probe (the floor of timing calls) | bpftrace timing each call
 //   on a communicator (the stub's fake one: calls that succeed, as a job's
 //     do): bpftrace's entry+return count, bpftrace counting what
 //     --counts-only counts (calls, elements and errors per process,
 //     communicator and datatype), commdbg attach --counts-only and
 //     with records (a session keeps no flight recorder; batched and not),
 //     commdbgd's node
-//     counter with and without --no-flight-recorder
+//     counter with and without --no-flight-recorder, and the two bpftrace
+//     scripts that time calls, as above
 //   a system call (getppid) on the host: unprobed | under commdbgd's node
 //     counter, which hooks every syscall's exit | under a session
 //   context switches (two threads handing a byte back and forth): unprobed
@@ -190,6 +192,20 @@ void print_ratio(const std::vector<Row>& rows, size_t num, size_t den, const std
         std::printf("  %s: %.2fx (rounds %.2f-%.2f)\n", what.c_str(), q->median, q->lo, q->hi);
 }
 
+// What timing each call costs whoever does it, from rows[count] (bpftrace's
+// entry+return count), rows[clocked] (the same with a clock read at each
+// probe), rows[latency] (bpftrace timing each call), rows[counts] (commdbg
+// --counts-only) and rows[records] (commdbg with records): the two clock
+// reads over the count, records over the count with them, records over
+// --counts-only, and records over bpftrace's histogram of durations.
+void print_timing_floor(const std::vector<Row>& rows, size_t count, size_t clocked, size_t latency, size_t counts,
+                        size_t records) {
+    print_ratio(rows, clocked, count, "two clock reads a call: bpftrace's count with them over without them");
+    print_ratio(rows, records, clocked, "records over bpftrace's count with a clock read at each probe");
+    print_ratio(rows, records, counts, "records over --counts-only");
+    print_ratio(rows, records, latency, "records over bpftrace timing each call");
+}
+
 // A directory for the tracers' outputs, removed with it.
 struct ScratchDir {
     std::string path;
@@ -290,11 +306,28 @@ struct Nccl {
 };
 
 // bpftrace counting ncclAllReduce in `lib` on entry (and return), each probe
-// with `pred` (a predicate, or empty).
-std::string bpftrace_count(const std::string& lib, bool returns, const std::string& pred = "") {
-    std::string script = "uprobe:" + lib + ":ncclAllReduce " + pred + " { @calls = count(); }";
-    if (returns) script += " uretprobe:" + lib + ":ncclAllReduce " + pred + " { @returns = count(); }";
+// with `pred` (a predicate, or empty) and `also` (statements, or none).
+std::string bpftrace_count(const std::string& lib, bool returns, const std::string& pred = "",
+                           const std::string& also = "") {
+    std::string script = "uprobe:" + lib + ":ncclAllReduce " + pred + " { " + also + "@calls = count(); }";
+    if (returns) script += " uretprobe:" + lib + ":ncclAllReduce " + pred + " { " + also + "@returns = count(); }";
     return script;
+}
+
+// The same entry+return count with the clock read at each probe (into a
+// variable: bpftrace keeps the helper call, checked in its bytecode): the
+// floor of every tracer that times calls, which a record's two timestamps
+// pay (bpf_ktime_get_ns; a uprobe program may read no cheaper clock).
+std::string bpftrace_count_clocked(const std::string& lib) {
+    return bpftrace_count(lib, true, "", "$t = nsecs; ");
+}
+
+// bpftrace timing each ncclAllReduce in `lib`, as a user writes it to see
+// how long the calls take (funclatency): the entry's time kept by thread,
+// a histogram of durations at the return.  A record keeps each duration.
+std::string bpftrace_latency(const std::string& lib) {
+    return "uprobe:" + lib + ":ncclAllReduce { @start[tid] = nsecs; } uretprobe:" + lib +
+           ":ncclAllReduce /@start[tid]/ { @ns = hist(nsecs - @start[tid]); delete(@start[tid]); }";
 }
 
 // bpftrace counting what `commdbg attach --counts-only` counts of
@@ -328,10 +361,15 @@ void bench_nccl(const std::string& commdbg, const std::optional<std::string>& bp
         unbatched(attach_nccl("commdbg attach (records)", commdbg, pid, true, dir.path + "/records-u.txt")),
         node_counter("commdbgd node counter (always on)", commdbg, dir.path + "/d.sock"),
         node_counter("commdbgd node counter --no-count-errors", commdbg, dir.path + "/d2.sock", {"--no-count-errors"}),
+        bpftrace_tracer("bpftrace entry+return count, a clock read at each", bpftrace,
+                        {"-p", pid, "-e", bpftrace_count_clocked(nccl.lib)}, 2),
+        bpftrace_tracer("bpftrace timing each call (histogram)", bpftrace,
+                        {"-p", pid, "-e", bpftrace_latency(nccl.lib)}, 2),
     };
     const std::vector<Row> rows = measure_rounds(tracers, t, rounds);
     print_rows(rows, 2, "bpftrace entry+return");
     print_ratio(rows, 4, 5, "records in per-thread batches over each record by itself");
+    print_timing_floor(rows, 2, 8, 9, 3, 4);
 }
 
 // What a tracer of another process costs a process it does not trace that
@@ -405,12 +443,17 @@ void bench_comm(const std::string& commdbg, const std::optional<std::string>& bp
         node_counter("commdbgd node counter --no-flight-recorder", commdbg, dir.path + "/d.sock",
                      {"--no-flight-recorder"}),
         node_counter("commdbgd node counter (recorder on)", commdbg, dir.path + "/d2.sock"),
+        bpftrace_tracer("bpftrace entry+return count, a clock read at each", bpftrace,
+                        {"-p", pid, "-e", bpftrace_count_clocked(STUB_NCCL)}, 2),
+        bpftrace_tracer("bpftrace timing each call (histogram)", bpftrace,
+                        {"-p", pid, "-e", bpftrace_latency(STUB_NCCL)}, 2),
     };
     const std::vector<Row> rows = measure_rounds(tracers, t, rounds);
     print_rows(rows, 1, "bpftrace entry+return");
     print_ratio(rows, 3, 2, "--counts-only over bpftrace counting the same keys and errors");
     print_ratio(rows, 4, 5, "records in per-thread batches over each record by itself");
     print_ratio(rows, 7, 6, "the flight recorder: the node counter with it over without it");
+    print_timing_floor(rows, 1, 8, 9, 3, 4);
     dlclose(h);
 }
 
